@@ -1,0 +1,149 @@
+#include "engine/model.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "kernels/cpu/quant.h"
+
+namespace ps {
+namespace {
+
+absl::Status ShapeError(const std::string& name, const std::vector<int64_t>& got,
+                        const std::vector<int64_t>& want) {
+  return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape [", absl::StrJoin(got, ", "),
+                                                 "], expected [", absl::StrJoin(want, ", "), "]"));
+}
+
+absl::StatusOr<const TensorRef*> Find(const TensorMap& t, const std::string& name, std::vector<int64_t> dims,
+                                      bool optional = false) {
+  auto it = t.find(name);
+  if (it == t.end()) {
+    if (optional) return nullptr;
+    return absl::InvalidArgumentError(absl::StrCat("missing tensor ", name));
+  }
+  if (it->second.dims != dims) return ShapeError(name, it->second.dims, dims);
+  return &it->second;
+}
+
+absl::StatusOr<MatrixView> Matrix(const TensorMap& t, const std::string& name, int64_t rows, int64_t cols) {
+  PS_ASSIGN_OR_RETURN(const TensorRef* ref, Find(t, name, {cols, rows}));
+  if (cols % Traits(ref->type).block_elems != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " row length is not a multiple of its block"));
+  }
+  if (ref->nbytes < RowBytes(ref->type, cols) * static_cast<size_t>(rows)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has too few bytes"));
+  }
+  return MatrixView{.type = ref->type, .data = ref->data, .rows = rows, .cols = cols};
+}
+
+absl::StatusOr<std::vector<float>> Vector(const TensorMap& t, const std::string& name, int64_t n,
+                                          bool optional = false) {
+  PS_ASSIGN_OR_RETURN(const TensorRef* ref, Find(t, name, {n}, optional));
+  std::vector<float> out;
+  if (ref == nullptr) return out;
+  if (ref->type != DType::kF32 && ref->type != DType::kF16 && ref->type != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", name, " must be F32, F16 or BF16, not ", std::string(DTypeName(ref->type))));
+  }
+  if (ref->nbytes < RowBytes(ref->type, n)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has too few bytes"));
+  }
+  out.resize(n);
+  DequantizeRow(ref->type, ref->data, out.data(), n);
+  for (float v : out) {
+    if (!std::isfinite(v)) return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has non-finite values"));
+  }
+  return out;
+}
+
+absl::Status ValidateConfig(const ModelConfig& c) {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError("model config: " + what); };
+  if (c.n_vocab <= 0 || c.n_embd <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
+      c.head_dim <= 0 || c.n_ff <= 0) {
+    return bad("sizes must be positive");
+  }
+  if (c.n_heads % c.n_kv_heads != 0) return bad("head_count must be a multiple of head_count_kv");
+  if (c.n_layers > 1024 || c.n_embd > (1 << 20) || c.n_ff > (1 << 22) || c.head_dim > 1024) {
+    return bad("implausibly large sizes");
+  }
+  if (c.rope.n_dims <= 0 || c.rope.n_dims > c.head_dim || c.rope.n_dims % 2 != 0) {
+    return bad(absl::StrCat("rope dimension ", c.rope.n_dims, " must be even and <= head_dim ", c.head_dim));
+  }
+  if (!c.rope.freq_factors.empty() && static_cast<int>(c.rope.freq_factors.size()) != c.rope.n_dims / 2) {
+    return bad("rope_freqs must have rope_dim/2 entries");
+  }
+  if (!(c.rms_eps > 0) || !(c.rope.freq_base > 0) || !(c.rope.freq_scale > 0)) {
+    return bad("rms epsilon, rope base and rope scale must be positive");
+  }
+  if (c.n_ctx <= 0) return bad("context length must be positive");
+  return absl::OkStatus();
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Build(ModelConfig config, const TensorMap& t,
+                                                    std::unique_ptr<Tokenizer> tokenizer,
+                                                    std::shared_ptr<void> keep_alive) {
+  PS_RETURN_IF_ERROR(ValidateConfig(config));
+  auto m = std::unique_ptr<Model>(new Model());
+  const ModelConfig& c = config;
+  PS_ASSIGN_OR_RETURN(m->tok_embd, Matrix(t, "token_embd.weight", c.n_vocab, c.n_embd));
+  if (t.count("output.weight") != 0) {
+    PS_ASSIGN_OR_RETURN(m->output, Matrix(t, "output.weight", c.n_vocab, c.n_embd));
+  } else {
+    m->output = m->tok_embd;
+  }
+  PS_ASSIGN_OR_RETURN(m->output_norm, Vector(t, "output_norm.weight", c.n_embd));
+  m->layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = absl::StrCat("blk.", l, ".");
+    LayerWeights& w = m->layers[l];
+    PS_ASSIGN_OR_RETURN(w.attn_norm, Vector(t, p + "attn_norm.weight", c.n_embd));
+    PS_ASSIGN_OR_RETURN(w.ffn_norm, Vector(t, p + "ffn_norm.weight", c.n_embd));
+    PS_ASSIGN_OR_RETURN(w.wq, Matrix(t, p + "attn_q.weight", c.q_dim(), c.n_embd));
+    PS_ASSIGN_OR_RETURN(w.wk, Matrix(t, p + "attn_k.weight", c.kv_dim(), c.n_embd));
+    PS_ASSIGN_OR_RETURN(w.wv, Matrix(t, p + "attn_v.weight", c.kv_dim(), c.n_embd));
+    PS_ASSIGN_OR_RETURN(w.wo, Matrix(t, p + "attn_output.weight", c.n_embd, c.q_dim()));
+    PS_ASSIGN_OR_RETURN(w.w_gate, Matrix(t, p + "ffn_gate.weight", c.n_ff, c.n_embd));
+    PS_ASSIGN_OR_RETURN(w.w_up, Matrix(t, p + "ffn_up.weight", c.n_ff, c.n_embd));
+    PS_ASSIGN_OR_RETURN(w.w_down, Matrix(t, p + "ffn_down.weight", c.n_embd, c.n_ff));
+    const bool bias_required = c.qkv_bias;
+    PS_ASSIGN_OR_RETURN(w.bq, Vector(t, p + "attn_q.bias", c.q_dim(), !bias_required));
+    PS_ASSIGN_OR_RETURN(w.bk, Vector(t, p + "attn_k.bias", c.kv_dim(), !bias_required));
+    PS_ASSIGN_OR_RETURN(w.bv, Vector(t, p + "attn_v.bias", c.kv_dim(), !bias_required));
+  }
+  if (tokenizer != nullptr && tokenizer->vocab_size() > c.n_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", tokenizer->vocab_size(),
+                                                   " tokens but the embedding only ", c.n_vocab));
+  }
+  m->config_ = std::move(config);
+  m->tokenizer_ = std::move(tokenizer);
+  m->keep_alive_ = std::move(keep_alive);
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+  if (IsDirectory(path)) return LoadHfModel(path);
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::Open(path));
+  PS_ASSIGN_OR_RETURN(ModelConfig config, ConfigFromGguf(*file));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::FromGguf(*file));
+  TensorMap tensors;
+  for (const GgufTensor& t : file->tensors()) {
+    tensors[t.name] = TensorRef{.type = t.type, .dims = t.dims, .data = t.data, .nbytes = t.nbytes};
+  }
+  std::shared_ptr<GgufFile> shared(std::move(file));
+  auto model = Build(std::move(config), tensors, std::move(tokenizer), shared);
+  if (!model.ok()) return absl::Status(model.status().code(), absl::StrCat(path, ": ", model.status().message()));
+  return model;
+}
+
+}  // namespace ps

@@ -1,0 +1,91 @@
+// A loaded model: configuration, weight views and the tokenizer. Weights stay in
+// the memory-mapped file where possible; small vectors (norms, biases) are copied
+// to F32.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "base/mapped_file.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rope.h"
+
+namespace ps {
+
+enum class Arch { kLlama, kQwen2 };
+
+struct ModelConfig {
+  Arch arch = Arch::kLlama;
+  std::string arch_name;  // as in the file: "llama", "qwen2"
+  std::string name;
+  int n_vocab = 0;
+  int n_embd = 0;
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int n_ff = 0;
+  int n_ctx = 0;  // trained context length
+  float rms_eps = 1e-5f;
+  bool qkv_bias = false;
+  RopeParams rope;
+
+  int q_dim() const { return n_heads * head_dim; }
+  int kv_dim() const { return n_kv_heads * head_dim; }
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;  // [n_embd]
+  std::vector<float> bq, bk, bv;           // [q_dim], [kv_dim], [kv_dim]; empty without bias
+  MatrixView wq, wk, wv, wo;               // [q_dim, n_embd], [kv_dim, n_embd] x2, [n_embd, q_dim]
+  MatrixView w_gate, w_up, w_down;         // [n_ff, n_embd] x2, [n_embd, n_ff]
+};
+
+// A named tensor handed to the model builder: GGUF naming and dims (ne[0] first).
+struct TensorRef {
+  DType type = DType::kF32;
+  std::vector<int64_t> dims;
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+};
+using TensorMap = std::map<std::string, TensorRef>;
+
+class Model {
+ public:
+  // Loads a GGUF file, or a Hugging Face folder (config.json, *.safetensors, tokenizer.json).
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path);
+  // Builds a model over tensors that the caller keeps alive through `keep_alive`
+  // (used by the loaders and by tests that construct models in memory).
+  static absl::StatusOr<std::unique_ptr<Model>> Build(ModelConfig config, const TensorMap& tensors,
+                                                      std::unique_ptr<Tokenizer> tokenizer,
+                                                      std::shared_ptr<void> keep_alive);
+
+  const ModelConfig& config() const { return config_; }
+  // May be null for models built without a vocabulary.
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+
+  MatrixView tok_embd;              // [n_vocab, n_embd]
+  MatrixView output;                // [n_vocab, n_embd] (== tok_embd when tied)
+  std::vector<float> output_norm;   // [n_embd]
+  std::vector<LayerWeights> layers;
+
+ private:
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::shared_ptr<void> keep_alive_;
+};
+
+// Reads the model configuration from GGUF metadata (and the rope_freqs tensor).
+absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& file);
+// Reads config.json of a Hugging Face model.
+absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text);
+
+// Loads a Hugging Face folder: config.json, model*.safetensors, tokenizer.json.
+absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir);
+
+}  // namespace ps

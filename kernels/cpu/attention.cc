@@ -1,0 +1,102 @@
+#include "kernels/cpu/attention.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "base/status.h"
+#include "kernels/cpu/vec.h"
+
+namespace ps {
+namespace {
+
+constexpr int64_t kQueryTile = 32;
+
+// Number of leading keys any query of the tile may see.
+int64_t VisibleKeys(const KvRows& kv, int32_t max_q_pos) {
+  if (!kv.positions_ascending) return kv.n;
+  return std::upper_bound(kv.positions, kv.positions + kv.n, max_q_pos) - kv.positions;
+}
+
+}  // namespace
+
+void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a, ThreadPool& pool) {
+  PS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0) << "bad head counts";
+  const int group = s.n_heads / s.n_kv_heads;
+  const int hd = s.head_dim;
+  const int64_t n_tiles = (a.n_q + kQueryTile - 1) / kQueryTile;
+  const int64_t units = n_tiles * s.n_heads;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Probabilities of the last query per head, averaged after the parallel region.
+  static thread_local std::vector<float> last_probs_storage;
+  float* last_probs = nullptr;
+  if (a.last_query_probs != nullptr) {
+    if (last_probs_storage.size() < static_cast<size_t>(s.n_heads * kv.n)) {
+      last_probs_storage.resize(static_cast<size_t>(s.n_heads * kv.n));
+    }
+    last_probs = last_probs_storage.data();
+    std::fill(last_probs, last_probs + s.n_heads * kv.n, 0.0f);
+  }
+
+  pool.ParallelFor(units, 1, [&](int64_t u0, int64_t u1) {
+    static thread_local std::vector<float> scores_storage;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int h = static_cast<int>(u % s.n_heads);
+      const int64_t q0 = (u / s.n_heads) * kQueryTile;
+      const int64_t nq = std::min(kQueryTile, a.n_q - q0);
+      const int kvh = h / group;
+      int32_t max_pos = std::numeric_limits<int32_t>::min();
+      for (int64_t i = 0; i < nq; ++i) max_pos = std::max(max_pos, a.q_pos[q0 + i]);
+      const int64_t nk = VisibleKeys(kv, max_pos);
+      if (scores_storage.size() < static_cast<size_t>(nq * std::max<int64_t>(nk, 1))) {
+        scores_storage.resize(static_cast<size_t>(nq * std::max<int64_t>(nk, 1)));
+      }
+      float* sc = scores_storage.data();  // [nq, nk]
+      const float* qh = a.q + q0 * a.q_stride + h * hd;
+      const float* kh = kv.k + kvh * hd;
+      const float* vh = kv.v + kvh * hd;
+      float* oh = a.out + q0 * a.out_stride + h * hd;
+      if (nk == 0) {
+        for (int64_t i = 0; i < nq; ++i) std::memset(oh + i * a.out_stride, 0, hd * sizeof(float));
+        continue;
+      }
+      if (nq == 1) {
+        for (int64_t j = 0; j < nk; ++j) sc[j] = DotF32(qh, kh + j * kv.stride, hd);
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nq), static_cast<int>(nk), hd,
+                    1.0f, qh, static_cast<int>(a.q_stride), kh, static_cast<int>(kv.stride), 0.0f, sc,
+                    static_cast<int>(nk));
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        float* row = sc + i * nk;
+        const int32_t qp = a.q_pos[q0 + i];
+        for (int64_t j = 0; j < nk; ++j) row[j] = kv.positions[j] <= qp ? row[j] * s.scale : neg_inf;
+        SoftmaxInPlace(row, nk);
+      }
+      if (last_probs != nullptr && q0 + nq == a.n_q) {
+        std::memcpy(last_probs + h * kv.n, sc + (nq - 1) * nk, nk * sizeof(float));
+      }
+      if (nq == 1) {
+        std::memset(oh, 0, hd * sizeof(float));
+        for (int64_t j = 0; j < nk; ++j) {
+          if (sc[j] != 0.0f) Axpy(sc[j], vh + j * kv.stride, oh, hd);
+        }
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nq), hd, static_cast<int>(nk),
+                    1.0f, sc, static_cast<int>(nk), vh, static_cast<int>(kv.stride), 0.0f, oh,
+                    static_cast<int>(a.out_stride));
+      }
+    }
+  });
+
+  if (a.last_query_probs != nullptr) {
+    std::fill(a.last_query_probs, a.last_query_probs + kv.n, 0.0f);
+    for (int h = 0; h < s.n_heads; ++h) AddInPlace(last_probs + h * kv.n, a.last_query_probs, kv.n);
+    Scale(1.0f / s.n_heads, a.last_query_probs, kv.n);
+  }
+}
+
+}  // namespace ps

@@ -1,0 +1,107 @@
+#include "kernels/cpu/matmul.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <mutex>
+#include <vector>
+
+#include "base/status.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/vec.h"
+
+namespace ps {
+namespace {
+
+bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// Per-thread scratch that only grows: after warm-up the hot path does not allocate.
+template <typename T>
+T* Scratch(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+void Gemv(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
+  const int64_t k = w.cols;
+  if (IsFloatType(w.type)) {
+    pool.ParallelFor(w.rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* row = w.Row(r);
+        for (int64_t i = 0; i < m; ++i) {
+          const float* xi = x + i * k;
+          float v;
+          switch (w.type) {
+            case DType::kF32: v = DotF32(reinterpret_cast<const float*>(row), xi, k); break;
+            case DType::kF16: v = DotF16F32(reinterpret_cast<const uint16_t*>(row), xi, k); break;
+            default: v = DotBf16F32(reinterpret_cast<const uint16_t*>(row), xi, k); break;
+          }
+          y[i * w.rows + r] = v;
+        }
+      }
+    });
+    return;
+  }
+  static thread_local std::vector<BlockQ8> xq_storage;
+  const int64_t blocks = k / kQK;
+  BlockQ8* xq = Scratch(xq_storage, static_cast<size_t>(m * blocks));
+  for (int64_t i = 0; i < m; ++i) QuantizeRowQ8(x + i * k, xq + i * blocks, k);
+  pool.ParallelFor(w.rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* row = w.Row(r);
+      for (int64_t i = 0; i < m; ++i) y[i * w.rows + r] = DotQ8(w.type, row, xq + i * blocks, k);
+    }
+  });
+}
+
+void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
+  const int64_t k = w.cols;
+  if (w.type == DType::kF32) {
+    pool.ParallelFor(w.rows, 64, [&](int64_t r0, int64_t r1) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(r1 - r0),
+                  static_cast<int>(k), 1.0f, x, static_cast<int>(k),
+                  reinterpret_cast<const float*>(w.Row(r0)), static_cast<int>(k), 0.0f, y + r0,
+                  static_cast<int>(w.rows));
+    });
+    return;
+  }
+  // Dequantise a tile of weight rows (about 256 KiB of F32) and multiply it.
+  const int64_t tile = std::clamp<int64_t>((65536 / k) / 16 * 16, 16, 256);
+  pool.ParallelFor(w.rows, tile, [&](int64_t r0, int64_t r1) {
+    static thread_local std::vector<float> wf_storage;
+    float* wf = Scratch(wf_storage, static_cast<size_t>(tile * k));
+    for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+      const int64_t t1 = std::min(r1, t0 + tile);
+      for (int64_t r = t0; r < t1; ++r) DequantizeRow(w.type, w.Row(r), wf + (r - t0) * k, k);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(t1 - t0),
+                  static_cast<int>(k), 1.0f, x, static_cast<int>(k), wf, static_cast<int>(k), 0.0f, y + t0,
+                  static_cast<int>(w.rows));
+    }
+  });
+}
+
+}  // namespace
+
+void InitBlas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool,
+                    MatMulPath path) {
+  PS_CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "empty matrix";
+  if (m <= 0) return;
+  InitBlas();
+  if (path == MatMulPath::kAuto) path = m <= kGemvMaxRows ? MatMulPath::kGemv : MatMulPath::kGemm;
+  if (path == MatMulPath::kGemv) {
+    Gemv(w, x, m, y, pool);
+  } else {
+    Gemm(w, x, m, y, pool);
+  }
+}
+
+void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
+  MatMulWithPath(w, x, m, y, pool, MatMulPath::kAuto);
+}
+
+}  // namespace ps

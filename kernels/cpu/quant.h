@@ -1,0 +1,75 @@
+// Block-quantised weight formats (bit-compatible with GGUF/ggml) and the kernels
+// that read them: dequantisation to F32 and dot products against activations
+// quantised to Q8 blocks. Reference (scalar) versions are always available; the
+// dispatching entry points pick AVX2 code when the CPU has it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace ps {
+
+constexpr int kQK = 32;    // elements per Q4_0 / Q4_1 / Q8_0 block and per activation block
+constexpr int kQK_K = 256; // elements per K-quant super-block
+
+struct BlockQ4_0 {
+  uint16_t d;            // fp16 scale
+  uint8_t qs[kQK / 2];   // element j in low nibble of qs[j], element j+16 in the high nibble
+};
+struct BlockQ4_1 {
+  uint16_t d, m;         // fp16 scale and minimum: x = q * d + m
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[kQK];
+};
+struct BlockQ4_K {
+  uint16_t d, dmin;      // super-block scales for the 6-bit sub-block scales / mins
+  uint8_t scales[12];    // 8 (scale, min) pairs, 6 bits each
+  uint8_t qs[kQK_K / 2]; // 4-bit quants, 64 elements per 32 bytes (low nibbles first)
+};
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2]; // low 4 bits
+  uint8_t qh[kQK_K / 4]; // high 2 bits
+  int8_t scales[kQK_K / 16];
+  uint16_t d;
+};
+static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210);
+
+// Activation block used by every quantised dot product: 32 int8 values with an F32
+// scale, plus d * sum(qs) for formats with a minimum/offset term.
+struct BlockQ8 {
+  float d;
+  float s;  // d * sum(qs)
+  int8_t qs[kQK];
+};
+
+// Quantises n floats (n % 32 == 0) to n / 32 activation blocks.
+void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n);
+
+// Dequantises n elements of a row of `type` to floats.
+void DequantizeRow(DType type, const void* row, float* out, int64_t n);
+
+// Dot product of a quantised weight row of n elements with an activation row
+// quantised by QuantizeRowQ8. Not for float types.
+float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n);
+
+// Dot product of a float-typed (F32, F16, BF16) weight row with an F32 row.
+float DotFloat(DType type, const void* row, const float* x, int64_t n);
+
+namespace reference {
+void DequantizeRow(DType type, const void* row, float* out, int64_t n);
+float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n);
+}  // namespace reference
+
+namespace avx2 {
+bool Available();
+float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n);
+void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n);
+}  // namespace avx2
+
+}  // namespace ps

@@ -1,0 +1,189 @@
+// AVX2 + FMA + F16C kernels for the quantised dot products. Compiled with those
+// flags and only called after avx2::Available() said yes.
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "base/fp16.h"
+#include "base/status.h"
+#include "kernels/cpu/quant.h"
+
+namespace ps::avx2 {
+namespace {
+
+inline float HalfToFloat(uint16_t h) { return _cvtsh_ss(h); }
+
+inline float HorizontalSum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// Sum of products of 32 unsigned bytes with 32 signed bytes, as 8 floats.
+inline __m256 DotU8S8(__m256i u, __m256i s) {
+  const __m256i p16 = _mm256_maddubs_epi16(u, s);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+// Sum of products of two signed byte vectors, as 8 floats.
+inline __m256 DotS8S8(__m256i a, __m256i b) {
+  return DotU8S8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+// 16 packed bytes -> 32 nibbles: low nibbles in bytes 0..15, high nibbles in 16..31.
+inline __m256i UnpackNibbles(const uint8_t* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+inline void ScaleMinK4(int j, const uint8_t* q, int* d, int* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+float DotQ4_0(const BlockQ4_0* b, const BlockQ8* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i eight = _mm256_set1_epi8(8);
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i q = _mm256_sub_epi8(UnpackNibbles(b[i].qs), eight);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d) * x[i].d), DotS8S8(q, Load256(x[i].qs)), acc);
+  }
+  return HorizontalSum(acc);
+}
+
+float DotQ4_1(const BlockQ4_1* b, const BlockQ8* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i q = UnpackNibbles(b[i].qs);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d) * x[i].d), DotU8S8(q, Load256(x[i].qs)), acc);
+    mins += HalfToFloat(b[i].m) * x[i].s;
+  }
+  return HorizontalSum(acc) + mins;
+}
+
+float DotQ8_0(const BlockQ8_0* b, const BlockQ8* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d) * x[i].d),
+                          DotS8S8(Load256(b[i].qs), Load256(x[i].qs)), acc);
+  }
+  return HorizontalSum(acc);
+}
+
+float DotQ4_K(const BlockQ4_K* b, const BlockQ8* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = HalfToFloat(b[i].d), dmin = HalfToFloat(b[i].dmin);
+    const BlockQ8* xb = x + i * 8;
+    for (int j = 0; j < 4; ++j) {
+      const __m256i raw = Load256(b[i].qs + 32 * j);
+      int sc1, m1, sc2, m2;
+      ScaleMinK4(2 * j, b[i].scales, &sc1, &m1);
+      ScaleMinK4(2 * j + 1, b[i].scales, &sc2, &m2);
+      const __m256i lo = _mm256_and_si256(raw, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1 * xb[2 * j].d), DotU8S8(lo, Load256(xb[2 * j].qs)), acc);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc2 * xb[2 * j + 1].d), DotU8S8(hi, Load256(xb[2 * j + 1].qs)), acc);
+      mins += dmin * (m1 * xb[2 * j].s + m2 * xb[2 * j + 1].s);
+    }
+  }
+  return HorizontalSum(acc) - mins;
+}
+
+float DotQ6_K(const BlockQ6_K* b, const BlockQ8* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03), off = _mm256_set1_epi8(32);
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = HalfToFloat(b[i].d);
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = b[i].ql + 64 * half;
+      const uint8_t* qh = b[i].qh + 32 * half;
+      const int8_t* sc = b[i].scales + 8 * half;
+      const BlockQ8* xb = x + i * 8 + 4 * half;
+      const __m256i l0 = Load256(ql), l1 = Load256(ql + 32), h = Load256(qh);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+      for (int k = 0; k < 4; ++k) {
+        const __m256i qs = _mm256_sub_epi8(q[k], off);
+        const __m256 p = DotS8S8(qs, Load256(xb[k].qs));  // lanes 0-3: elements 0..15, 4-7: 16..31
+        const float s0 = d * sc[2 * k] * xb[k].d, s1 = d * sc[2 * k + 1] * xb[k].d;
+        acc = _mm256_fmadd_ps(_mm256_setr_ps(s0, s0, s0, s0, s1, s1, s1, s1), p, acc);
+      }
+    }
+  }
+  return HorizontalSum(acc);
+}
+
+}  // namespace
+
+bool Available() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c");
+  return ok;
+}
+
+float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n) {
+  switch (type) {
+    case DType::kQ4_0: return DotQ4_0(static_cast<const BlockQ4_0*>(row), x, n / kQK);
+    case DType::kQ4_1: return DotQ4_1(static_cast<const BlockQ4_1*>(row), x, n / kQK);
+    case DType::kQ8_0: return DotQ8_0(static_cast<const BlockQ8_0*>(row), x, n / kQK);
+    case DType::kQ4_K: return DotQ4_K(static_cast<const BlockQ4_K*>(row), x, n / kQK_K);
+    case DType::kQ6_K: return DotQ6_K(static_cast<const BlockQ6_K*>(row), x, n / kQK_K);
+    default: break;
+  }
+  PS_CHECK(false) << "avx2::DotQ8: unsupported type " << static_cast<int>(type);
+  return 0;
+}
+
+void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n) {
+  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(x + 8 * k);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i qi[4];
+    __m256i sum = _mm256_setzero_si256();
+    for (int k = 0; k < 4; ++k) {
+      qi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));  // round to nearest even
+      sum = _mm256_add_epi32(sum, qi[k]);
+    }
+    const __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]);
+    const __m256i p23 = _mm256_packs_epi32(qi[2], qi[3]);
+    __m256i bytes = _mm256_packs_epi16(p01, p23);
+    bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].qs), bytes);
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s = _mm_hadd_epi32(s, s);
+    s = _mm_hadd_epi32(s, s);
+    out[i].d = d;
+    out[i].s = d * static_cast<float>(_mm_cvtsi128_si32(s));
+  }
+}
+
+}  // namespace ps::avx2

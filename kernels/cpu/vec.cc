@@ -1,0 +1,129 @@
+#include "kernels/cpu/vec.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "base/fp16.h"
+
+#define PS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+namespace ps {
+namespace {
+// Exponential without library calls so that loops using it vectorise: Cephes-style
+// range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial.
+inline float ExpPoly(float v) {
+  v = v < -87.3f ? -87.3f : (v > 88.3f ? 88.3f : v);
+  const float r = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(v / ln2)
+  const float y = v - r * 0.693359375f + r * 2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * y + 1.3981999507E-3f;
+  p = p * y + 8.3334519073E-3f;
+  p = p * y + 4.1665795894E-2f;
+  p = p * y + 1.6666665459E-1f;
+  p = p * y + 5.0000001201E-1f;
+  p = p * y * y + y + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(r) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+}  // namespace
+
+PS_CLONES float DotF32(const float* a, const float* b, int64_t n) {
+  // Eight partial sums keep the loop vectorised without -ffast-math.
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += a[i + k] * b[i + k];
+  float s = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k];
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+PS_CLONES float DotF16F32(const uint16_t* a, const float* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  float tmp[16];
+  for (; i + 16 <= n; i += 16) {
+    for (int k = 0; k < 16; ++k) tmp[k] = Fp16ToFp32(a[i + k]);
+    for (int k = 0; k < 16; ++k) acc[k] += tmp[k] * b[i + k];
+  }
+  float s = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k];
+  for (; i < n; ++i) s += Fp16ToFp32(a[i]) * b[i];
+  return s;
+}
+
+PS_CLONES float DotBf16F32(const uint16_t* a, const float* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += Bf16ToFp32(a[i + k]) * b[i + k];
+  float s = 0;
+  for (int k = 0; k < 16; ++k) s += acc[k];
+  for (; i < n; ++i) s += Bf16ToFp32(a[i]) * b[i];
+  return s;
+}
+
+PS_CLONES void Axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+PS_CLONES void Scale(float a, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] *= a;
+}
+
+PS_CLONES void AddInPlace(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+PS_CLONES void RmsNorm(const float* x, const float* w, float* out, int64_t n, float eps) {
+  double ss = 0;  // double: the reference (llama.cpp ggml_rms_norm) accumulates in double too
+  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
+}
+
+PS_CLONES float MaxOf(const float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+PS_CLONES void ExpInPlace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = ExpPoly(x[i]);
+}
+
+PS_CLONES float SoftmaxInPlace(float* x, int64_t n) {
+  const float m = MaxOf(x, n);
+  float sum = 0;
+  if (m == -std::numeric_limits<float>::infinity()) {
+    for (int64_t i = 0; i < n; ++i) x[i] = 0;
+    return 0;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = x[i] - m;
+    // Masked entries (-inf) map to exactly zero; ExpPoly alone would clamp them.
+    x[i] = d < -87.3f ? 0.0f : ExpPoly(d);
+  }
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += x[i + k];
+  for (int k = 0; k < 16; ++k) sum += acc[k];
+  for (; i < n; ++i) sum += x[i];
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  return sum;
+}
+
+PS_CLONES void SiluMul(float* gate, const float* up, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + ExpPoly(-g)) * up[i];
+  }
+}
+
+}  // namespace ps
