@@ -85,6 +85,10 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& file);
 // Reads config.json of a Hugging Face model.
 absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text);
 
+// LLaMA-3 rope scaling: per-pair divisors of the rotation frequencies.
+std::vector<float> Llama3FreqFactors(int n_dims, float base, float factor, float low_freq_factor,
+                                     float high_freq_factor, int original_ctx);
+
 // Loads a Hugging Face folder: config.json, model*.safetensors, tokenizer.json.
 absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir);
 

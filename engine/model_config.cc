@@ -17,7 +17,8 @@ absl::StatusOr<Arch> ParseArch(const std::string& name) {
   return absl::UnimplementedError(absl::StrCat("unsupported architecture '", name, "' (supported: llama, qwen2)"));
 }
 
-// LLaMA-3 rope scaling: per-pair divisors of the rotation frequency.
+}  // namespace
+
 std::vector<float> Llama3FreqFactors(int n_dims, float base, float factor, float low_freq_factor,
                                      float high_freq_factor, int original_ctx) {
   std::vector<float> out(n_dims / 2);
@@ -37,8 +38,6 @@ std::vector<float> Llama3FreqFactors(int n_dims, float base, float factor, float
   }
   return out;
 }
-
-}  // namespace
 
 absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& f) {
   ModelConfig c;

@@ -1,0 +1,273 @@
+// Architecture coverage on tiny random models built in memory: the engine's logits
+// against a plain double-precision reference written here, and batch vs
+// token-by-token equality.
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
+
+namespace ps {
+namespace {
+
+struct TinyModel {
+  ModelConfig config;
+  std::map<std::string, std::vector<float>> data;  // GGUF names, F32
+  std::unique_ptr<Model> model;
+};
+
+std::vector<float> Random(const std::string& name, size_t n, float scale, float offset = 0) {
+  std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>{}(name)));  // seeded per tensor name
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = offset + u(rng);
+  return v;
+}
+
+std::unique_ptr<TinyModel> MakeTiny(ModelConfig c) {
+  auto t = std::make_unique<TinyModel>();
+  t->config = c;
+  auto add = [&](const std::string& name, std::vector<int64_t> dims, float scale, float offset = 0) {
+    size_t n = 1;
+    for (int64_t d : dims) n *= d;
+    t->data[name] = Random(name, n, scale, offset);
+  };
+  add("token_embd.weight", {c.n_embd, c.n_vocab}, 1.0f);
+  add("output.weight", {c.n_embd, c.n_vocab}, 0.3f);
+  add("output_norm.weight", {c.n_embd}, 0.2f, 1.0f);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", {c.n_embd}, 0.2f, 1.0f);
+    add(p + "ffn_norm.weight", {c.n_embd}, 0.2f, 1.0f);
+    add(p + "attn_q.weight", {c.n_embd, c.q_dim()}, 0.4f);
+    add(p + "attn_k.weight", {c.n_embd, c.kv_dim()}, 0.4f);
+    add(p + "attn_v.weight", {c.n_embd, c.kv_dim()}, 0.4f);
+    add(p + "attn_output.weight", {c.q_dim(), c.n_embd}, 0.3f);
+    add(p + "ffn_gate.weight", {c.n_embd, c.n_ff}, 0.3f);
+    add(p + "ffn_up.weight", {c.n_embd, c.n_ff}, 0.3f);
+    add(p + "ffn_down.weight", {c.n_ff, c.n_embd}, 0.3f);
+    if (c.qkv_bias) {
+      add(p + "attn_q.bias", {c.q_dim()}, 0.2f);
+      add(p + "attn_k.bias", {c.kv_dim()}, 0.2f);
+      add(p + "attn_v.bias", {c.kv_dim()}, 0.2f);
+    }
+  }
+  TensorMap tensors;
+  for (auto& [name, v] : t->data) {
+    std::vector<int64_t> dims;
+    if (name.find("norm") != std::string::npos || name.find("bias") != std::string::npos) {
+      dims = {static_cast<int64_t>(v.size())};
+    } else {
+      const bool embd = name == "token_embd.weight" || name == "output.weight";
+      const bool down = name.find("ffn_down") != std::string::npos;
+      const bool out = name.find("attn_output") != std::string::npos;
+      const int64_t cols = down ? c.n_ff : out ? c.q_dim() : c.n_embd;
+      dims = {cols, static_cast<int64_t>(v.size()) / cols};
+      (void)embd;
+    }
+    tensors[name] = TensorRef{.type = DType::kF32, .dims = dims,
+                              .data = reinterpret_cast<const uint8_t*>(v.data()), .nbytes = v.size() * 4};
+  }
+  auto m = Model::Build(c, tensors, nullptr, nullptr);
+  EXPECT_TRUE(m.ok()) << m.status();
+  t->model = std::move(*m);
+  return t;
+}
+
+// Double-precision reference forward over the whole prompt: logits [T, vocab].
+std::vector<std::vector<double>> Reference(const TinyModel& t, const std::vector<int32_t>& tokens) {
+  const ModelConfig& c = t.config;
+  const int T = static_cast<int>(tokens.size());
+  const int d = c.n_embd, hd = c.head_dim;
+  auto W = [&](const std::string& n) -> const std::vector<float>& { return t.data.at(n); };
+  auto matvec = [](const std::vector<float>& w, const std::vector<double>& x, int rows) {
+    const int cols = static_cast<int>(x.size());
+    std::vector<double> y(rows, 0.0);
+    for (int r = 0; r < rows; ++r)
+      for (int k = 0; k < cols; ++k) y[r] += static_cast<double>(w[static_cast<size_t>(r) * cols + k]) * x[k];
+    return y;
+  };
+  auto rmsnorm = [&](const std::vector<double>& x, const std::vector<float>& w) {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    const double s = 1.0 / std::sqrt(ss / x.size() + c.rms_eps);
+    std::vector<double> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * s * w[i];
+    return y;
+  };
+  auto rope = [&](std::vector<double>& v, int n_heads, int pos) {
+    const int nd = c.rope.n_dims, half = nd / 2;
+    for (int h = 0; h < n_heads; ++h) {
+      for (int i = 0; i < half; ++i) {
+        double theta = pos * std::pow(static_cast<double>(c.rope.freq_base), -2.0 * i / nd);
+        if (!c.rope.freq_factors.empty()) theta /= c.rope.freq_factors[i];
+        theta *= c.rope.freq_scale;
+        const int a = h * hd + (c.rope.neox ? i : 2 * i), b = h * hd + (c.rope.neox ? i + half : 2 * i + 1);
+        const double x0 = v[a], x1 = v[b];
+        v[a] = x0 * std::cos(theta) - x1 * std::sin(theta);
+        v[b] = x0 * std::sin(theta) + x1 * std::cos(theta);
+      }
+    }
+  };
+  std::vector<std::vector<double>> x(T, std::vector<double>(d));
+  for (int i = 0; i < T; ++i)
+    for (int k = 0; k < d; ++k) x[i][k] = W("token_embd.weight")[static_cast<size_t>(tokens[i]) * d + k];
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    std::vector<std::vector<double>> q(T), k(T), v(T);
+    for (int i = 0; i < T; ++i) {
+      const auto xn = rmsnorm(x[i], W(p + "attn_norm.weight"));
+      q[i] = matvec(W(p + "attn_q.weight"), xn, c.q_dim());
+      k[i] = matvec(W(p + "attn_k.weight"), xn, c.kv_dim());
+      v[i] = matvec(W(p + "attn_v.weight"), xn, c.kv_dim());
+      if (c.qkv_bias) {
+        for (int j = 0; j < c.q_dim(); ++j) q[i][j] += W(p + "attn_q.bias")[j];
+        for (int j = 0; j < c.kv_dim(); ++j) k[i][j] += W(p + "attn_k.bias")[j], v[i][j] += W(p + "attn_v.bias")[j];
+      }
+      rope(q[i], c.n_heads, i);
+      rope(k[i], c.n_kv_heads, i);
+    }
+    for (int i = 0; i < T; ++i) {
+      std::vector<double> att(c.q_dim(), 0.0);
+      for (int h = 0; h < c.n_heads; ++h) {
+        const int kvh = h / (c.n_heads / c.n_kv_heads);
+        std::vector<double> s(i + 1);
+        double m = -1e300;
+        for (int j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int e = 0; e < hd; ++e) dot += q[i][h * hd + e] * k[j][kvh * hd + e];
+          s[j] = dot / std::sqrt(static_cast<double>(hd));
+          m = std::max(m, s[j]);
+        }
+        double sum = 0;
+        for (double& e : s) sum += (e = std::exp(e - m));
+        for (int j = 0; j <= i; ++j)
+          for (int e = 0; e < hd; ++e) att[h * hd + e] += s[j] / sum * v[j][kvh * hd + e];
+      }
+      const auto o = matvec(W(p + "attn_output.weight"), att, d);
+      for (int e = 0; e < d; ++e) x[i][e] += o[e];
+      const auto xn = rmsnorm(x[i], W(p + "ffn_norm.weight"));
+      auto g = matvec(W(p + "ffn_gate.weight"), xn, c.n_ff);
+      const auto u = matvec(W(p + "ffn_up.weight"), xn, c.n_ff);
+      for (int e = 0; e < c.n_ff; ++e) g[e] = g[e] / (1 + std::exp(-g[e])) * u[e];
+      const auto down = matvec(W(p + "ffn_down.weight"), g, d);
+      for (int e = 0; e < d; ++e) x[i][e] += down[e];
+    }
+  }
+  std::vector<std::vector<double>> logits(T);
+  for (int i = 0; i < T; ++i) logits[i] = matvec(W("output.weight"), rmsnorm(x[i], W("output_norm.weight")), c.n_vocab);
+  return logits;
+}
+
+ModelConfig BaseConfig() {
+  ModelConfig c;
+  c.arch = Arch::kLlama;
+  c.arch_name = "llama";
+  c.n_vocab = 97;
+  c.n_embd = 64;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;  // GQA
+  c.head_dim = 16;
+  c.n_ff = 96;
+  c.n_ctx = 256;
+  c.rms_eps = 1e-5f;
+  c.rope.n_dims = 16;
+  c.rope.freq_base = 10000.0f;
+  return c;
+}
+
+std::vector<int32_t> Prompt(int n, int vocab) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = (i * 37 + 11) % vocab;
+  return p;
+}
+
+void CheckAgainstReference(const ModelConfig& c) {
+  auto t = MakeTiny(c);
+  ASSERT_NE(t->model, nullptr);
+  const auto prompt = Prompt(40, c.n_vocab);  // > one attention query tile
+  const auto ref = Reference(*t, prompt);
+  ThreadPool pool(2);
+  Transformer tf(*t->model, pool);
+  std::vector<int32_t> pos(prompt.size());
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+
+  // (a) whole prompt in one batch, logits at every position
+  ContiguousKvStore kv(c.n_layers, c.kv_dim(), c.n_ctx);
+  SeqInput in{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
+  ForwardOutput batch;
+  ASSERT_TRUE(tf.Forward({&in, 1}, kv, &batch).ok());
+  double worst = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    double scale = 1e-6;
+    for (double v : ref[i]) scale = std::max(scale, std::fabs(v));
+    const auto got = batch.Row(0, static_cast<int64_t>(i), c.n_vocab);
+    for (int v = 0; v < c.n_vocab; ++v) worst = std::max(worst, std::fabs(got[v] - ref[i][v]) / scale);
+  }
+  EXPECT_LT(worst, 1e-4) << "relative logit error vs the double reference";
+
+  // (b) one token at a time
+  ContiguousKvStore kv2(c.n_layers, c.kv_dim(), c.n_ctx);
+  ForwardOutput step;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    SeqInput s{.seq_id = 2, .tokens = {&prompt[i], 1}, .positions = {&pos[i], 1}};
+    ASSERT_TRUE(tf.Forward({&s, 1}, kv2, &step).ok());
+    const auto a = step.Row(0, 0, c.n_vocab);
+    const auto b = batch.Row(0, static_cast<int64_t>(i), c.n_vocab);
+    for (int v = 0; v < c.n_vocab; ++v) EXPECT_NEAR(a[v], b[v], 1e-4 * (1 + std::fabs(b[v]))) << "pos " << i;
+  }
+}
+
+TEST(ArchTest, LlamaWithGqa) { CheckAgainstReference(BaseConfig()); }
+
+TEST(ArchTest, Llama3RopeScaling) {
+  ModelConfig c = BaseConfig();
+  c.rope.freq_base = 500000.0f;
+  c.rope.freq_factors = Llama3FreqFactors(c.rope.n_dims, c.rope.freq_base, 8.0f, 1.0f, 4.0f, 64);
+  ASSERT_EQ(c.rope.freq_factors.size(), 8u);
+  EXPECT_FLOAT_EQ(c.rope.freq_factors.front(), 1.0f);   // high frequency: unscaled
+  EXPECT_FLOAT_EQ(c.rope.freq_factors.back(), 8.0f);    // low frequency: scaled by the factor
+  CheckAgainstReference(c);
+}
+
+TEST(ArchTest, LinearRopeScalingAndPartialRope) {
+  ModelConfig c = BaseConfig();
+  c.rope.freq_scale = 0.25f;
+  c.rope.n_dims = 8;  // rotate half of each head
+  CheckAgainstReference(c);
+}
+
+TEST(ArchTest, Qwen2WithBiasAndNeoxRope) {
+  ModelConfig c = BaseConfig();
+  c.arch = Arch::kQwen2;
+  c.arch_name = "qwen2";
+  c.qkv_bias = true;
+  c.rope.neox = true;
+  c.rope.freq_base = 1000000.0f;
+  c.n_heads = 6;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  c.rope.n_dims = 8;
+  CheckAgainstReference(c);
+}
+
+TEST(ArchTest, MissingOrMisshapenTensorsAreErrors) {
+  ModelConfig c = BaseConfig();
+  auto t = MakeTiny(c);
+  TensorMap tensors;
+  for (auto& [name, v] : t->data) {
+    if (name == "blk.1.ffn_up.weight") continue;
+    tensors[name] = TensorRef{.type = DType::kF32, .dims = {static_cast<int64_t>(v.size())},
+                              .data = reinterpret_cast<const uint8_t*>(v.data()), .nbytes = v.size() * 4};
+  }
+  auto m = Model::Build(c, tensors, nullptr, nullptr);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("token_embd.weight"), std::string::npos) << m.status();
+  c.n_kv_heads = 3;  // 4 heads are not a multiple of 3
+  EXPECT_FALSE(Model::Build(c, tensors, nullptr, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace ps

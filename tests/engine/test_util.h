@@ -1,0 +1,28 @@
+// Helpers shared by the model tests: paths to shared test data, TSV parsing and a
+// one-call greedy generation.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/generator.h"
+#include "engine/model.h"
+
+namespace ps::testing {
+
+std::string TestData(const std::string& rel);  // ../shared/testdata/<rel>
+std::string StoriesGguf();
+std::string DefaultModelPath();  // models/SmolLM2-135M-Instruct.Q4_1.gguf ("" if not fetched)
+
+std::vector<int32_t> ParseIds(const std::string& space_separated);
+std::vector<float> ParseFloats(const std::string& space_separated);
+// Data rows of a tab-separated file (lines starting with '#' and the header row skipped).
+std::vector<std::vector<std::string>> ReadTsv(const std::string& path);
+
+std::unique_ptr<Model> LoadOrDie(const std::string& path);
+
+// Greedy continuation of `prompt` for n tokens, ignoring end-of-sequence.
+std::vector<int32_t> Greedy(const Model& m, ThreadPool& pool, const std::vector<int32_t>& prompt, int n);
+
+}  // namespace ps::testing

@@ -1,0 +1,178 @@
+// Tokenizers against llama.cpp's test vectors and the stories260K references.
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/mapped_file.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer/chat_template.h"
+#include "engine/tokenizer/pretokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+const std::string kVectors = std::string(PS_TESTDATA) + "/tokenizers/vectors/";
+const std::string kTokenizers = std::string(PS_TESTDATA) + "/tokenizers/";
+
+std::unique_ptr<Tokenizer> FromGgufPath(const std::string& path) {
+  auto f = GgufFile::Open(path);
+  EXPECT_TRUE(f.ok()) << f.status();
+  auto t = Tokenizer::FromGguf(**f);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(*t);
+}
+
+std::unique_ptr<Tokenizer> FromJson(const std::string& name) {
+  auto json = ReadFileToString(kTokenizers + name + ".tokenizer.json");
+  EXPECT_TRUE(json.ok()) << json.status();
+  auto config = ReadFileToString(kTokenizers + name + ".tokenizer_config.json");
+  auto t = Tokenizer::FromHfJson(*json, config.value_or(""));
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(*t);
+}
+
+struct Vector {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+std::vector<Vector> LoadVectors(const std::string& stem) {
+  auto inp = ReadFileToString(kVectors + stem + ".inp");
+  auto out = ReadFileToString(kVectors + stem + ".out");
+  EXPECT_TRUE(inp.ok() && out.ok());
+  std::vector<std::string> texts = absl::StrSplit(*inp, "\n__ggml_vocab_test__\n");
+  if (!texts.empty() && texts.back().empty()) texts.pop_back();
+  std::vector<std::string> lines = absl::StrSplit(*out, '\n');
+  std::vector<Vector> v;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    Vector x{texts[i], {}};
+    for (absl::string_view s : absl::StrSplit(lines.at(i), ' ', absl::SkipEmpty())) x.ids.push_back(std::stoi(std::string(s)));
+    v.push_back(std::move(x));
+  }
+  return v;
+}
+
+void CheckVectors(const Tokenizer& tok, const std::string& stem, bool check_decode = true) {
+  const auto vectors = LoadVectors(stem);
+  ASSERT_GE(vectors.size(), 40u) << stem;
+  int failures = 0;
+  for (const Vector& v : vectors) {
+    const std::vector<int32_t> got = tok.Encode(v.text, /*add_special=*/false, /*parse_special=*/false);
+    EXPECT_EQ(absl::StrJoin(got, " "), absl::StrJoin(v.ids, " ")) << stem << " text: '" << v.text << "'";
+    failures += got != v.ids;
+    if (check_decode) EXPECT_EQ(tok.Decode(got), v.text) << stem << " decode";
+  }
+  EXPECT_EQ(failures, 0) << stem << ": " << failures << " of " << vectors.size() << " strings differ";
+}
+
+TEST(TokenizerVectors, LlamaSpm) { CheckVectors(*FromGgufPath(kVectors + "ggml-vocab-llama-spm.gguf"), "ggml-vocab-llama-spm.gguf"); }
+TEST(TokenizerVectors, Phi3) { CheckVectors(*FromGgufPath(kVectors + "ggml-vocab-phi-3.gguf"), "ggml-vocab-phi-3.gguf"); }
+TEST(TokenizerVectors, Gpt2) { CheckVectors(*FromGgufPath(kVectors + "ggml-vocab-gpt-2.gguf"), "ggml-vocab-gpt-2.gguf"); }
+TEST(TokenizerVectors, Llama3Json) { CheckVectors(*FromJson("llama3"), "ggml-vocab-llama-bpe.gguf"); }
+TEST(TokenizerVectors, Qwen2Json) { CheckVectors(*FromJson("qwen2"), "ggml-vocab-qwen2.gguf"); }
+
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size()) {
+      const char c = s[++i];
+      out.push_back(c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c);
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+TEST(TokenizerStories, MatchesLlamaCppTokenization) {
+  auto tok = FromGgufPath(std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf");
+  auto tsv = ReadFileToString(std::string(PS_TESTDATA) + "/stories260K/tokenization.tsv");
+  ASSERT_TRUE(tsv.ok());
+  std::vector<std::string> lines = absl::StrSplit(*tsv, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 8u);
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> cols = absl::StrSplit(lines[i], '\t');
+    ASSERT_GE(cols.size(), 5u);
+    const std::string text = Unescape(cols[1]);
+    EXPECT_EQ(absl::StrJoin(tok->Encode(text, true, false), " "), cols[4]) << "prompt " << i - 1;
+    const std::string without = cols.size() > 6 ? cols[6] : "";
+    EXPECT_EQ(absl::StrJoin(tok->Encode(text, false, false), " "), without) << "prompt " << i - 1;
+  }
+}
+
+TEST(Tokenizer, StreamDecoderNeverSplitsCharacters) {
+  auto tok = FromGgufPath(std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf");
+  const std::string text = "unicode: café naïve 日本";
+  const auto ids = tok->Encode(text, false, false);
+  StreamDecoder dec(*tok);
+  std::string streamed;
+  for (int32_t id : ids) {
+    const std::string piece = dec.Push(id);
+    // every emitted piece is valid UTF-8 on its own
+    size_t i = 0;
+    while (i < piece.size()) {
+      const unsigned char c = piece[i];
+      const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : 4;
+      ASSERT_LE(i + len, piece.size()) << "split character in '" << piece << "'";
+      i += len;
+    }
+    streamed += piece;
+  }
+  streamed += dec.Flush();
+  EXPECT_EQ(streamed, " " + text);  // generation continues a text: the dummy-prefix space stays
+}
+
+TEST(Tokenizer, SpecialTokensParsedOnlyWhenAsked) {
+  auto tok = FromJson("qwen2");
+  const auto with = tok->Encode("<|im_start|>user", false, true);
+  ASSERT_FALSE(with.empty());
+  EXPECT_EQ(with[0], *tok->FindToken("<|im_start|>"));
+  const auto without = tok->Encode("<|im_start|>user", false, false);
+  EXPECT_NE(without[0], *tok->FindToken("<|im_start|>"));
+  EXPECT_TRUE(tok->IsEndOfGeneration(*tok->FindToken("<|im_end|>")));
+}
+
+TEST(PreTokenizer, Llama3Splits) {
+  const auto pieces = PreTokenize(PreTokenizer::kLlama3, "Hello world's 12345 \n\n  x!!");
+  EXPECT_EQ(absl::StrJoin(pieces, "|"), "Hello| world|'s| |123|45| \n\n| | x|!!");
+}
+
+TEST(PreTokenizer, SmolLMSplitsDigits) {
+  const auto pieces = PreTokenize(PreTokenizer::kSmolLM, "in 2024, yes");
+  EXPECT_EQ(absl::StrJoin(pieces, "|"), "in| |2|0|2|4|,| yes");
+}
+
+TEST(ChatTemplate, DetectsCommonFormats) {
+  auto qwen = ReadFileToString(kTokenizers + "qwen2.tokenizer_config.json");
+  ASSERT_TRUE(qwen.ok());
+  EXPECT_EQ(DetectChatTemplate(*qwen).format, ChatFormat::kChatML);
+  auto llama3 = ReadFileToString(kTokenizers + "llama3.tokenizer_config.json");
+  EXPECT_EQ(DetectChatTemplate(*llama3).format, ChatFormat::kLlama3);
+  EXPECT_EQ(DetectChatTemplate("{{ '[INST] ' + message['content'] + ' [/INST]' }}").format, ChatFormat::kMistral);
+  EXPECT_EQ(DetectChatTemplate("{% if x %}<<SYS>>{% endif %}[INST]").format, ChatFormat::kLlama2);
+  EXPECT_EQ(DetectChatTemplate("{{ messages }}").format, ChatFormat::kUnknown);
+  std::vector<ChatMessage> msgs = {{"user", "Hi"}};
+  EXPECT_FALSE(ApplyChatTemplate(ChatTemplate{}, msgs).ok());
+}
+
+TEST(ChatTemplate, ChatMLWithDefaultSystem) {
+  const ChatTemplate t{ChatFormat::kChatML, "You are helpful."};
+  std::vector<ChatMessage> msgs = {{"user", "Hi"}};
+  EXPECT_EQ(*ApplyChatTemplate(t, msgs),
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  msgs.push_back({"robot", "x"});
+  EXPECT_FALSE(ApplyChatTemplate(t, msgs).ok());
+}
+
+TEST(ChatTemplate, Llama3Format) {
+  std::vector<ChatMessage> msgs = {{"system", "S"}, {"user", "U"}};
+  EXPECT_EQ(*ApplyChatTemplate(ChatTemplate{ChatFormat::kLlama3, ""}, msgs),
+            "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+}  // namespace
+}  // namespace ps

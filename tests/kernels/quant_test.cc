@@ -1,0 +1,173 @@
+// Quantised formats: SIMD dot products and dequantisation against the scalar
+// reference on random blocks, and the reference against an independent decoding
+// of the bit layout.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "base/fp16.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/quant.h"
+
+namespace ps {
+namespace {
+
+// Random bytes for a row of `type` with sane (finite, small) fp16 scales.
+std::vector<uint8_t> RandomRow(DType type, int64_t n, std::mt19937& rng) {
+  std::vector<uint8_t> row(RowBytes(type, n));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : row) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+  auto set_half = [&](uint8_t* p) {
+    const uint16_t h = Fp32ToFp16(scale(rng));
+    std::memcpy(p, &h, 2);
+  };
+  const size_t bb = Traits(type).block_bytes;
+  for (size_t off = 0; off < row.size(); off += bb) {
+    uint8_t* b = row.data() + off;
+    switch (type) {
+      case DType::kQ4_0: case DType::kQ8_0: set_half(b); break;
+      case DType::kQ4_1: case DType::kQ4_K: set_half(b); set_half(b + 2); break;
+      case DType::kQ6_K: set_half(b + 208); break;
+      default: break;
+    }
+  }
+  return row;
+}
+
+std::vector<float> RandomFloats(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = g(rng);
+  return x;
+}
+
+class QuantTypes : public ::testing::TestWithParam<DType> {};
+
+TEST_P(QuantTypes, SimdDotEqualsReference) {
+  if (!avx2::Available()) GTEST_SKIP() << "no AVX2 on this CPU";
+  const DType type = GetParam();
+  std::mt19937 rng(42);
+  const int64_t block = Traits(type).block_elems;
+  for (int64_t blocks : {1, 3, 17, 40}) {  // odd lengths included
+    const int64_t n = blocks * block;
+    const auto row = RandomRow(type, n, rng);
+    const auto x = RandomFloats(n, rng);
+    std::vector<BlockQ8> xq(n / kQK);
+    QuantizeRowQ8(x.data(), xq.data(), n);
+    const float ref = reference::DotQ8(type, row.data(), xq.data(), n);
+    const float simd = avx2::DotQ8(type, row.data(), xq.data(), n);
+    EXPECT_NEAR(simd, ref, 1e-5f * (1.0f + std::fabs(ref))) << DTypeName(type) << " n=" << n;
+  }
+}
+
+TEST_P(QuantTypes, QuantisedDotApproximatesFloatDot) {
+  // The activation quantisation error, measured: int8 activations vs F32 ones.
+  const DType type = GetParam();
+  std::mt19937 rng(7);
+  const int64_t n = 8 * Traits(type).block_elems;
+  const auto row = RandomRow(type, n, rng);
+  const auto x = RandomFloats(n, rng);
+  std::vector<float> w(n);
+  reference::DequantizeRow(type, row.data(), w.data(), n);
+  double exact = 0, norm = 0;
+  for (int64_t i = 0; i < n; ++i) exact += double(w[i]) * x[i], norm += std::fabs(double(w[i]) * x[i]);
+  std::vector<BlockQ8> xq(n / kQK);
+  QuantizeRowQ8(x.data(), xq.data(), n);
+  const float got = DotQ8(type, row.data(), xq.data(), n);
+  // int8 rounding: each activation is off by at most amax/254 of its block.
+  EXPECT_NEAR(got, exact, 0.01 * norm) << DTypeName(type);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, QuantTypes,
+                         ::testing::Values(DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+TEST(Quant, SimdActivationQuantisationEqualsScalar) {
+  if (!avx2::Available()) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(3);
+  const auto x = RandomFloats(32 * 9, rng);
+  std::vector<BlockQ8> a(9), b(9);
+  avx2::QuantizeRowQ8(x.data(), a.data(), 32 * 9);
+  // scalar version, written out
+  for (int i = 0; i < 9; ++i) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[i * 32 + j]));
+    b[i].d = amax / 127.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[i * 32 + j] * (1.0f / b[i].d)));
+      sum += b[i].qs[j];
+    }
+    b[i].s = b[i].d * sum;
+  }
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_EQ(a[i].d, b[i].d);
+    EXPECT_FLOAT_EQ(a[i].s, b[i].s);
+    EXPECT_EQ(0, std::memcmp(a[i].qs, b[i].qs, 32)) << "block " << i;
+  }
+}
+
+// Independent decodings of each layout, element by element.
+TEST(Quant, DequantiseMatchesBitLayout) {
+  std::mt19937 rng(11);
+  {
+    const auto row = RandomRow(DType::kQ4_0, 64, rng);
+    std::vector<float> out(64);
+    reference::DequantizeRow(DType::kQ4_0, row.data(), out.data(), 64);
+    const auto* b = reinterpret_cast<const BlockQ4_0*>(row.data());
+    EXPECT_EQ(out[33], ((b[1].qs[1] & 0xF) - 8) * Fp16ToFp32(b[1].d));
+    EXPECT_EQ(out[49], ((b[1].qs[1] >> 4) - 8) * Fp16ToFp32(b[1].d));
+  }
+  {
+    const auto row = RandomRow(DType::kQ4_1, 32, rng);
+    std::vector<float> out(32);
+    reference::DequantizeRow(DType::kQ4_1, row.data(), out.data(), 32);
+    const auto* b = reinterpret_cast<const BlockQ4_1*>(row.data());
+    EXPECT_EQ(out[20], (b->qs[4] >> 4) * Fp16ToFp32(b->d) + Fp16ToFp32(b->m));
+  }
+  {
+    const auto row = RandomRow(DType::kQ8_0, 32, rng);
+    std::vector<float> out(32);
+    reference::DequantizeRow(DType::kQ8_0, row.data(), out.data(), 32);
+    const auto* b = reinterpret_cast<const BlockQ8_0*>(row.data());
+    EXPECT_EQ(out[31], b->qs[31] * Fp16ToFp32(b->d));
+  }
+  {
+    // Q4_K: element 200 is in sub-block 6 (scale index 6 uses the high-bit packing),
+    // low nibble of qs[3*32 + 8].
+    const auto row = RandomRow(DType::kQ4_K, 256, rng);
+    std::vector<float> out(256);
+    reference::DequantizeRow(DType::kQ4_K, row.data(), out.data(), 256);
+    const auto* b = reinterpret_cast<const BlockQ4_K*>(row.data());
+    const int sc = (b->scales[10] & 0xF) | ((b->scales[2] >> 6) << 4);
+    const int mn = (b->scales[10] >> 4) | ((b->scales[6] >> 6) << 4);
+    EXPECT_FLOAT_EQ(out[200], Fp16ToFp32(b->d) * sc * (b->qs[3 * 32 + 8] & 0xF) - Fp16ToFp32(b->dmin) * mn);
+  }
+  {
+    // Q6_K: element 150 = second half (128..255), l = 22 in the 4th quarter? 150-128 = 22 -> q1 group.
+    const auto row = RandomRow(DType::kQ6_K, 256, rng);
+    std::vector<float> out(256);
+    reference::DequantizeRow(DType::kQ6_K, row.data(), out.data(), 256);
+    const auto* b = reinterpret_cast<const BlockQ6_K*>(row.data());
+    const int q = ((b->ql[64 + 22] & 0xF) | (((b->qh[32 + 22] >> 0) & 3) << 4)) - 32;
+    EXPECT_FLOAT_EQ(out[150], Fp16ToFp32(b->d) * b->scales[8 + 22 / 16] * q);
+  }
+}
+
+TEST(Quant, Fp16AndBf16RoundTrip) {
+  for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f, 1e-3f, 3.14159f}) {
+    EXPECT_EQ(Fp16ToFp32(Fp32ToFp16(v)), Fp16ToFp32(Fp32ToFp16(Fp16ToFp32(Fp32ToFp16(v)))));
+    EXPECT_NEAR(Fp16ToFp32(Fp32ToFp16(v)), v, std::fabs(v) * 1e-3 + 6e-8) << v;
+    EXPECT_NEAR(Bf16ToFp32(Fp32ToBf16(v)), v, std::fabs(v) * 8e-3) << v;
+  }
+  // every half value survives half -> float -> half
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) continue;  // NaN payloads
+    ASSERT_EQ(Fp32ToFp16(Fp16ToFp32(static_cast<uint16_t>(h))), h) << std::hex << h;
+  }
+}
+
+}  // namespace
+}  // namespace ps
