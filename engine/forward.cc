@@ -112,9 +112,9 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvStore& kv, 
     pool_.ParallelFor(n_rows, 8, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) RmsNorm(x_.data() + r * d, w.attn_norm.data(), xn_.data() + r * d, d, c.rms_eps);
     });
-    MatMul(w.wq, xn_.data(), n_rows, q_.data(), pool_);
-    MatMul(w.wk, xn_.data(), n_rows, k_.data(), pool_);
-    MatMul(w.wv, xn_.data(), n_rows, v_.data(), pool_);
+    MatMul(w.wq, xn_.data(), n_rows, q_.data(), pool_, matmul_);
+    MatMul(w.wk, xn_.data(), n_rows, k_.data(), pool_, matmul_);
+    MatMul(w.wv, xn_.data(), n_rows, v_.data(), pool_, matmul_);
     pool_.ParallelFor(n_rows, 4, [&](int64_t r0, int64_t r1) {
       std::vector<float> cs(c.rope.n_dims);
       for (int64_t r = r0; r < r1; ++r) {
@@ -144,19 +144,19 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvStore& kv, 
                 pool_);
       if (want_probs) strat->AfterAttention(l, probs, std::span<const int32_t>(rows.positions, rows.n));
     }
-    MatMul(w.wo, att_.data(), n_rows, tmp_.data(), pool_);
+    MatMul(w.wo, att_.data(), n_rows, tmp_.data(), pool_, matmul_);
     pool_.ParallelFor(n_rows, 8, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         AddInPlace(tmp_.data() + r * d, x_.data() + r * d, d);
         RmsNorm(x_.data() + r * d, w.ffn_norm.data(), xn_.data() + r * d, d, c.rms_eps);
       }
     });
-    MatMul(w.w_gate, xn_.data(), n_rows, gate_.data(), pool_);
-    MatMul(w.w_up, xn_.data(), n_rows, up_.data(), pool_);
+    MatMul(w.w_gate, xn_.data(), n_rows, gate_.data(), pool_, matmul_);
+    MatMul(w.w_up, xn_.data(), n_rows, up_.data(), pool_, matmul_);
     pool_.ParallelFor(n_rows, 4, [&](int64_t r0, int64_t r1) {
       SiluMul(gate_.data() + r0 * c.n_ff, up_.data() + r0 * c.n_ff, (r1 - r0) * c.n_ff);
     });
-    MatMul(w.w_down, gate_.data(), n_rows, tmp_.data(), pool_);
+    MatMul(w.w_down, gate_.data(), n_rows, tmp_.data(), pool_, matmul_);
     pool_.ParallelFor(n_rows, 8, [&](int64_t r0, int64_t r1) {
       AddInPlace(tmp_.data() + r0 * d, x_.data() + r0 * d, (r1 - r0) * d);
     });
@@ -177,7 +177,7 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvStore& kv, 
     n_out += count;
   }
   out->logits.resize(static_cast<size_t>(n_out) * c.n_vocab);
-  if (n_out > 0) MatMul(model_.output, xn_.data(), n_out, out->logits.data(), pool_);
+  if (n_out > 0) MatMul(model_.output, xn_.data(), n_out, out->logits.data(), pool_, matmul_);
   return absl::OkStatus();
 }
 

@@ -37,13 +37,15 @@ struct ForwardOutput {
 
 class Transformer {
  public:
-  Transformer(const Model& model, ThreadPool& pool) : model_(model), pool_(pool) {}
+  Transformer(const Model& model, ThreadPool& pool, const MatMulOptions& matmul = {})
+      : model_(model), pool_(pool), matmul_(matmul) {}
   absl::Status Forward(std::span<const SeqInput> batch, KvStore& kv, ForwardOutput* out);
 
  private:
   void EnsureCapacity(int64_t rows);
   const Model& model_;
   ThreadPool& pool_;
+  MatMulOptions matmul_;
   // Activations, grown to the largest batch seen ([rows, width] row-major).
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_;
   std::vector<int32_t> tokens_, positions_;

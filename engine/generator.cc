@@ -55,7 +55,8 @@ std::string StopMatcher::Flush() {
   return out;
 }
 
-Generator::Generator(const Model& model, ThreadPool& pool) : model_(model), transformer_(model, pool) {}
+Generator::Generator(const Model& model, ThreadPool& pool, const MatMulOptions& matmul)
+    : model_(model), transformer_(model, pool, matmul) {}
 
 absl::StatusOr<GenerationResult> Generator::Generate(std::span<const int32_t> prompt, const SamplingParams& sampling,
                                                      const StopCriteria& stop, const TokenCallback& on_token) {

@@ -57,7 +57,7 @@ using TokenCallback = std::function<bool(const SampledToken&, std::string_view t
 
 class Generator {
  public:
-  Generator(const Model& model, ThreadPool& pool);
+  Generator(const Model& model, ThreadPool& pool, const MatMulOptions& matmul = {});
   absl::StatusOr<GenerationResult> Generate(std::span<const int32_t> prompt, const SamplingParams& sampling,
                                             const StopCriteria& stop, const TokenCallback& on_token = nullptr);
 

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> stops;
   int64_t max_new = 128, top_k = 0, seed = 0, threads = 0, logprobs = 0, min_new = 0;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, rep = 1.0, presence = 0.0, frequency = 0.0;
+  bool int8_act = false;
   bool print_ids = false, chat = false, tokenize = false, ignore_eos = false, stats = false, no_special = false;
   FlagParser flags("pruneserve-run", "Generate text from a model offline (no server). Text goes to stdout.");
   flags.AddString("model", &model_path, "GGUF file or Hugging Face folder (required)");
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
   flags.AddBool("no-special", &no_special, "do not add BOS/EOS and do not parse special tokens in the prompt");
   flags.AddInt("threads", &threads, "compute threads (0 = number of cores)");
   flags.AddBool("stats", &stats, "print timings to stderr");
+  flags.AddBool("int8-activations", &int8_act,
+                "quantise activations to int8 for quantised weights (faster decode, llama.cpp's numerics)");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
   if (flags.help_requested()) {
     std::cout << flags.Help();
@@ -95,7 +98,7 @@ int main(int argc, char** argv) {
   StopCriteria sc{.max_new_tokens = static_cast<int>(max_new), .min_new_tokens = static_cast<int>(min_new),
                   .stop_strings = stops, .ignore_eos = ignore_eos};
   ThreadPool pool(static_cast<int>(threads));
-  Generator gen(**model, pool);
+  Generator gen(**model, pool, MatMulOptions{.int8_activations = int8_act});
   auto result = gen.Generate(ids, sp, sc, [&](const SampledToken& t, std::string_view delta) {
     if (!print_ids) {
       std::cout << delta << std::flush;

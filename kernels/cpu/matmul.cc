@@ -22,7 +22,7 @@ T* Scratch(std::vector<T>& v, size_t n) {
   return v.data();
 }
 
-void Gemv(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
+void Gemv(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool, bool int8_activations) {
   const int64_t k = w.cols;
   if (IsFloatType(w.type)) {
     pool.ParallelFor(w.rows, 16, [&](int64_t r0, int64_t r1) {
@@ -38,6 +38,18 @@ void Gemv(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
           }
           y[i * w.rows + r] = v;
         }
+      }
+    });
+    return;
+  }
+  if (!int8_activations) {
+    static thread_local std::vector<float> sums_storage;
+    float* sums = Scratch(sums_storage, static_cast<size_t>(m * (k / kQK)));
+    for (int64_t i = 0; i < m; ++i) BlockSums(x + i * k, sums + i * (k / kQK), k);
+    pool.ParallelFor(w.rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const uint8_t* row = w.Row(r);
+        for (int64_t i = 0; i < m; ++i) y[i * w.rows + r] = DotF32Act(w.type, row, x + i * k, sums + i * (k / kQK), k);
       }
     });
     return;
@@ -88,20 +100,22 @@ void InitBlas() {
 }
 
 void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool,
-                    MatMulPath path) {
+                    MatMulPath path, bool int8_activations) {
   PS_CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "empty matrix";
   if (m <= 0) return;
   InitBlas();
   if (path == MatMulPath::kAuto) path = m <= kGemvMaxRows ? MatMulPath::kGemv : MatMulPath::kGemm;
   if (path == MatMulPath::kGemv) {
-    Gemv(w, x, m, y, pool);
+    Gemv(w, x, m, y, pool, int8_activations);
   } else {
     Gemm(w, x, m, y, pool);
   }
 }
 
-void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
-  MatMulWithPath(w, x, m, y, pool, MatMulPath::kAuto);
+void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool,
+            const MatMulOptions& options) {
+  MatMulWithPath(w, x, m, y, pool, options.int8_activations ? MatMulPath::kGemv : MatMulPath::kAuto,
+                 options.int8_activations);
 }
 
 }  // namespace ps

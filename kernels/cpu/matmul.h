@@ -24,13 +24,21 @@ struct MatrixView {
 // GEMV); larger ones dequantise weight tiles and call sgemm.
 inline constexpr int64_t kGemvMaxRows = 8;
 
+struct MatMulOptions {
+  // Quantise activations to int8 blocks for dot products with quantised weights, at
+  // every batch size (llama.cpp's numerics). Default: F32 activations, which keeps
+  // models with outlier activations (SmolLM2) equal to their F32-dequantised selves.
+  bool int8_activations = false;
+};
+
 // y[m, w.rows] = x[m, w.cols] * w^T. x and y are dense row-major. Runs on `pool`.
-void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool);
+void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool,
+            const MatMulOptions& options = {});
 
 // The same with an explicit choice of path (tests and benchmarks compare them).
 enum class MatMulPath { kAuto, kGemv, kGemm };
 void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool,
-                    MatMulPath path);
+                    MatMulPath path, bool int8_activations = false);
 
 // Disables OpenBLAS's own threading: parallelism comes from our pool.
 void InitBlas();

@@ -40,8 +40,9 @@ struct BlockQ6_K {
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210);
 
-// Activation block used by every quantised dot product: 32 int8 values with an F32
-// scale, plus d * sum(qs) for formats with a minimum/offset term.
+// Activation block for the int8 dot products: 32 int8 values with their scale, plus
+// d * sum(qs) for formats with a minimum/offset term. d and s hold fp16-representable
+// values, as llama.cpp's Q8_0/Q8_1 blocks do, so results match its numerics.
 struct BlockQ8 {
   float d;
   float s;  // d * sum(qs)
@@ -58,18 +59,23 @@ void DequantizeRow(DType type, const void* row, float* out, int64_t n);
 // quantised by QuantizeRowQ8. Not for float types.
 float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n);
 
-// Dot product of a float-typed (F32, F16, BF16) weight row with an F32 row.
-float DotFloat(DType type, const void* row, const float* x, int64_t n);
+// Dot product of a quantised weight row with an F32 activation row (no activation
+// quantisation: exact up to float rounding). block_sums[i] = sum of x over the i-th
+// 32-element block (see BlockSums), used for the formats' offset terms.
+float DotF32Act(DType type, const void* row, const float* x, const float* block_sums, int64_t n);
+void BlockSums(const float* x, float* sums, int64_t n);
 
 namespace reference {
 void DequantizeRow(DType type, const void* row, float* out, int64_t n);
 float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n);
+float DotF32Act(DType type, const void* row, const float* x, int64_t n);
 }  // namespace reference
 
 namespace avx2 {
 bool Available();
 float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n);
 void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n);
+float DotF32Act(DType type, const void* row, const float* x, const float* block_sums, int64_t n);
 }  // namespace avx2
 
 }  // namespace ps

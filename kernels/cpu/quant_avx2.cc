@@ -131,7 +131,120 @@ float DotQ6_K(const BlockQ6_K* b, const BlockQ8* x, int64_t nb) {
   return HorizontalSum(acc);
 }
 
+// ---- F32 activations: weights decoded to floats in registers ----
+
+// 8 consecutive bytes as floats (unsigned or signed).
+inline __m256 U8ToFloat(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+inline __m256 S8ToFloat(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)); }
+
+// sum over 32 elements of q[j] * x[j], q given as 32 bytes (unsigned 0..63 or signed).
+template <bool kSigned>
+inline __m256 Dot32(__m256i q, const float* x) {
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  auto cvt = [](__m128i b) { return kSigned ? S8ToFloat(b) : U8ToFloat(b); };
+  __m256 acc = _mm256_mul_ps(cvt(lo), _mm256_loadu_ps(x));
+  acc = _mm256_fmadd_ps(cvt(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), acc);
+  acc = _mm256_fmadd_ps(cvt(hi), _mm256_loadu_ps(x + 16), acc);
+  acc = _mm256_fmadd_ps(cvt(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), acc);
+  return acc;
+}
+
+float F32DotQ4_0(const BlockQ4_0* b, const float* x, const float* sums, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float off = 0;
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    const float d = HalfToFloat(b[i].d);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), Dot32<false>(UnpackNibbles(b[i].qs), x), acc);
+    off += d * sums[i];
+  }
+  return HorizontalSum(acc) - 8.0f * off;
+}
+
+float F32DotQ4_1(const BlockQ4_1* b, const float* x, const float* sums, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float off = 0;
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d)), Dot32<false>(UnpackNibbles(b[i].qs), x), acc);
+    off += HalfToFloat(b[i].m) * sums[i];
+  }
+  return HorizontalSum(acc) + off;
+}
+
+float F32DotQ8_0(const BlockQ8_0* b, const float* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d)), Dot32<true>(Load256(b[i].qs), x), acc);
+  }
+  return HorizontalSum(acc);
+}
+
+float F32DotQ4_K(const BlockQ4_K* b, const float* x, const float* sums, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float off = 0;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = HalfToFloat(b[i].d), dmin = HalfToFloat(b[i].dmin);
+    for (int j = 0; j < 4; ++j, x += 64) {
+      const __m256i raw = Load256(b[i].qs + 32 * j);
+      int sc1, m1, sc2, m2;
+      ScaleMinK4(2 * j, b[i].scales, &sc1, &m1);
+      ScaleMinK4(2 * j + 1, b[i].scales, &sc2, &m2);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1), Dot32<false>(_mm256_and_si256(raw, m4), x), acc);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc2),
+                            Dot32<false>(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), x + 32), acc);
+      off += dmin * (m1 * sums[i * 8 + 2 * j] + m2 * sums[i * 8 + 2 * j + 1]);
+    }
+  }
+  return HorizontalSum(acc) - off;
+}
+
+float F32DotQ6_K(const BlockQ6_K* b, const float* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03), off = _mm256_set1_epi8(32);
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = HalfToFloat(b[i].d);
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = b[i].ql + 64 * half;
+      const uint8_t* qh = b[i].qh + 32 * half;
+      const int8_t* sc = b[i].scales + 8 * half;
+      const __m256i l0 = Load256(ql), l1 = Load256(ql + 32), h = Load256(qh);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+      for (int k = 0; k < 4; ++k, x += 32) {
+        const __m256i qs = _mm256_sub_epi8(q[k], off);
+        const __m128i lo = _mm256_castsi256_si128(qs), hi = _mm256_extracti128_si256(qs, 1);
+        __m256 g0 = _mm256_mul_ps(S8ToFloat(lo), _mm256_loadu_ps(x));
+        g0 = _mm256_fmadd_ps(S8ToFloat(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), g0);
+        __m256 g1 = _mm256_mul_ps(S8ToFloat(hi), _mm256_loadu_ps(x + 16));
+        g1 = _mm256_fmadd_ps(S8ToFloat(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), g1);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc[2 * k]), g0, acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc[2 * k + 1]), g1, acc);
+      }
+    }
+  }
+  return HorizontalSum(acc);
+}
+
 }  // namespace
+
+float DotF32Act(DType type, const void* row, const float* x, const float* sums, int64_t n) {
+  switch (type) {
+    case DType::kQ4_0: return F32DotQ4_0(static_cast<const BlockQ4_0*>(row), x, sums, n / kQK);
+    case DType::kQ4_1: return F32DotQ4_1(static_cast<const BlockQ4_1*>(row), x, sums, n / kQK);
+    case DType::kQ8_0: return F32DotQ8_0(static_cast<const BlockQ8_0*>(row), x, n / kQK);
+    case DType::kQ4_K: return F32DotQ4_K(static_cast<const BlockQ4_K*>(row), x, sums, n / kQK_K);
+    case DType::kQ6_K: return F32DotQ6_K(static_cast<const BlockQ6_K*>(row), x, n / kQK_K);
+    default: break;
+  }
+  PS_CHECK(false) << "avx2::DotF32Act: unsupported type " << static_cast<int>(type);
+  return 0;
+}
 
 bool Available() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -165,7 +278,7 @@ void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n) {
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     const float d = _mm_cvtss_f32(m) / 127.0f;
-    const float id = d != 0 ? 1.0f / d : 0.0f;
+    const float id = d != 0 ? 127.0f / _mm_cvtss_f32(m) : 0.0f;  // llama.cpp divides by amax, not by d
     const __m256 vid = _mm256_set1_ps(id);
     __m256i qi[4];
     __m256i sum = _mm256_setzero_si256();
@@ -181,8 +294,8 @@ void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     s = _mm_hadd_epi32(s, s);
     s = _mm_hadd_epi32(s, s);
-    out[i].d = d;
-    out[i].s = d * static_cast<float>(_mm_cvtsi128_si32(s));
+    out[i].d = Fp16ToFp32(Fp32ToFp16(d));  // stored as fp16, as llama.cpp does
+    out[i].s = Fp16ToFp32(Fp32ToFp16(d * static_cast<float>(_mm_cvtsi128_si32(s))));
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "base/fp16.h"
 #include "base/status.h"
@@ -188,7 +189,28 @@ float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n) {
   return static_cast<float>(sum);
 }
 
+float DotF32Act(DType type, const void* row, const float* x, int64_t n) {
+  std::vector<float> w(n);
+  reference::DequantizeRow(type, row, w.data(), n);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(w[i]) * x[i];
+  return static_cast<float>(sum);
+}
+
 }  // namespace reference
+
+void BlockSums(const float* x, float* sums, int64_t n) {
+  for (int64_t b = 0; b < n / kQK; ++b) {
+    float s = 0;
+    for (int j = 0; j < kQK; ++j) s += x[b * kQK + j];
+    sums[b] = s;
+  }
+}
+
+float DotF32Act(DType type, const void* row, const float* x, const float* block_sums, int64_t n) {
+  if (avx2::Available()) return avx2::DotF32Act(type, row, x, block_sums, n);
+  return reference::DotF32Act(type, row, x, n);
+}
 
 void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n) {
   if (avx2::Available()) return avx2::QuantizeRowQ8(x, out, n);
@@ -196,14 +218,14 @@ void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n) {
     float amax = 0;
     for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127.0f;
-    const float id = d != 0 ? 1.0f / d : 0.0f;
+    const float id = d != 0 ? 127.0f / amax : 0.0f;  // llama.cpp divides by amax, not by d
     int sum = 0;
     for (int j = 0; j < kQK; ++j) {
       out[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
       sum += out[i].qs[j];
     }
-    out[i].d = d;
-    out[i].s = d * sum;
+    out[i].d = Fp16ToFp32(Fp32ToFp16(d));  // stored as fp16, as llama.cpp does
+    out[i].s = Fp16ToFp32(Fp32ToFp16(d * sum));
   }
 }
 

@@ -1,0 +1,181 @@
+// The real default model (SmolLM2-135M-Instruct Q4_1): quantised kernels against
+// the same weights dequantised to F32, llama.cpp's greedy output as a peer golden,
+// and a sensible chat answer. Needs scripts/fetch_model.sh (the README's test
+// command runs it).
+#include <cmath>
+
+#include "absl/strings/str_join.h"
+#include "engine/tokenizer/chat_template.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/quant.h"
+#include "tests/engine/test_util.h"
+
+namespace ps {
+namespace {
+
+using testing::ParseFloats;
+using testing::ParseIds;
+
+class DefaultModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string path = testing::DefaultModelPath();
+    if (path.empty()) return;
+    file_ = GgufFile::Open(path)->release();
+    model_ = testing::LoadOrDie(path).release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete file_;
+  }
+  void SetUp() override {
+    ASSERT_NE(model_, nullptr) << "default model missing: run scripts/fetch_model.sh";
+  }
+  // The same weights with every quantised tensor dequantised to F32 in memory.
+  std::unique_ptr<Model> Dequantised() {
+    TensorMap tensors;
+    for (const GgufTensor& t : file_->tensors()) {
+      if (t.type == DType::kF32) {
+        tensors[t.name] = {t.type, t.dims, t.data, t.nbytes};
+        continue;
+      }
+      auto& buf = f32_[t.name];
+      buf.resize(t.num_elements());
+      const int64_t cols = t.dims[0], rows = t.num_elements() / cols;
+      for (int64_t r = 0; r < rows; ++r) {
+        DequantizeRow(t.type, t.data + r * RowBytes(t.type, cols), buf.data() + r * cols, cols);
+      }
+      tensors[t.name] = {DType::kF32, t.dims, reinterpret_cast<const uint8_t*>(buf.data()), buf.size() * 4};
+    }
+    auto m = Model::Build(model_->config(), tensors, nullptr, nullptr);
+    EXPECT_TRUE(m.ok()) << m.status();
+    return std::move(*m);
+  }
+
+  static GgufFile* file_;
+  static Model* model_;
+  std::map<std::string, std::vector<float>> f32_;
+  ThreadPool pool_{2};
+};
+GgufFile* DefaultModelTest::file_ = nullptr;
+Model* DefaultModelTest::model_ = nullptr;
+
+// The quantised kernels vs the same weights dequantised to F32. Default kernels
+// (F32 activations) differ only in summation order: greedy tokens equal and logits
+// within 0.01 (float rounding, ~1e-6 relative, accumulated over 30 layers on logits
+// of magnitude ~20). The int8-activation kernels (llama.cpp's numerics, opt-in) are
+// measured and printed, not asserted: SmolLM2's outlier activations make int8
+// rounding visible (the figures are in the note).
+TEST_F(DefaultModelTest, QuantisedKernelsAgreeWithDequantisedWeights) {
+  auto f32 = Dequantised();
+  const Tokenizer* tok = model_->tokenizer();
+  const std::vector<std::string> texts = {
+      "The history of the Roman Empire spans many centuries, beginning with the founding of the city of Rome and",
+      "In mathematics, a prime number is a natural number greater than one that has no positive divisors other",
+      "Photosynthesis is the process by which green plants and some other organisms use sunlight to synthesize"};
+  for (bool int8 : {false, true}) {
+    const MatMulOptions opts{.int8_activations = int8};
+    double worst = 0, sum = 0;
+    int64_t count = 0;
+    int equal_prompts = 0;
+    for (const std::string& text : texts) {
+      auto prompt = tok->Encode(text, true, false);
+      prompt.resize(32);
+      ASSERT_EQ(prompt.size(), 32u);
+      const auto gq = testing::Greedy(*model_, pool_, prompt, 32, opts);
+      const auto gf = testing::Greedy(*f32, pool_, prompt, 32);
+      equal_prompts += gq == gf;
+      if (!int8) EXPECT_EQ(absl::StrJoin(gq, " "), absl::StrJoin(gf, " ")) << text;
+      // logits of every step along the F32 model's greedy path
+      Transformer tq(*model_, pool_, opts), tf(*f32, pool_);
+      ContiguousKvStore kq(30, model_->config().kv_dim(), 128), kf(30, model_->config().kv_dim(), 128);
+      std::vector<int32_t> seq = prompt;
+      seq.insert(seq.end(), gf.begin(), gf.end() - 1);
+      ForwardOutput oq, of;
+      for (size_t i = 0; i < seq.size(); ++i) {
+        const int32_t pos = static_cast<int32_t>(i);
+        SeqInput a{.seq_id = 1, .tokens = {&seq[i], 1}, .positions = {&pos, 1}};
+        ASSERT_TRUE(tq.Forward({&a, 1}, kq, &oq).ok());
+        ASSERT_TRUE(tf.Forward({&a, 1}, kf, &of).ok());
+        for (int v = 0; v < model_->config().n_vocab; ++v) {
+          const double d = std::fabs(oq.logits[v] - of.logits[v]);
+          worst = std::max(worst, d);
+          sum += d;
+          ++count;
+        }
+      }
+    }
+    std::printf("%s activations vs F32 weights: greedy equal for %d/3 prompts; max |logit diff| %.4f, mean %.5f\n",
+                int8 ? "int8" : "F32 ", equal_prompts, worst, sum / count);
+    if (!int8) {
+      EXPECT_LT(worst, 0.01);
+      EXPECT_LT(sum / count, 1e-3);
+    }
+  }
+}
+
+// llama.cpp's greedy tokens (tools/record_llamacpp_golden.py, F32 KV cache).
+// Tokens must be equal up to the first step where both engines see a near-tie.
+// Why 0.25 and not 0.05: llama.cpp quantises activations to int8, and SmolLM2's
+// outlier activations make that noisy; its logits differ from the same weights in
+// F32 by 0.16 on average and up to ~1.4 on these prompts (measured, see the note),
+// so ties closer than that are decided by rounding on either side.
+constexpr float kNearTie = 0.25f;
+
+std::string Unescape(const std::string& e) {
+  std::string s;
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (e[i] == '\\' && i + 1 < e.size()) {
+      const char c = e[++i];
+      s.push_back(c == 'n' ? '\n' : c == 't' ? '\t' : c);
+    } else {
+      s.push_back(e[i]);
+    }
+  }
+  return s;
+}
+
+TEST_F(DefaultModelTest, GreedyMatchesLlamaCppGolden) {
+  const auto rows = testing::ReadTsv(std::string(PS_SOURCE_DIR) + "/tests/golden/smollm2_q4_1_llamacpp.tsv");
+  ASSERT_EQ(rows.size(), 3u);
+  for (const auto& row : rows) {
+    const auto prompt = ParseIds(row[1]);
+    const auto want = ParseIds(row[2]);
+    const auto margins = ParseFloats(row[3]);
+    EXPECT_EQ(model_->tokenizer()->Encode(Unescape(row[0]), false, true), prompt) << "tokenisation of " << row[0];
+    Generator gen(*model_, pool_);
+    auto r = gen.Generate(prompt, SamplingParams{.temperature = 0, .top_logprobs = 2},
+                          StopCriteria{.max_new_tokens = static_cast<int>(want.size()), .ignore_eos = true});
+    ASSERT_TRUE(r.ok());
+    size_t i = 0;
+    while (i < want.size() && r->tokens[i] == want[i]) ++i;
+    if (i < want.size()) {
+      const auto& top = r->sampled[i].top;
+      const float ours = top[0].logprob - top[1].logprob;  // logit margin: same as logprob margin
+      EXPECT_LT(margins[i], kNearTie) << "diverged at step " << i << " without a near-tie in llama.cpp";
+      EXPECT_LT(ours, kNearTie) << "diverged at step " << i << " without a near-tie here";
+      std::printf("golden '%.24s...': %zu/%zu tokens equal; divergence at a near-tie (llama.cpp margin %.3f, ours %.3f)\n",
+                  row[0].c_str(), i, want.size(), margins[i], ours);
+    } else {
+      std::printf("golden '%.24s...': %zu/%zu tokens equal\n", row[0].c_str(), i, want.size());
+    }
+  }
+}
+
+TEST_F(DefaultModelTest, AnswersChatSensibly) {
+  const Tokenizer* tok = model_->tokenizer();
+  const ChatTemplate t = DetectChatTemplate(tok->chat_template());
+  ASSERT_EQ(t.format, ChatFormat::kChatML);
+  EXPECT_NE(t.default_system.find("SmolLM"), std::string::npos);
+  std::vector<ChatMessage> msgs = {{"user", "What is the capital of France? Answer in one sentence."}};
+  auto text = ApplyChatTemplate(t, msgs);
+  ASSERT_TRUE(text.ok());
+  Generator gen(*model_, pool_);
+  auto r = gen.Generate(tok->Encode(*text, true, true), SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = 32});
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->text.find("Paris"), std::string::npos) << r->text;
+  EXPECT_EQ(r->finish_reason, FinishReason::kStop) << "the answer should end with <|im_end|>";
+}
+
+}  // namespace
+}  // namespace ps

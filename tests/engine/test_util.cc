@@ -51,8 +51,9 @@ std::unique_ptr<Model> LoadOrDie(const std::string& path) {
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-std::vector<int32_t> Greedy(const Model& m, ThreadPool& pool, const std::vector<int32_t>& prompt, int n) {
-  Generator gen(m, pool);
+std::vector<int32_t> Greedy(const Model& m, ThreadPool& pool, const std::vector<int32_t>& prompt, int n,
+                            const MatMulOptions& matmul) {
+  Generator gen(m, pool, matmul);
   auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true});
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? r->tokens : std::vector<int32_t>{};

@@ -23,6 +23,7 @@ std::vector<std::vector<std::string>> ReadTsv(const std::string& path);
 std::unique_ptr<Model> LoadOrDie(const std::string& path);
 
 // Greedy continuation of `prompt` for n tokens, ignoring end-of-sequence.
-std::vector<int32_t> Greedy(const Model& m, ThreadPool& pool, const std::vector<int32_t>& prompt, int n);
+std::vector<int32_t> Greedy(const Model& m, ThreadPool& pool, const std::vector<int32_t>& prompt, int n,
+                            const MatMulOptions& matmul = {});
 
 }  // namespace ps::testing

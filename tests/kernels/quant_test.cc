@@ -94,13 +94,14 @@ TEST(Quant, SimdActivationQuantisationEqualsScalar) {
   for (int i = 0; i < 9; ++i) {
     float amax = 0;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[i * 32 + j]));
-    b[i].d = amax / 127.0f;
+    const float d = amax / 127.0f;
     int sum = 0;
     for (int j = 0; j < 32; ++j) {
-      b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[i * 32 + j] * (1.0f / b[i].d)));
+      b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[i * 32 + j] * (127.0f / amax)));
       sum += b[i].qs[j];
     }
-    b[i].s = b[i].d * sum;
+    b[i].d = Fp16ToFp32(Fp32ToFp16(d));
+    b[i].s = Fp16ToFp32(Fp32ToFp16(d * sum));
   }
   for (int i = 0; i < 9; ++i) {
     EXPECT_EQ(a[i].d, b[i].d);
