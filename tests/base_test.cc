@@ -1,0 +1,59 @@
+// Base utilities: flag parsing, status macros.
+#include "base/flags.h"
+#include "base/status.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+TEST(Flags, ParsesValuesAndRejectsBadInput) {
+  std::string s = "x";
+  int64_t i = 1;
+  double f = 0.5;
+  bool b = false;
+  std::vector<std::string> list;
+  FlagParser p("prog", "test");
+  p.AddString("name", &s, "a string");
+  p.AddInt("count", &i, "an int");
+  p.AddFloat("temp", &f, "a float");
+  p.AddBool("verbose", &b, "a bool");
+  p.AddStringList("stop", &list, "strings");
+  const char* argv[] = {"prog", "--name", "abc", "--count=42", "--temp", "0.25", "--verbose", "--stop", "a", "--stop=b"};
+  ASSERT_TRUE(p.Parse(10, const_cast<char**>(argv)).ok());
+  EXPECT_EQ(s, "abc");
+  EXPECT_EQ(i, 42);
+  EXPECT_EQ(f, 0.25);
+  EXPECT_TRUE(b);
+  EXPECT_EQ(list, (std::vector<std::string>{"a", "b"}));
+  EXPECT_NE(p.Help().find("--count VALUE"), std::string::npos);
+
+  const char* bad_int[] = {"prog", "--count", "4x"};
+  EXPECT_NE(p.Parse(3, const_cast<char**>(bad_int)).message().find("--count"), std::string::npos);
+  const char* unknown[] = {"prog", "--nope"};
+  EXPECT_NE(p.Parse(2, const_cast<char**>(unknown)).message().find("unknown flag --nope"), std::string::npos);
+  const char* missing[] = {"prog", "--name"};
+  EXPECT_NE(p.Parse(2, const_cast<char**>(missing)).message().find("needs a value"), std::string::npos);
+}
+
+absl::StatusOr<int> Half(int x) {
+  if (x % 2 != 0) return absl::InvalidArgumentError("odd");
+  return x / 2;
+}
+
+absl::StatusOr<int> Quarter(int x) {
+  PS_ASSIGN_OR_RETURN(int h, Half(x));
+  PS_ASSIGN_OR_RETURN(int q, Half(h));
+  return q;
+}
+
+TEST(Status, MacrosPropagate) {
+  EXPECT_EQ(*Quarter(8), 2);
+  EXPECT_EQ(Quarter(6).status().message(), "odd");
+}
+
+TEST(Status, CheckAbortsWithMessage) {
+  EXPECT_DEATH({ PS_CHECK(1 + 1 == 3) << "math is broken"; }, "check failed: 1 \\+ 1 == 3 math is broken");
+}
+
+}  // namespace
+}  // namespace ps

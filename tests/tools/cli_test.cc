@@ -1,0 +1,86 @@
+// pruneserve-run as a user runs it: output on good input, an error message and a
+// non-zero exit (never a crash) on bad arguments and broken model files.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "base/mapped_file.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string output;  // stdout + stderr
+};
+
+Result RunCli(const std::string& args) {
+  const std::string cmd = std::string(PS_BINARY_DIR) + "/pruneserve-run " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+const std::string kStories = std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf";
+
+TEST(Cli, GeneratesAndTokenizes) {
+  auto r = RunCli("--model " + kStories + " --prompt 'Once upon a time' --max-new-tokens 8 --print-ids");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "432 383 286 261 376 298 315 421\n");  // llama.cpp's greedy tokens (greedy.tsv)
+  r = RunCli("--model " + kStories + " --prompt 'Once upon a time' --tokenize");
+  EXPECT_EQ(r.output, "1 403 407 261 378\n");
+  r = RunCli("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--max-new-tokens"), std::string::npos);
+}
+
+TEST(Cli, BadArgumentsFailWithAMessage) {
+  for (const std::string& args : std::vector<std::string>{"--prompt hi", "--model /nonexistent.gguf --prompt hi",
+                                  "--model " + kStories + " --prompt hi --temperature -1",
+                                  "--model " + kStories + " --prompt hi --top-p 0",
+                                  "--model " + kStories + " --prompt hi --max-new-tokens 0",
+                                  "--model " + kStories + " --prompt hi --max-new-tokens 100000",
+                                  "--model " + kStories + " --prompt hi --threads abc",
+                                  "--model " + kStories + " --bogus-flag", "--model " + kStories + " --prompt '' --no-special"}) {
+    const Result r = RunCli(args);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("pruneserve-run: "), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
+TEST(Cli, BrokenModelFilesFailWithAMessage) {
+  auto bytes = ps::ReadFileToString(kStories);
+  ASSERT_TRUE(bytes.ok());
+  const std::string path = ::testing::TempDir() + "/broken.gguf";
+  std::mt19937 rng(3);
+  std::vector<std::string> variants;
+  for (size_t cut : {size_t{2}, size_t{16}, size_t{1000}, bytes->size() / 3, bytes->size() - 7}) {
+    variants.push_back(bytes->substr(0, cut));
+  }
+  for (int i = 0; i < 12; ++i) {  // bit flips in the first 4 KiB (header, metadata, tensor table)
+    std::string b = *bytes;
+    b[std::uniform_int_distribution<size_t>(0, 4095)(rng)] ^= static_cast<char>(1 << (i % 8));
+    variants.push_back(b);
+  }
+  int rejected = 0;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    std::ofstream(path, std::ios::binary) << variants[i];
+    const Result r = RunCli("--model " + path + " --prompt 'Once upon' --max-new-tokens 4");
+    ASSERT_LT(r.exit_code, 128) << "crashed on variant " << i << ":\n" << r.output;  // a signal is a crash
+    if (r.exit_code != 0) {
+      EXPECT_EQ(r.exit_code, 1);
+      EXPECT_NE(r.output.find("pruneserve-run: "), std::string::npos) << r.output;
+      ++rejected;
+    }
+  }
+  EXPECT_GE(rejected, 5);  // every truncated copy at least
+}
+
+}  // namespace
