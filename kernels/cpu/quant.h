@@ -78,4 +78,10 @@ void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n);
 float DotF32Act(DType type, const void* row, const float* x, const float* block_sums, int64_t n);
 }  // namespace avx2
 
+namespace avx512 {
+bool Available();
+bool Supports(DType type);  // types with an AVX-512 DotF32Act
+float DotF32Act(DType type, const void* row, const float* x, const float* block_sums, int64_t n);
+}  // namespace avx512
+
 }  // namespace ps

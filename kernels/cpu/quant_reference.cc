@@ -208,6 +208,7 @@ void BlockSums(const float* x, float* sums, int64_t n) {
 }
 
 float DotF32Act(DType type, const void* row, const float* x, const float* block_sums, int64_t n) {
+  if (avx512::Available() && avx512::Supports(type)) return avx512::DotF32Act(type, row, x, block_sums, n);
   if (avx2::Available()) return avx2::DotF32Act(type, row, x, block_sums, n);
   return reference::DotF32Act(type, row, x, n);
 }

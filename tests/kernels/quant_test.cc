@@ -62,6 +62,28 @@ TEST_P(QuantTypes, SimdDotEqualsReference) {
   }
 }
 
+TEST_P(QuantTypes, F32ActivationDotsEqualReference) {
+  const DType type = GetParam();
+  std::mt19937 rng(43);
+  const int64_t block = Traits(type).block_elems;
+  for (int64_t blocks : {1, 3, 17, 40}) {
+    const int64_t n = blocks * block;
+    const auto row = RandomRow(type, n, rng);
+    const auto x = RandomFloats(n, rng);
+    std::vector<float> sums(n / kQK);
+    BlockSums(x.data(), sums.data(), n);
+    const float ref = reference::DotF32Act(type, row.data(), x.data(), n);
+    const float tol = 2e-5f * (1.0f + std::fabs(ref));
+    EXPECT_NEAR(DotF32Act(type, row.data(), x.data(), sums.data(), n), ref, tol) << DTypeName(type) << " n=" << n;
+    if (avx2::Available()) {
+      EXPECT_NEAR(avx2::DotF32Act(type, row.data(), x.data(), sums.data(), n), ref, tol) << "avx2 " << n;
+    }
+    if (avx512::Available() && avx512::Supports(type)) {
+      EXPECT_NEAR(avx512::DotF32Act(type, row.data(), x.data(), sums.data(), n), ref, tol) << "avx512 " << n;
+    }
+  }
+}
+
 TEST_P(QuantTypes, QuantisedDotApproximatesFloatDot) {
   // The activation quantisation error, measured: int8 activations vs F32 ones.
   const DType type = GetParam();

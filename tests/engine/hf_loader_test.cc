@@ -1,0 +1,204 @@
+// Hugging Face folders (config.json + safetensors + tokenizer.json): a tiny model
+// written here loads, tokenises, and computes the same logits as the same weights
+// in GGUF layout (q/k rows permuted as llama.cpp's converter does, normal RoPE).
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "base/fp16.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/safetensors.h"
+#include "engine/tokenizer/byte_level.h"
+#include "gtest/gtest.h"
+
+namespace ps {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int kVocab = 260, kEmbd = 32, kHeads = 4, kKvHeads = 2, kHeadDim = 8, kFf = 48, kLayers = 2;
+
+struct HfTensor {
+  std::string dtype;            // F32 | F16 | BF16
+  std::vector<int64_t> shape;   // HF order [out, in]
+  std::vector<float> values;    // exactly representable in dtype
+};
+
+void WriteSafetensors(const std::string& path, const std::map<std::string, HfTensor>& tensors) {
+  json header = json::object();
+  std::string data;
+  for (const auto& [name, t] : tensors) {
+    const size_t begin = data.size();
+    for (float v : t.values) {
+      if (t.dtype == "F32") {
+        data.append(reinterpret_cast<const char*>(&v), 4);
+      } else {
+        const uint16_t h = t.dtype == "F16" ? Fp32ToFp16(v) : Fp32ToBf16(v);
+        data.append(reinterpret_cast<const char*>(&h), 2);
+      }
+    }
+    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {begin, data.size()}}};
+  }
+  const std::string h = header.dump();
+  const uint64_t len = h.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << h << data;
+}
+
+std::string TinyTokenizerJson() {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[BytesToUnicodeString(std::string(1, static_cast<char>(b)))] = b;
+  vocab["he"] = 256;
+  vocab["ll"] = 257;
+  vocab["hell"] = 258;
+  json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"h e", "l l", "he ll"}}}},
+            {"added_tokens", {{{"id", 259}, {"content", "<|end|>"}, {"special", true}}}},
+            {"pre_tokenizer", {{"type", "ByteLevel"}}}};
+  return j.dump();
+}
+
+class HfLoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / "tiny_hf_model";
+    fs::create_directories(dir_);
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    auto make = [&](const std::string& dtype, std::vector<int64_t> shape, float offset = 0) {
+      HfTensor t{dtype, shape, {}};
+      size_t n = 1;
+      for (int64_t d : shape) n *= d;
+      for (size_t i = 0; i < n; ++i) {
+        float v = offset + u(rng);
+        v = dtype == "F16" ? Fp16ToFp32(Fp32ToFp16(v)) : dtype == "BF16" ? Bf16ToFp32(Fp32ToBf16(v)) : v;
+        t.values.push_back(v);
+      }
+      return t;
+    };
+    hf_["model.embed_tokens.weight"] = make("BF16", {kVocab, kEmbd});
+    hf_["model.norm.weight"] = make("F32", {kEmbd}, 1.0f);
+    hf_["lm_head.weight"] = make("F16", {kVocab, kEmbd});
+    for (int l = 0; l < kLayers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      hf_[p + "input_layernorm.weight"] = make("F32", {kEmbd}, 1.0f);
+      hf_[p + "post_attention_layernorm.weight"] = make("F32", {kEmbd}, 1.0f);
+      hf_[p + "self_attn.q_proj.weight"] = make("F16", {kHeads * kHeadDim, kEmbd});
+      hf_[p + "self_attn.k_proj.weight"] = make("BF16", {kKvHeads * kHeadDim, kEmbd});
+      hf_[p + "self_attn.v_proj.weight"] = make("F32", {kKvHeads * kHeadDim, kEmbd});
+      hf_[p + "self_attn.o_proj.weight"] = make("F32", {kEmbd, kHeads * kHeadDim});
+      hf_[p + "mlp.gate_proj.weight"] = make("F16", {kFf, kEmbd});
+      hf_[p + "mlp.up_proj.weight"] = make("F32", {kFf, kEmbd});
+      hf_[p + "mlp.down_proj.weight"] = make("BF16", {kEmbd, kFf});
+    }
+    hf_["model.layers.0.self_attn.rotary_emb.inv_freq"] = make("F32", {kHeadDim / 2});  // ignored buffer
+    WriteSafetensors((dir_ / "model.safetensors").string(), hf_);
+    json config = {{"model_type", "llama"}, {"vocab_size", kVocab}, {"hidden_size", kEmbd},
+                   {"num_hidden_layers", kLayers}, {"num_attention_heads", kHeads}, {"num_key_value_heads", kKvHeads},
+                   {"intermediate_size", kFf}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-5},
+                   {"rope_theta", 10000.0}};
+    std::ofstream(dir_ / "config.json") << config.dump();
+    std::ofstream(dir_ / "tokenizer.json") << TinyTokenizerJson();
+  }
+
+  // GGUF layout of the same weights: llama.cpp's converter permutes q/k rows per
+  // head from (half, pair) to (pair, half) so that adjacent-pair RoPE applies.
+  std::vector<float> Permuted(const std::vector<float>& w, int heads) {
+    std::vector<float> out(w.size());
+    const int half = kHeadDim / 2;
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < half; ++i)
+        for (int j = 0; j < 2; ++j)
+          std::copy_n(&w[(h * kHeadDim + j * half + i) * kEmbd], kEmbd, &out[(h * kHeadDim + 2 * i + j) * kEmbd]);
+    return out;
+  }
+
+  fs::path dir_;
+  std::map<std::string, HfTensor> hf_;
+  std::map<std::string, std::vector<float>> gguf_data_;
+};
+
+std::vector<float> Logits(const Model& m, const std::vector<int32_t>& tokens) {
+  ThreadPool pool(2);
+  Transformer tf(m, pool);
+  ContiguousKvStore kv(m.config().n_layers, m.config().kv_dim(), 128);
+  std::vector<int32_t> pos(tokens.size());
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+  SeqInput in{.seq_id = 1, .tokens = tokens, .positions = pos, .all_logits = true};
+  ForwardOutput out;
+  EXPECT_TRUE(tf.Forward({&in, 1}, kv, &out).ok());
+  return out.logits;
+}
+
+TEST_F(HfLoaderTest, LoadsAndMatchesGgufLayout) {
+  auto hf = Model::Load(dir_.string());
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_EQ((*hf)->config().n_kv_heads, kKvHeads);
+  EXPECT_TRUE((*hf)->config().rope.neox);
+  const Tokenizer* tok = (*hf)->tokenizer();
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->Encode("hello<|end|>", false, true), (std::vector<int32_t>{258, 'o', 259}));
+  EXPECT_EQ(tok->Decode(std::vector<int32_t>{258, 'o'}), "hello");
+
+  // The same weights in GGUF naming and layout.
+  const std::map<std::string, std::string> names = {
+      {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
+      {"lm_head.weight", "output.weight"}};
+  TensorMap tensors;
+  for (const auto& [name, t] : hf_) {
+    std::string g;
+    if (names.count(name)) {
+      g = names.at(name);
+    } else if (name.find("rotary") != std::string::npos) {
+      continue;
+    } else {
+      const std::string l = name.substr(13, name.find('.', 13) - 13);
+      const std::string rest = name.substr(name.find('.', 13) + 1);
+      static const std::map<std::string, std::string> kMap = {
+          {"input_layernorm.weight", "attn_norm.weight"}, {"post_attention_layernorm.weight", "ffn_norm.weight"},
+          {"self_attn.q_proj.weight", "attn_q.weight"},   {"self_attn.k_proj.weight", "attn_k.weight"},
+          {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.o_proj.weight", "attn_output.weight"},
+          {"mlp.gate_proj.weight", "ffn_gate.weight"},    {"mlp.up_proj.weight", "ffn_up.weight"},
+          {"mlp.down_proj.weight", "ffn_down.weight"}};
+      g = "blk." + l + "." + kMap.at(rest);
+    }
+    std::vector<float> v = t.values;
+    if (g.find("attn_q.weight") != std::string::npos) v = Permuted(v, kHeads);
+    if (g.find("attn_k.weight") != std::string::npos) v = Permuted(v, kKvHeads);
+    gguf_data_[g] = std::move(v);
+    const auto& stored = gguf_data_[g];
+    tensors[g] = TensorRef{.type = DType::kF32, .dims = std::vector<int64_t>(t.shape.rbegin(), t.shape.rend()),
+                           .data = reinterpret_cast<const uint8_t*>(stored.data()), .nbytes = stored.size() * 4};
+  }
+  ModelConfig c = (*hf)->config();
+  c.rope.neox = false;
+  auto gguf = Model::Build(c, tensors, nullptr, nullptr);
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  const std::vector<int32_t> prompt = {5, 258, 100, 7, 259, 42, 3, 200, 17, 9};
+  const auto a = Logits(**hf, prompt), b = Logits(**gguf, prompt);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4f * (1 + std::fabs(b[i])));
+}
+
+TEST_F(HfLoaderTest, BrokenFoldersGiveErrors) {
+  fs::remove(dir_ / "tokenizer.json");
+  EXPECT_FALSE(Model::Load(dir_.string()).ok());
+  std::ofstream(dir_ / "tokenizer.json") << TinyTokenizerJson();
+  // header length beyond the end of the file
+  std::string bytes(16, '\0');
+  bytes[0] = static_cast<char>(0xff);
+  bytes[1] = static_cast<char>(0xff);
+  std::ofstream(dir_ / "model.safetensors", std::ios::binary) << bytes;
+  auto m = Model::Load(dir_.string());
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("header"), std::string::npos) << m.status();
+  std::ofstream(dir_ / "config.json") << R"({"model_type": "gpt_neox"})";
+  EXPECT_NE(Model::Load(dir_.string()).status().message().find("unsupported architecture"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ps
