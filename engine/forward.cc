@@ -17,11 +17,7 @@ void Grow(std::vector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(n);
 }
 
-// Rows of one sequence inside the compacted activation buffers.
-struct Segment {
-  int64_t offset = 0;
-  std::vector<int32_t> rows;  // step-local row indices still active, ascending
-};
+constexpr int kMaxRopeDims = 1024;  // ValidateConfig bounds head_dim by this
 
 }  // namespace
 
@@ -59,7 +55,8 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvStore& kv, 
   EnsureCapacity(n_rows);
   tokens_.clear();
   positions_.clear();
-  std::vector<Segment> seg(batch.size());
+  std::vector<Segment>& seg = segments_;
+  seg.resize(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     seg[i].offset = static_cast<int64_t>(tokens_.size());
     seg[i].rows.resize(batch[i].tokens.size());
@@ -79,8 +76,8 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvStore& kv, 
   const AttentionShape shape{.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim,
                              .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
   const int qd = c.q_dim(), kvd = c.kv_dim();
-  std::vector<float> probs;
-  std::vector<int32_t> new_positions;
+  std::vector<float>& probs = probs_;
+  std::vector<int32_t>& new_positions = new_positions_;
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = model_.layers[l];
@@ -89,7 +86,8 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvStore& kv, 
       int64_t dst = 0;
       new_positions.clear();
       for (size_t i = 0; i < batch.size(); ++i) {
-        std::vector<int32_t> rows = seg[i].rows;
+        std::vector<int32_t>& rows = kept_rows_;
+        rows = seg[i].rows;
         if (batch[i].strategy != nullptr) batch[i].strategy->RowsForLayer(l, &rows);
         PS_CHECK(!rows.empty() && rows.back() == seg[i].rows.back()) << "a strategy dropped the last row";
         size_t k = 0;
@@ -102,7 +100,7 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvStore& kv, 
           ++dst;
         }
         seg[i].offset = dst - static_cast<int64_t>(rows.size());
-        seg[i].rows = std::move(rows);
+        seg[i].rows.swap(rows);
       }
       positions_.swap(new_positions);
       n_rows = dst;
@@ -116,16 +114,16 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvStore& kv, 
     MatMul(w.wk, xn_.data(), n_rows, k_.data(), pool_, matmul_);
     MatMul(w.wv, xn_.data(), n_rows, v_.data(), pool_, matmul_);
     pool_.ParallelFor(n_rows, 4, [&](int64_t r0, int64_t r1) {
-      std::vector<float> cs(c.rope.n_dims);
+      float cs[kMaxRopeDims];
       for (int64_t r = r0; r < r1; ++r) {
         if (!w.bq.empty()) {
           AddInPlace(w.bq.data(), q_.data() + r * qd, qd);
           AddInPlace(w.bk.data(), k_.data() + r * kvd, kvd);
           AddInPlace(w.bv.data(), v_.data() + r * kvd, kvd);
         }
-        RopeCache(c.rope, positions_[r], cs.data());
-        RopeApply(c.rope, cs.data(), q_.data() + r * qd, c.n_heads, c.head_dim);
-        RopeApply(c.rope, cs.data(), k_.data() + r * kvd, c.n_kv_heads, c.head_dim);
+        RopeCache(c.rope, positions_[r], cs);
+        RopeApply(c.rope, cs, q_.data() + r * qd, c.n_heads, c.head_dim);
+        RopeApply(c.rope, cs, k_.data() + r * kvd, c.n_kv_heads, c.head_dim);
       }
     });
     for (size_t i = 0; i < batch.size(); ++i) {

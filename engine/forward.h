@@ -46,9 +46,17 @@ class Transformer {
   const Model& model_;
   ThreadPool& pool_;
   MatMulOptions matmul_;
-  // Activations, grown to the largest batch seen ([rows, width] row-major).
+  // Rows of one sequence inside the compacted activation buffers.
+  struct Segment {
+    int64_t offset = 0;
+    std::vector<int32_t> rows;  // step-local row indices still active, ascending
+  };
+  // Activations, grown to the largest batch seen ([rows, width] row-major), and
+  // per-step bookkeeping reused across steps so the hot path does not allocate.
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_;
-  std::vector<int32_t> tokens_, positions_;
+  std::vector<int32_t> tokens_, positions_, new_positions_, kept_rows_;
+  std::vector<Segment> segments_;
+  std::vector<float> probs_;
   int64_t capacity_ = 0;
 };
 

@@ -3,7 +3,7 @@
 # apt-get runs only when something is missing.
 set -euo pipefail
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git python3 python3-pip
+  build-essential cmake ninja-build pkg-config git python3 python3-pip clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libopenblas-dev

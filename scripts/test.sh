@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds and runs the whole test suite twice: a normal Release build and an
-# AddressSanitizer + UndefinedBehaviorSanitizer build. Installs what it needs.
-# Usage: scripts/test.sh            (both builds)
-#        PS_TEST_BUILDS=normal scripts/test.sh   (only one of: normal asan)
+# Builds the libFuzzer target and fuzzes the GGUF reader for 20 s, then builds and
+# runs the whole test suite twice: a normal Release build and an AddressSanitizer +
+# UndefinedBehaviorSanitizer build. Installs what it needs.
+# Usage: scripts/test.sh                        (everything)
+#        PS_TEST_BUILDS=normal scripts/test.sh  (a subset of: fuzz normal asan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -17,11 +18,27 @@ run_suite() {  # name, build dir, extra cmake args...
   echo "=== $name tests ==="
   ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 900
 }
-for b in ${PS_TEST_BUILDS:-normal asan}; do
+fuzz_smoke() {  # builds the libFuzzer targets with clang and fuzzes the GGUF reader briefly
+  echo "=== fuzz build (build-fuzz) ==="
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPS_FUZZ=ON \
+    -DPS_BUILD_TESTS=OFF -DPS_BUILD_BENCH=OFF -DPS_CUDA=OFF >/dev/null
+  cmake --build build-fuzz -j "$JOBS" --target fuzz_gguf
+  mkdir -p build-fuzz/corpus
+  cp -n ../shared/testdata/stories260K/stories260K.gguf build-fuzz/corpus/ 2>/dev/null || true
+  if ! build-fuzz/fuzz_gguf build-fuzz/corpus -max_total_time="${PS_FUZZ_SECONDS:-20}" -max_len=1300000 \
+       -artifact_prefix=build-fuzz/ -print_final_stats=1 >build-fuzz/fuzz.log 2>&1; then
+    tail -40 build-fuzz/fuzz.log
+    echo "fuzz_gguf found a crash (input saved under build-fuzz/)" >&2
+    return 1
+  fi
+  grep -E "stat::number_of_executed_units" build-fuzz/fuzz.log
+}
+for b in ${PS_TEST_BUILDS:-fuzz normal asan}; do
   case $b in
     normal) run_suite normal build -DCMAKE_BUILD_TYPE=Release ;;
     asan) ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
             run_suite "ASan+UBSan" build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPS_SANITIZE=address ;;
+    fuzz) fuzz_smoke ;;
     *) echo "unknown build '$b'" >&2; exit 2 ;;
   esac
 done
