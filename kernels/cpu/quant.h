@@ -40,6 +40,17 @@ struct BlockQ6_K {
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210);
 
+// 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block.
+inline void Q4KScaleMin(int j, const uint8_t* scales, int* d, int* m) {
+  if (j < 4) {
+    *d = scales[j] & 63;
+    *m = scales[j + 4] & 63;
+  } else {
+    *d = (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4);
+    *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+  }
+}
+
 // Activation block for the int8 dot products: 32 int8 values with their scale, plus
 // d * sum(qs) for formats with a minimum/offset term. d and s hold fp16-representable
 // values, as llama.cpp's Q8_0/Q8_1 blocks do, so results match its numerics.

@@ -39,14 +39,16 @@ inline __m256i UnpackNibbles(const uint8_t* p) {
 }
 inline __m256i Load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-inline void ScaleMinK4(int j, const uint8_t* q, int* d, int* m) {
-  if (j < 4) {
-    *d = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
+// 128 six-bit Q6_K quants (half a super-block) as four vectors of 32 values in
+// [0, 63]: q[k] holds elements 32k..32k+31 of the half.
+inline void UnpackQ6KHalf(const uint8_t* ql, const uint8_t* qh, __m256i q[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
+  const __m256i l0 = Load256(ql), l1 = Load256(ql + 32), h = Load256(qh);
+  auto high = [&](int shift) { return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, shift), m3), 4); };
+  q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), high(0));
+  q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), high(2));
+  q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), high(4));
+  q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), high(6));
 }
 
 float DotQ4_0(const BlockQ4_0* b, const BlockQ8* x, int64_t nb) {
@@ -89,8 +91,8 @@ float DotQ4_K(const BlockQ4_K* b, const BlockQ8* x, int64_t nb) {
     for (int j = 0; j < 4; ++j) {
       const __m256i raw = Load256(b[i].qs + 32 * j);
       int sc1, m1, sc2, m2;
-      ScaleMinK4(2 * j, b[i].scales, &sc1, &m1);
-      ScaleMinK4(2 * j + 1, b[i].scales, &sc2, &m2);
+      Q4KScaleMin(2 * j, b[i].scales, &sc1, &m1);
+      Q4KScaleMin(2 * j + 1, b[i].scales, &sc2, &m2);
       const __m256i lo = _mm256_and_si256(raw, m4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
       acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1 * xb[2 * j].d), DotU8S8(lo, Load256(xb[2 * j].qs)), acc);
@@ -103,7 +105,7 @@ float DotQ4_K(const BlockQ4_K* b, const BlockQ8* x, int64_t nb) {
 
 float DotQ6_K(const BlockQ6_K* b, const BlockQ8* x, int64_t nb) {
   __m256 acc = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03), off = _mm256_set1_epi8(32);
+  const __m256i off = _mm256_set1_epi8(32);
   for (int64_t i = 0; i < nb; ++i) {
     const float d = HalfToFloat(b[i].d);
     for (int half = 0; half < 2; ++half) {
@@ -111,15 +113,8 @@ float DotQ6_K(const BlockQ6_K* b, const BlockQ8* x, int64_t nb) {
       const uint8_t* qh = b[i].qh + 32 * half;
       const int8_t* sc = b[i].scales + 8 * half;
       const BlockQ8* xb = x + i * 8 + 4 * half;
-      const __m256i l0 = Load256(ql), l1 = Load256(ql + 32), h = Load256(qh);
       __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+      UnpackQ6KHalf(ql, qh, q);
       for (int k = 0; k < 4; ++k) {
         const __m256i qs = _mm256_sub_epi8(q[k], off);
         const __m256 p = DotS8S8(qs, Load256(xb[k].qs));  // lanes 0-3: elements 0..15, 4-7: 16..31
@@ -187,8 +182,8 @@ float F32DotQ4_K(const BlockQ4_K* b, const float* x, const float* sums, int64_t 
     for (int j = 0; j < 4; ++j, x += 64) {
       const __m256i raw = Load256(b[i].qs + 32 * j);
       int sc1, m1, sc2, m2;
-      ScaleMinK4(2 * j, b[i].scales, &sc1, &m1);
-      ScaleMinK4(2 * j + 1, b[i].scales, &sc2, &m2);
+      Q4KScaleMin(2 * j, b[i].scales, &sc1, &m1);
+      Q4KScaleMin(2 * j + 1, b[i].scales, &sc2, &m2);
       acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc1), Dot32<false>(_mm256_and_si256(raw, m4), x), acc);
       acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc2),
                             Dot32<false>(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), x + 32), acc);
@@ -200,22 +195,15 @@ float F32DotQ4_K(const BlockQ4_K* b, const float* x, const float* sums, int64_t 
 
 float F32DotQ6_K(const BlockQ6_K* b, const float* x, int64_t nb) {
   __m256 acc = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03), off = _mm256_set1_epi8(32);
+  const __m256i off = _mm256_set1_epi8(32);
   for (int64_t i = 0; i < nb; ++i) {
     const float d = HalfToFloat(b[i].d);
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = b[i].ql + 64 * half;
       const uint8_t* qh = b[i].qh + 32 * half;
       const int8_t* sc = b[i].scales + 8 * half;
-      const __m256i l0 = Load256(ql), l1 = Load256(ql + 32), h = Load256(qh);
       __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+      UnpackQ6KHalf(ql, qh, q);
       for (int k = 0; k < 4; ++k, x += 32) {
         const __m256i qs = _mm256_sub_epi8(q[k], off);
         const __m128i lo = _mm256_castsi256_si128(qs), hi = _mm256_extracti128_si256(qs, 1);

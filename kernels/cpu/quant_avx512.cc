@@ -1,6 +1,8 @@
 // AVX-512 kernels for the decode-path dot products with F32 activations on the
 // 32-element formats (Q4_0, Q4_1, Q8_0): 16 lanes halve the decode instructions
 // of the AVX2 versions. Compiled with AVX-512 flags; called only when available.
+// GCC 12 warns inside its own AVX-512 headers (a known false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 #include "kernels/cpu/quant.h"

@@ -12,17 +12,6 @@
 namespace ps {
 namespace {
 
-// 6-bit scale and min of sub-block j of a Q4_K super-block.
-inline void ScaleMinK4(int j, const uint8_t* q, int* d, int* m) {
-  if (j < 4) {
-    *d = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // Unpacks the 6-bit quants of a Q6_K super-block to values in [-32, 31].
 void UnpackQ6K(const BlockQ6_K& b, int8_t* q) {
   const uint8_t* ql = b.ql;
@@ -95,8 +84,8 @@ void DequantizeRow(DType type, const void* row, float* out, int64_t n) {
         const uint8_t* q = b[i].qs;
         for (int j = 0; j < kQK_K / 64; ++j, q += 32) {
           int sc1, m1, sc2, m2;
-          ScaleMinK4(2 * j, b[i].scales, &sc1, &m1);
-          ScaleMinK4(2 * j + 1, b[i].scales, &sc2, &m2);
+          Q4KScaleMin(2 * j, b[i].scales, &sc1, &m1);
+          Q4KScaleMin(2 * j + 1, b[i].scales, &sc2, &m2);
           for (int l = 0; l < 32; ++l) *out++ = d * sc1 * (q[l] & 0xF) - dmin * m1;
           for (int l = 0; l < 32; ++l) *out++ = d * sc2 * (q[l] >> 4) - dmin * m2;
         }
@@ -159,7 +148,7 @@ float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n) {
         const BlockQ8* xb = x + i * (kQK_K / kQK);
         for (int j = 0; j < 8; ++j) {  // sub-blocks of 32
           int sc, m;
-          ScaleMinK4(j, b[i].scales, &sc, &m);
+          Q4KScaleMin(j, b[i].scales, &sc, &m);
           const uint8_t* q = b[i].qs + (j / 2) * 32;
           int acc = 0;
           for (int l = 0; l < 32; ++l) acc += ((j & 1) ? (q[l] >> 4) : (q[l] & 0xF)) * xb[j].qs[l];
