@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
     if (!print_ids) {
       std::cout << delta << std::flush;
     }
-    if (logprobs > 0 && t.token >= 0) {
+    if (logprobs > 0) {
       std::string line = absl::StrCat("token ", t.token, " logprob ", t.logprob, " top:");
       for (const auto& alt : t.top) absl::StrAppend(&line, " ", alt.token, "=", alt.logprob);
       std::fprintf(stderr, "%s\n", line.c_str());
