@@ -2,9 +2,12 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 
 namespace ps {
 
@@ -90,6 +93,35 @@ absl::Status FlagParser::Parse(int argc, char** argv, std::vector<std::string>* 
       value = argv[++i];
     }
     if (absl::Status s = flag->set(value); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FlagParser::Set(const std::string& name, const std::string& value) {
+  for (const Flag& f : flags_) {
+    if (f.name == name) return f.set(value);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name));
+}
+
+absl::Status FlagParser::ParseConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    const absl::string_view t = absl::StripAsciiWhitespace(line);
+    if (t.empty() || t[0] == '#') continue;
+    const size_t sep = t.find_first_of("=:");
+    if (sep == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": expected 'name = value'"));
+    }
+    const std::string name(absl::StripAsciiWhitespace(t.substr(0, sep)));
+    const std::string value(absl::StripAsciiWhitespace(t.substr(sep + 1)));
+    if (absl::Status s = Set(name, value); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": ", s.message()));
+    }
   }
   return absl::OkStatus();
 }

@@ -23,7 +23,12 @@ class FlagParser {
 
   // Parses argv; positional arguments go to `positional` (error if null and present).
   absl::Status Parse(int argc, char** argv, std::vector<std::string>* positional = nullptr);
+  // Applies a config file: one `name = value` (or `name: value`) per line, names as
+  // the flags without dashes; blank lines and lines starting with '#' are skipped.
+  absl::Status ParseConfigFile(const std::string& path);
   bool help_requested() const { return help_; }
+  // Sets one flag by name (as from the command line).
+  absl::Status Set(const std::string& name, const std::string& value);
   std::string Help() const;
 
  private:

@@ -1,0 +1,158 @@
+#include "server/convert.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "engine/tokenizer/chat_template.h"
+
+namespace ps::server {
+
+absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequest& in, const Model& model,
+                                                          const RequestDefaults& defaults) {
+  const Tokenizer* tok = model.tokenizer();
+  const ModelConfig& c = model.config();
+  auto r = std::make_shared<Request>();
+  switch (in.input_case()) {
+    case pb::GenerateRequest::kText:
+      if (in.text().empty()) return absl::InvalidArgumentError("text: the input text is empty");
+      r->prompt = tok->Encode(in.text(), in.has_add_special_tokens() ? in.add_special_tokens() : true,
+                              in.parse_special_tokens());
+      break;
+    case pb::GenerateRequest::kTokenIds:
+      if (in.token_ids().ids().empty()) return absl::InvalidArgumentError("token_ids: no token ids");
+      for (int32_t id : in.token_ids().ids()) {
+        if (id < 0 || id >= c.n_vocab) {
+          return absl::InvalidArgumentError(absl::StrCat("token_ids: id ", id, " is outside the vocabulary [0, ", c.n_vocab, ")"));
+        }
+        r->prompt.push_back(id);
+      }
+      break;
+    case pb::GenerateRequest::kMessages: {
+      if (in.messages().messages().empty()) return absl::InvalidArgumentError("messages: no messages");
+      std::vector<ChatMessage> msgs;
+      for (const auto& m : in.messages().messages()) msgs.push_back({m.role(), m.content()});
+      const ChatTemplate t = DetectChatTemplate(tok->chat_template());
+      if (t.format == ChatFormat::kUnknown) {
+        return absl::FailedPreconditionError("messages: the model's chat template is not supported; send text");
+      }
+      PS_ASSIGN_OR_RETURN(std::string text, ApplyChatTemplate(t, msgs));
+      r->prompt = tok->Encode(text, /*add_special=*/true, /*parse_special=*/true);
+      break;
+    }
+    case pb::GenerateRequest::INPUT_NOT_SET:
+      return absl::InvalidArgumentError("input: one of text, token_ids or messages is required");
+  }
+  if (r->prompt.empty()) return absl::InvalidArgumentError("input: the prompt has no tokens");
+  if (r->prompt.size() >= static_cast<size_t>(c.n_ctx)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input: the prompt has ", r->prompt.size(), " tokens; the context holds ", c.n_ctx));
+  }
+
+  SamplingParams& sp = r->sampling;
+  sp = defaults.sampling;
+  const pb::SamplingParams& s = in.sampling();
+  if (s.has_temperature()) sp.temperature = s.temperature();
+  if (s.has_top_p()) sp.top_p = s.top_p();
+  if (s.has_top_k()) sp.top_k = s.top_k();
+  if (s.has_min_p()) sp.min_p = s.min_p();
+  if (s.has_repetition_penalty()) sp.repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) sp.presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) sp.frequency_penalty = s.frequency_penalty();
+  if (s.has_seed()) sp.seed = s.seed();
+  if (in.top_logprobs() > 20) return absl::InvalidArgumentError("top_logprobs must be <= 20");
+  sp.top_logprobs = static_cast<int>(in.top_logprobs());
+
+  StopCriteria& st = r->stop;
+  const pb::StoppingCriteria& p = in.stopping();
+  const int room = c.n_ctx - static_cast<int>(r->prompt.size());
+  if (p.has_max_new_tokens()) {
+    if (p.max_new_tokens() > static_cast<uint32_t>(c.n_ctx)) {
+      return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: ", p.max_new_tokens(), " exceeds the context length ", c.n_ctx));
+    }
+    st.max_new_tokens = static_cast<int>(p.max_new_tokens());
+  } else {
+    st.max_new_tokens = std::min(defaults.max_new_tokens, room);
+  }
+  if (p.has_min_new_tokens()) {
+    if (p.min_new_tokens() > static_cast<uint32_t>(c.n_ctx)) return absl::InvalidArgumentError("min_new_tokens exceeds the context length");
+    st.min_new_tokens = static_cast<int>(p.min_new_tokens());
+  }
+  st.stop_strings.assign(p.stop().begin(), p.stop().end());
+  st.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  st.ignore_eos = p.ignore_eos();
+  PS_RETURN_IF_ERROR(ValidateGeneration(c, r->prompt.size(), sp, st));
+
+  r->priority = in.priority();
+  switch (in.pruning().strategy_case()) {
+    case pb::PruningConfig::kFull:
+    case pb::PruningConfig::STRATEGY_NOT_SET:
+      r->strategy = "full";
+      break;
+    default:
+      return absl::InvalidArgumentError("pruning: unknown strategy");
+  }
+  return r;
+}
+
+pb::FinishReason ToProto(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return pb::FINISH_REASON_STOP;
+    case FinishReason::kLength: return pb::FINISH_REASON_LENGTH;
+    case FinishReason::kStopSequence: return pb::FINISH_REASON_STOP_SEQUENCE;
+    case FinishReason::kCancelled: return pb::FINISH_REASON_CANCELLED;
+    case FinishReason::kError: return pb::FINISH_REASON_ERROR;
+  }
+  return pb::FINISH_REASON_UNSPECIFIED;
+}
+
+pb::GenerateResponse ToProto(const RequestEvent& ev, bool want_logprobs) {
+  pb::GenerateResponse out;
+  if (ev.kind == RequestEvent::Kind::kTokens) {
+    pb::TokenChunk* chunk = out.mutable_chunk();
+    for (const SampledToken& t : ev.tokens) {
+      chunk->add_token_ids(t.token);
+      if (want_logprobs) {
+        pb::TokenLogprob* lp = chunk->add_logprobs();
+        lp->set_token_id(t.token);
+        lp->set_logprob(t.logprob);
+        for (const TokenLogprob& alt : t.top) {
+          pb::TopLogprob* a = lp->add_top();
+          a->set_token_id(alt.token);
+          a->set_logprob(alt.logprob);
+        }
+      }
+    }
+    chunk->set_text(ev.text);
+    return out;
+  }
+  pb::Finished* f = out.mutable_finished();
+  f->set_reason(ToProto(ev.reason));
+  f->set_matched_stop(ev.matched_stop);
+  f->set_error_message(ev.error);
+  pb::Usage* u = f->mutable_usage();
+  u->set_prompt_tokens(ev.usage.prompt_tokens);
+  u->set_completion_tokens(ev.usage.completion_tokens);
+  u->set_prompt_tokens_computed(ev.usage.prompt_tokens_computed);
+  u->set_queue_time_seconds(ev.usage.queue_seconds);
+  u->set_time_to_first_token_seconds(ev.usage.ttft_seconds);
+  u->set_total_time_seconds(ev.usage.total_seconds);
+  return out;
+}
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  grpc::StatusCode code;
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case absl::StatusCode::kAlreadyExists: code = grpc::StatusCode::ALREADY_EXISTS; break;
+    case absl::StatusCode::kResourceExhausted: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    case absl::StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
+    case absl::StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
+    case absl::StatusCode::kNotFound: code = grpc::StatusCode::NOT_FOUND; break;
+    case absl::StatusCode::kCancelled: code = grpc::StatusCode::CANCELLED; break;
+    case absl::StatusCode::kDeadlineExceeded: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
+    default: code = grpc::StatusCode::INTERNAL; break;
+  }
+  return grpc::Status(code, std::string(s.message()));
+}
+
+}  // namespace ps::server

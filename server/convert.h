@@ -1,0 +1,37 @@
+// The RPC edge: protobuf requests to scheduler requests (tokenisation, chat
+// formatting, validation with field names) and events back to protobuf, and
+// absl::Status to grpc::Status.
+#pragma once
+
+#include <memory>
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/statusor.h"
+#include "engine/model.h"
+#include "pruneserve/v1/generation.pb.h"
+#include "scheduler/request.h"
+
+namespace ps::server {
+
+namespace pb = ::pruneserve::v1;
+
+// Server-side defaults for fields a request leaves unset.
+struct RequestDefaults {
+  SamplingParams sampling;   // temperature 1, top_p 1, ... unless configured
+  int max_new_tokens = 256;  // capped to the room left in the context
+};
+
+// Builds a scheduler request (without id, sink or deadline). Errors are
+// INVALID_ARGUMENT naming the field, or FAILED_PRECONDITION for a chat request
+// to a model whose template is not supported.
+absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequest& in, const Model& model,
+                                                          const RequestDefaults& defaults);
+
+pb::FinishReason ToProto(FinishReason r);
+// The streamed message for an engine event.
+pb::GenerateResponse ToProto(const RequestEvent& event, bool want_logprobs);
+
+grpc::Status ToGrpc(const absl::Status& s);
+
+}  // namespace ps::server

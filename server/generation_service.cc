@@ -1,0 +1,282 @@
+#include "server/generation_service.h"
+
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "engine/tokenizer/chat_template.h"
+
+namespace ps::server {
+namespace {
+
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const grpc::Status& status) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  r->Finish(status);
+  return r;
+}
+
+grpc::Status Loading() { return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is loading"); }
+
+grpc::Status FinalStatus(const RequestEvent& ev) {
+  switch (ev.cancel) {
+    case CancelReason::kNone:
+      return ev.reason == FinishReason::kError ? grpc::Status(grpc::StatusCode::INTERNAL, ev.error) : grpc::Status::OK;
+    case CancelReason::kClient: return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+    case CancelReason::kDeadline: return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
+    case CancelReason::kAbort: return grpc::Status(grpc::StatusCode::CANCELLED, "aborted");
+    case CancelReason::kShutdown: return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+  }
+  return grpc::Status::OK;
+}
+
+// A Generate call. Lives until OnDone. Messages are queued and written one at a
+// time (gRPC allows one outstanding write); Push may come from any thread.
+class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
+ public:
+  void Push(pb::GenerateResponse msg, std::optional<grpc::Status> final) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(msg));
+    if (final) final_ = std::move(*final);
+    WriteNextLocked();
+  }
+  // Submits the request and, if accepted, queues `info` ahead of anything the
+  // engine produces (the lock keeps the engine's first Push waiting behind it).
+  void Start(pb::GenerateResponse info, const std::function<absl::Status()>& submit) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status st = submit(); !st.ok()) {
+      final_ = ToGrpc(st);
+    } else {
+      queue_.push_front(std::move(info));
+    }
+    WriteNextLocked();
+  }
+  // Ends the call without messages (validation errors before streaming).
+  void Reject(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_ = status;
+    WriteNextLocked();
+  }
+  void set_request(std::shared_ptr<Request> r, grpc::CallbackServerContext* ctx) {
+    request_ = std::move(r);
+    ctx_ = ctx;
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok) {  // the client is gone; the engine sees the cancel at its next step
+      if (request_) request_->Cancel(CancelReason::kClient);
+      queue_.clear();
+      if (!final_) return;  // OnCancel follows; the engine's Finished event will finish us
+    }
+    WriteNextLocked();
+  }
+  void OnCancel() override {
+    if (!request_) return;
+    const bool expired = ctx_ != nullptr && ctx_->deadline() <= std::chrono::system_clock::now();
+    request_->Cancel(expired ? CancelReason::kDeadline : CancelReason::kClient);
+  }
+  void OnDone() override;
+
+  std::shared_ptr<RequestSink> sink;
+
+ private:
+  void WriteNextLocked() {
+    if (writing_ || finished_) return;
+    if (!queue_.empty()) {
+      writing_ = true;
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      StartWrite(&current_);
+    } else if (final_) {
+      finished_ = true;
+      Finish(*final_);
+    }
+  }
+
+  std::mutex mu_;
+  std::deque<pb::GenerateResponse> queue_;
+  pb::GenerateResponse current_;
+  std::optional<grpc::Status> final_;
+  bool writing_ = false, finished_ = false;
+  std::shared_ptr<Request> request_;
+  grpc::CallbackServerContext* ctx_ = nullptr;
+};
+
+// The request's sink: records metrics and logs, then forwards to the stream while
+// the stream lives (the engine may outlive a stream whose client vanished).
+class StreamSink final : public RequestSink {
+ public:
+  StreamSink(GenerateStream* stream, Metrics* metrics, std::string id, std::string strategy, bool logprobs)
+      : stream_(stream), metrics_(metrics), id_(std::move(id)), strategy_(std::move(strategy)), logprobs_(logprobs) {}
+
+  void OnEvent(RequestEvent ev) override {
+    const auto now = Clock::now();
+    std::optional<grpc::Status> final;
+    if (ev.kind == RequestEvent::Kind::kTokens) {
+      if (!seen_token_) {
+        seen_token_ = true;
+      } else {
+        metrics_->OnInterToken(strategy_, std::chrono::duration<double>(now - last_token_).count());
+      }
+      last_token_ = now;
+    } else {
+      if (ev.usage.completion_tokens > 0) metrics_->OnFirstToken(strategy_, ev.usage.ttft_seconds);
+      metrics_->OnFinished(strategy_, ev.reason, ev.usage);
+      spdlog::info("request {} finished: prompt {} tokens, computed {:.1f}, strategy {}, ttft {:.3f} s, {} tokens, {:.3f} s, {}{}",
+                   id_, ev.usage.prompt_tokens, ev.usage.prompt_tokens_computed, strategy_, ev.usage.ttft_seconds,
+                   ev.usage.completion_tokens, ev.usage.total_seconds, FinishReasonName(ev.reason),
+                   ev.cancel == CancelReason::kNone ? "" : absl::StrCat(" (", std::string(CancelReasonName(ev.cancel)), ")"));
+      final = FinalStatus(ev);
+    }
+    std::optional<pb::GenerateResponse> tail;
+    if (ev.kind == RequestEvent::Kind::kFinished && !ev.text.empty()) {
+      RequestEvent text_ev{.kind = RequestEvent::Kind::kTokens, .text = ev.text};
+      tail = ToProto(text_ev, false);  // held-back text released at the end
+    }
+    pb::GenerateResponse msg = ToProto(ev, logprobs_);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stream_ == nullptr) return;
+    if (tail) stream_->Push(std::move(*tail), std::nullopt);
+    stream_->Push(std::move(msg), std::move(final));
+  }
+  void Detach() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  GenerateStream* stream_;
+  Metrics* metrics_;
+  std::string id_, strategy_;
+  bool logprobs_;
+  bool seen_token_ = false;  // engine thread only
+  Clock::time_point last_token_{};
+};
+
+void GenerateStream::OnDone() {
+  if (sink) static_cast<StreamSink*>(sink.get())->Detach();
+  delete this;
+}
+
+}  // namespace
+
+grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc::CallbackServerContext* ctx,
+                                                                            const pb::GenerateRequest* in) {
+  auto* stream = new GenerateStream();
+  const Backend* b = backend_or_null();
+  if (b == nullptr) {
+    stream->Reject(Loading());
+    return stream;
+  }
+  if (draining_.load()) {
+    stream->Reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is draining"));
+    return stream;
+  }
+  auto req = RequestFromProto(*in, *b->model, b->defaults);
+  if (!req.ok()) {
+    stream->Reject(ToGrpc(req.status()));
+    return stream;
+  }
+  std::shared_ptr<Request> r = std::move(*req);
+  r->id = in->request_id().empty() ? absl::StrCat("req-", next_id_.fetch_add(1)) : in->request_id();
+  if (ctx->deadline() < std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
+    r->deadline = Clock::now() + (ctx->deadline() - std::chrono::system_clock::now());
+  }
+  stream->sink = std::make_shared<StreamSink>(stream, b->metrics, r->id, r->strategy,
+                                              in->logprobs() || in->top_logprobs() > 0);
+  r->sink = stream->sink;
+  stream->set_request(r, ctx);
+  pb::GenerateResponse info;
+  info.mutable_prompt_info()->set_request_id(r->id);
+  info.mutable_prompt_info()->set_prompt_tokens(static_cast<uint32_t>(r->prompt.size()));
+  info.mutable_prompt_info()->set_strategy(r->strategy);
+  stream->Start(std::move(info), [&] { return b->scheduler->Submit(r); });
+  return stream;
+}
+
+grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* ctx, const pb::AbortRequest* in,
+                                                   pb::AbortResponse* out) {
+  const Backend* b = backend_or_null();
+  if (b == nullptr) return Reply(ctx, Loading());
+  if (in->request_id().empty()) return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id is empty"));
+  out->set_found(b->scheduler->Abort(in->request_id()));
+  return Reply(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* ctx,
+                                                      const pb::TokenizeRequest* in, pb::TokenizeResponse* out) {
+  const Backend* b = backend_or_null();
+  if (b == nullptr) return Reply(ctx, Loading());
+  const Tokenizer* tok = b->model->tokenizer();
+  for (int32_t id : tok->Encode(in->text(), in->has_add_special_tokens() ? in->add_special_tokens() : true,
+                                in->parse_special_tokens())) {
+    out->add_token_ids(id);
+    out->add_pieces(tok->TokenBytes(id));
+  }
+  return Reply(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* ctx,
+                                                        const pb::DetokenizeRequest* in, pb::DetokenizeResponse* out) {
+  const Backend* b = backend_or_null();
+  if (b == nullptr) return Reply(ctx, Loading());
+  const Tokenizer* tok = b->model->tokenizer();
+  std::vector<int32_t> ids(in->token_ids().begin(), in->token_ids().end());
+  for (int32_t id : ids) {
+    if (id < 0 || id >= tok->vocab_size()) {
+      return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("token_ids: ", id, " is out of range")));
+    }
+  }
+  out->set_text(tok->Decode(ids, in->skip_special_tokens()));
+  return Reply(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* ctx,
+                                                          const pb::GetModelInfoRequest*, pb::ModelInfo* out) {
+  const Backend* b = backend_or_null();
+  if (b == nullptr) return Reply(ctx, Loading());
+  const ModelConfig& c = b->model->config();
+  const Tokenizer* tok = b->model->tokenizer();
+  out->set_name(c.name);
+  out->set_architecture(c.arch_name);
+  out->set_context_length(c.n_ctx);
+  out->set_vocab_size(c.n_vocab);
+  out->set_num_layers(c.n_layers);
+  auto add = [&](const char* name, int32_t id) {
+    if (id < 0) return;
+    pb::SpecialToken* t = out->add_special_tokens();
+    t->set_name(name);
+    t->set_id(id);
+    t->set_text(tok->token_text(id));
+  };
+  add("bos", tok->bos_id());
+  add("eos", tok->eos_id());
+  for (int32_t id : tok->end_of_generation_ids()) {
+    if (id != tok->eos_id()) add("eog", id);
+  }
+  out->set_chat_template(std::string(ChatFormatName(DetectChatTemplate(tok->chat_template()).format)));
+  out->add_strategies("full");
+  return Reply(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext* ctx, const pb::GetLoadRequest*,
+                                                     pb::LoadInfo* out) {
+  const Backend* b = backend_or_null();
+  if (b == nullptr) return Reply(ctx, Loading());
+  const LoadSnapshot load = b->scheduler->Load();
+  out->set_running(load.running);
+  out->set_waiting(load.waiting);
+  pb::KvTierUsage* kv = out->add_kv();
+  kv->set_tier("device");
+  kv->set_used_tokens(load.kv_tokens);
+  kv->set_capacity_tokens(load.kv_capacity_tokens);
+  return Reply(ctx, grpc::Status::OK);
+}
+
+}  // namespace ps::server

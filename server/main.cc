@@ -1,0 +1,169 @@
+// pruneserve: the gRPC inference server.
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/flags.h"
+#include "server/generation_service.h"
+
+namespace {
+
+struct Options {
+  std::string model, host = "0.0.0.0", config, port_file, log_level = "info";
+  int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 16,
+          max_batch_tokens = 2048, default_max_new_tokens = 256;
+  double drain_timeout = 30.0, default_temperature = 1.0, default_top_p = 1.0;
+  bool int8_activations = false;
+};
+
+void AddFlags(ps::FlagParser& f, Options& o) {
+  f.AddString("model", &o.model, "GGUF file or Hugging Face folder (required)");
+  f.AddString("host", &o.host, "address to listen on");
+  f.AddInt("port", &o.port, "gRPC port (0 = pick a free one)");
+  f.AddInt("metrics-port", &o.metrics_port, "Prometheus /metrics port (0 = pick a free one, -1 = off)");
+  f.AddString("port-file", &o.port_file, "write the bound ports here (lines grpc=N, metrics=N)");
+  f.AddInt("threads", &o.threads, "compute threads (0 = number of cores)");
+  f.AddInt("max-queue", &o.max_queue, "waiting requests at most (RESOURCE_EXHAUSTED beyond)");
+  f.AddInt("max-running", &o.max_running, "requests in the running batch at most");
+  f.AddInt("max-batch-tokens", &o.max_batch_tokens, "prompt tokens admitted per engine step");
+  f.AddInt("default-max-new-tokens", &o.default_max_new_tokens, "max_new_tokens when a request sets none");
+  f.AddFloat("default-temperature", &o.default_temperature, "temperature when a request sets none");
+  f.AddFloat("default-top-p", &o.default_top_p, "top_p when a request sets none");
+  f.AddFloat("drain-timeout", &o.drain_timeout, "seconds in-flight requests may take to finish on SIGTERM");
+  f.AddBool("int8-activations", &o.int8_activations, "int8 activations for quantised weights (faster decode)");
+  f.AddString("log-level", &o.log_level, "trace | debug | info | warn | error");
+  f.AddString("config", &o.config, "config file of 'name = value' lines (command-line flags win)");
+}
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "pruneserve: %s\n", msg.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ps;
+  Options o;
+  FlagParser flags("pruneserve", "gRPC inference server for LLaMA-family models with per-request token pruning.");
+  AddFlags(flags, o);
+  if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
+  if (flags.help_requested()) {
+    std::printf("%s", flags.Help().c_str());
+    return 0;
+  }
+  if (!o.config.empty()) {  // the file first, then the command line again so it wins
+    if (absl::Status s = flags.ParseConfigFile(o.config); !s.ok()) return Fail(std::string(s.message()));
+    if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
+  }
+  if (o.model.empty()) return Fail("--model is required (see --help)");
+  if (o.port < 0 || o.port > 65535 || o.metrics_port < -1 || o.metrics_port > 65535) return Fail("bad port");
+  if (o.max_queue < 1 || o.max_running < 1 || o.max_batch_tokens < 1 || o.threads < 0 || o.drain_timeout < 0 ||
+      o.default_max_new_tokens < 1) {
+    return Fail("--max-queue, --max-running, --max-batch-tokens, --default-max-new-tokens must be >= 1; "
+                "--threads, --drain-timeout >= 0");
+  }
+  const auto level = spdlog::level::from_str(o.log_level);
+  if (level == spdlog::level::off && o.log_level != "off") return Fail("unknown --log-level " + o.log_level);
+  spdlog::set_level(level);
+
+  // SIGINT/SIGTERM are taken by sigwait in this thread; block them before any thread starts.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  server::GenerationService service;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(), &grpc_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
+  if (grpc_server == nullptr || grpc_port == 0) return Fail(absl::StrCat("cannot listen on ", o.host, ":", o.port));
+  grpc::HealthCheckServiceInterface* health = grpc_server->GetHealthCheckService();
+  health->SetServingStatus(false);  // NOT_SERVING while the model loads
+  spdlog::info("listening on {}:{} (gRPC)", o.host, grpc_port);
+
+  server::Metrics metrics;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int metrics_port = -1;
+  if (o.metrics_port >= 0) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(absl::StrCat(o.host, ":", o.metrics_port));
+    } catch (const std::exception& e) {
+      return Fail(absl::StrCat("cannot serve metrics on port ", o.metrics_port, ": ", e.what()));
+    }
+    exposer->RegisterCollectable(metrics.registry());
+    metrics_port = exposer->GetListeningPorts().at(0);
+    spdlog::info("metrics on http://{}:{}/metrics", o.host, metrics_port);
+  }
+  if (!o.port_file.empty()) {
+    std::ofstream pf(o.port_file + ".tmp");
+    pf << "grpc=" << grpc_port << "\nmetrics=" << metrics_port << "\n";
+    pf.close();
+    std::rename((o.port_file + ".tmp").c_str(), o.port_file.c_str());
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto model = Model::Load(o.model);
+  if (!model.ok()) {
+    spdlog::error("cannot load the model: {}", std::string(model.status().message()));
+    grpc_server->Shutdown();
+    return 1;
+  }
+  const ModelConfig& c = (*model)->config();
+  ThreadPool pool(static_cast<int>(o.threads));
+  Scheduler scheduler(**model, pool,
+                      SchedulerOptions{.max_running = static_cast<int>(o.max_running),
+                                       .max_queue = static_cast<int>(o.max_queue),
+                                       .max_batch_tokens = static_cast<int>(o.max_batch_tokens),
+                                       .matmul = {.int8_activations = o.int8_activations}},
+                      &metrics);
+  server::Backend backend{.model = model->get(), .scheduler = &scheduler, .metrics = &metrics};
+  backend.defaults.sampling.temperature = static_cast<float>(o.default_temperature);
+  backend.defaults.sampling.top_p = static_cast<float>(o.default_top_p);
+  backend.defaults.max_new_tokens = static_cast<int>(o.default_max_new_tokens);
+  if (absl::Status s = ValidateSamplingParams(backend.defaults.sampling); !s.ok()) {
+    return Fail(absl::StrCat("default sampling: ", s.message()));
+  }
+  service.SetBackend(&backend);
+  health->SetServingStatus(true);
+  spdlog::info("serving {} ({}, {} layers, context {}, vocab {}) from {}; {} compute threads, {} activations; "
+               "loaded in {:.2f} s",
+               c.name, c.arch_name, c.n_layers, c.n_ctx, c.n_vocab, o.model, pool.num_threads(),
+               o.int8_activations ? "int8" : "F32",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  spdlog::info("received {}: draining (up to {} s)", sig == SIGTERM ? "SIGTERM" : "SIGINT", o.drain_timeout);
+  health->SetServingStatus(false);
+  service.SetDraining(true);
+  const auto drain_deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.drain_timeout);
+  auto busy = [&] { return scheduler.Load().in_flight > 0; };
+  while (busy() && std::chrono::steady_clock::now() < drain_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a gauge, not synchronising
+  }
+  if (busy()) {
+    spdlog::warn("drain timeout: cancelling the remaining requests");
+    scheduler.CancelAll(CancelReason::kShutdown);
+  }
+  scheduler.Stop();  // finishes anything left with UNAVAILABLE
+  grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  spdlog::info("stopped");
+  return 0;
+}

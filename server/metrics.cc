@@ -1,0 +1,80 @@
+#include "server/metrics.h"
+
+namespace ps::server {
+namespace {
+
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+}
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      ttft_(prometheus::BuildHistogram()
+                .Name("pruneserve_time_to_first_token_seconds")
+                .Help("Time from arrival to the first generated token")
+                .Register(*registry_)),
+      itl_(prometheus::BuildHistogram()
+               .Name("pruneserve_inter_token_latency_seconds")
+               .Help("Time between consecutive generated tokens of a request")
+               .Register(*registry_)),
+      e2e_(prometheus::BuildHistogram()
+               .Name("pruneserve_e2e_request_latency_seconds")
+               .Help("Time from arrival to the end of a request")
+               .Register(*registry_)),
+      queue_(prometheus::BuildHistogram()
+                 .Name("pruneserve_request_queue_time_seconds")
+                 .Help("Time a request waited before its first step")
+                 .Register(*registry_)),
+      running_(prometheus::BuildGauge()
+                   .Name("pruneserve_num_requests_running")
+                   .Help("Requests in the running batch")
+                   .Register(*registry_)),
+      waiting_(prometheus::BuildGauge()
+                   .Name("pruneserve_num_requests_waiting")
+                   .Help("Requests waiting to be scheduled")
+                   .Register(*registry_)),
+      prompt_tokens_(prometheus::BuildCounter()
+                         .Name("pruneserve_prompt_tokens_total")
+                         .Help("Prompt tokens of finished requests")
+                         .Register(*registry_)),
+      prompt_tokens_computed_(prometheus::BuildCounter()
+                                  .Name("pruneserve_prompt_tokens_computed_total")
+                                  .Help("Prompt tokens computed (token-layer pairs / layers)")
+                                  .Register(*registry_)),
+      generation_tokens_(prometheus::BuildCounter()
+                             .Name("pruneserve_generation_tokens_total")
+                             .Help("Generated tokens")
+                             .Register(*registry_)),
+      requests_(prometheus::BuildCounter()
+                    .Name("pruneserve_requests_total")
+                    .Help("Finished requests by finish reason")
+                    .Register(*registry_)) {
+  running_.Add({}).Set(0);
+  waiting_.Add({}).Set(0);
+}
+
+void Metrics::OnStep(const LoadSnapshot& load, int) {
+  running_.Add({}).Set(load.running);
+  waiting_.Add({}).Set(load.waiting);
+}
+
+void Metrics::OnFirstToken(const std::string& strategy, double ttft_seconds) {
+  ttft_.Add({{"strategy", strategy}}, LatencyBuckets()).Observe(ttft_seconds);
+}
+
+void Metrics::OnInterToken(const std::string& strategy, double seconds) {
+  itl_.Add({{"strategy", strategy}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::OnFinished(const std::string& strategy, FinishReason reason, const RequestUsage& u) {
+  e2e_.Add({{"strategy", strategy}}, LatencyBuckets()).Observe(u.total_seconds);
+  queue_.Add({{"strategy", strategy}}, LatencyBuckets()).Observe(u.queue_seconds);
+  prompt_tokens_.Add({{"strategy", strategy}}).Increment(u.prompt_tokens);
+  prompt_tokens_computed_.Add({{"strategy", strategy}}).Increment(u.prompt_tokens_computed);
+  generation_tokens_.Add({{"strategy", strategy}}).Increment(u.completion_tokens);
+  requests_.Add({{"finish_reason", std::string(FinishReasonName(reason))}, {"strategy", strategy}}).Increment();
+}
+
+}  // namespace ps::server

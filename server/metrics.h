@@ -1,0 +1,42 @@
+// Prometheus metrics of the server (prometheus-cpp), exposed on --metrics-port.
+// Thread-safe: updated from the engine thread and gRPC threads.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "scheduler/scheduler.h"
+
+namespace ps::server {
+
+class Metrics final : public SchedulerObserver {
+ public:
+  Metrics();
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  void OnStep(const LoadSnapshot& load, int batch_tokens) override;
+  void OnFirstToken(const std::string& strategy, double ttft_seconds);
+  void OnInterToken(const std::string& strategy, double seconds);
+  void OnFinished(const std::string& strategy, FinishReason reason, const RequestUsage& usage);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>& ttft_;
+  prometheus::Family<prometheus::Histogram>& itl_;
+  prometheus::Family<prometheus::Histogram>& e2e_;
+  prometheus::Family<prometheus::Histogram>& queue_;
+  prometheus::Family<prometheus::Gauge>& running_;
+  prometheus::Family<prometheus::Gauge>& waiting_;
+  prometheus::Family<prometheus::Counter>& prompt_tokens_;
+  prometheus::Family<prometheus::Counter>& prompt_tokens_computed_;
+  prometheus::Family<prometheus::Counter>& generation_tokens_;
+  prometheus::Family<prometheus::Counter>& requests_;
+};
+
+}  // namespace ps::server

@@ -1,0 +1,336 @@
+// The real server on loopback with stories260K: streamed greedy tokens equal the
+// engine's offline output, concurrency, cancellation (client, deadline, Abort),
+// the validation table, metrics and graceful shutdown.
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_join.h"
+#include "engine/generator.h"
+#include "gtest/gtest.h"
+#include "tests/server/server_process.h"
+
+namespace ps::testing {
+namespace {
+
+const std::string kStories = std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf";
+
+// Offline greedy tokens of the engine for the same prompt.
+std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n) {
+  static auto* model = Model::Load(kStories)->release();
+  ThreadPool pool(1);
+  Generator gen(*model, pool);
+  auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true});
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r->tokens;
+}
+
+std::vector<int32_t> PromptOf(int i) {  // 16 different prompts of 5..20 tokens
+  std::vector<int32_t> p = {1};
+  for (int k = 0; k < 4 + i; ++k) p.push_back(300 + (i * 37 + k * 11) % 180);
+  return p;
+}
+
+// Polls GetLoad until nothing runs or waits and the KV cache is empty.
+bool Drained(ServerProcess& s) {
+  auto stub = s.Stub();
+  return WaitFor(
+      [&] {
+        grpc::ClientContext ctx;
+        pb::LoadInfo load;
+        if (!stub->GetLoad(&ctx, {}, &load).ok()) return false;
+        return load.running() == 0 && load.waiting() == 0 && load.kv(0).used_tokens() == 0;
+      },
+      std::chrono::seconds(20));
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new ServerProcess({"--model", kStories, "--threads", "2"}); }
+  static void TearDownTestSuite() { delete server_; }
+  static ServerProcess* server_;
+};
+ServerProcess* ServerTest::server_ = nullptr;
+
+TEST_F(ServerTest, StreamsTheEnginesGreedyTokens) {
+  auto stub = server_->Stub();
+  for (int i = 0; i < 3; ++i) {
+    const auto prompt = PromptOf(i);
+    StreamResult r = RunStream(*stub, GreedyRequest(prompt, 48));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_TRUE(r.saw_prompt_info);
+    EXPECT_EQ(r.finished_events, 1);
+    EXPECT_EQ(r.finished.reason(), pb::FINISH_REASON_LENGTH);
+    EXPECT_EQ(r.finished.usage().completion_tokens(), 48u);
+    EXPECT_EQ(r.finished.usage().prompt_tokens(), prompt.size());
+    EXPECT_DOUBLE_EQ(r.finished.usage().prompt_tokens_computed(), static_cast<double>(prompt.size()));
+    EXPECT_EQ(absl::StrJoin(r.tokens, " "), absl::StrJoin(Offline(prompt, 48), " "));
+  }
+  // Text input and the text stream: "Once upon a time" -> llama.cpp's continuation.
+  pb::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_stopping()->set_max_new_tokens(8);
+  StreamResult r = RunStream(*stub, req);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(absl::StrJoin(r.tokens, " "), "432 383 286 261 376 298 315 421");
+  EXPECT_EQ(r.text, ", there was a little girl");
+}
+
+TEST_F(ServerTest, SixteenConcurrentStreamsAndHealthChecks) {
+  std::vector<StreamResult> results(16);
+  std::vector<std::thread> threads;
+  std::atomic<bool> done{false};
+  std::atomic<int> health_ok{0}, health_bad{0};
+  std::thread health([&] {
+    while (!done.load()) {
+      (server_->Health(std::chrono::milliseconds(1000)) == "SERVING" ? health_ok : health_bad)++;
+    }
+  });
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = server_->Stub();
+      results[i] = RunStream(*stub, GreedyRequest(PromptOf(i), 200));
+    });
+  }
+  for (auto& t : threads) t.join();
+  done = true;
+  health.join();
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(absl::StrJoin(results[i].tokens, " "), absl::StrJoin(Offline(PromptOf(i), 200), " ")) << "stream " << i;
+  }
+  EXPECT_GT(health_ok.load(), 0);
+  EXPECT_EQ(health_bad.load(), 0) << "a health check failed or took over 1 s while streams ran";
+  EXPECT_TRUE(Drained(*server_));
+}
+
+TEST_F(ServerTest, ClientCancelStopsAndFrees) {
+  auto stub = server_->Stub();
+  const double before = MetricValue(server_->Metrics(), R"(pruneserve_requests_total{finish_reason="cancelled",strategy="full"})");
+  StreamResult r = RunStream(*stub, GreedyRequest(PromptOf(1), 2000), [](grpc::ClientContext& ctx, int chunk) {
+    if (chunk == 2) ctx.TryCancel();
+  });
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_LT(r.tokens.size(), 2000u);
+  EXPECT_TRUE(Drained(*server_));
+  EXPECT_TRUE(WaitFor([&] {
+    return MetricValue(server_->Metrics(), R"(pruneserve_requests_total{finish_reason="cancelled",strategy="full"})") ==
+           before + 1;
+  }, std::chrono::seconds(10)));
+  EXPECT_EQ(MetricValue(server_->Metrics(), "pruneserve_num_requests_running"), 0);
+}
+
+TEST_F(ServerTest, DeadlineExceeded) {
+  auto stub = server_->Stub();
+  StreamResult r = RunStream(*stub, GreedyRequest(PromptOf(2), 2000), nullptr, std::chrono::milliseconds(200));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(Drained(*server_));
+}
+
+TEST_F(ServerTest, AbortByRequestId) {
+  auto stub = server_->Stub();
+  auto abort_stub = server_->Stub();
+  bool found = false;
+  StreamResult r = RunStream(*stub, GreedyRequest(PromptOf(3), 2000, "abort-me"), [&](grpc::ClientContext&, int chunk) {
+    if (chunk != 1) return;
+    grpc::ClientContext ctx;
+    pb::AbortRequest a;
+    a.set_request_id("abort-me");
+    pb::AbortResponse resp;
+    ASSERT_TRUE(abort_stub->Abort(&ctx, a, &resp).ok());
+    found = resp.found();
+  });
+  EXPECT_TRUE(found);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(r.finished_events, 1);
+  EXPECT_EQ(r.finished.reason(), pb::FINISH_REASON_CANCELLED);
+  EXPECT_EQ(r.finished.usage().completion_tokens(), r.tokens.size());
+  EXPECT_TRUE(Drained(*server_));
+  grpc::ClientContext ctx;
+  pb::AbortRequest a;
+  a.set_request_id("abort-me");
+  pb::AbortResponse resp;
+  ASSERT_TRUE(abort_stub->Abort(&ctx, a, &resp).ok());
+  EXPECT_FALSE(resp.found());
+}
+
+// Every invalid request gets its documented code; a valid stream running at the
+// same time is not disturbed.
+TEST_F(ServerTest, ValidationTable) {
+  auto stub = server_->Stub();
+  StreamResult good;
+  std::thread bystander([&] {
+    auto s = server_->Stub();
+    good = RunStream(*s, GreedyRequest(PromptOf(4), 300));
+  });
+  struct Case {
+    std::string what;
+    pb::GenerateRequest req;
+    grpc::StatusCode code;
+  };
+  std::vector<Case> cases;
+  auto base = [] { return GreedyRequest({1, 403, 407}, 8); };
+  {
+    pb::GenerateRequest r = base();
+    r.clear_token_ids();
+    cases.push_back({"no input", r, grpc::StatusCode::INVALID_ARGUMENT});
+    r.set_text("");
+    cases.push_back({"empty text", r, grpc::StatusCode::INVALID_ARGUMENT});
+  }
+  {
+    pb::GenerateRequest r = base();
+    r.mutable_token_ids()->clear_ids();
+    cases.push_back({"empty token ids", r, grpc::StatusCode::INVALID_ARGUMENT});
+  }
+  auto with = [&](const std::string& what, const std::function<void(pb::GenerateRequest&)>& edit) {
+    pb::GenerateRequest r = base();
+    edit(r);
+    cases.push_back({what, r, grpc::StatusCode::INVALID_ARGUMENT});
+  };
+  with("temperature < 0", [](auto& r) { r.mutable_sampling()->set_temperature(-0.5f); });
+  with("top_p = 0", [](auto& r) { r.mutable_sampling()->set_top_p(0.0f); });
+  with("top_p > 1", [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); });
+  with("top_k < 0", [](auto& r) { r.mutable_sampling()->set_top_k(-1); });
+  with("max_new_tokens = 0", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(0); });
+  with("max_new_tokens above the context", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(100000); });
+  with("prompt + max_new_tokens above the context", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(2047); });
+  with("prompt longer than the context", [](auto& r) {
+    for (int i = 0; i < 2100; ++i) r.mutable_token_ids()->add_ids(300);
+  });
+  with("token id outside the vocabulary", [](auto& r) { r.mutable_token_ids()->add_ids(512); });
+  with("top_logprobs > 20", [](auto& r) { r.set_top_logprobs(21); });
+  {
+    pb::GenerateRequest r = base();
+    auto* m = r.mutable_messages()->add_messages();
+    m->set_role("user");
+    m->set_content("hi");
+    cases.push_back({"chat with a model without a chat template", r, grpc::StatusCode::FAILED_PRECONDITION});
+  }
+  for (const Case& c : cases) {
+    StreamResult r = RunStream(*stub, c.req);
+    EXPECT_EQ(r.status.error_code(), c.code) << c.what << ": " << r.status.error_message();
+    EXPECT_FALSE(r.status.error_message().empty()) << c.what;
+    EXPECT_FALSE(r.saw_prompt_info) << c.what;
+  }
+  // duplicate active request id
+  std::atomic<bool> dup_checked{false};
+  StreamResult first = RunStream(*stub, GreedyRequest(PromptOf(5), 2000, "dup"), [&](grpc::ClientContext& ctx, int chunk) {
+    if (chunk != 0) return;
+    auto s = server_->Stub();
+    StreamResult second = RunStream(*s, GreedyRequest(PromptOf(5), 4, "dup"));
+    EXPECT_EQ(second.status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << second.status.error_message();
+    dup_checked = true;
+    ctx.TryCancel();
+  });
+  EXPECT_TRUE(dup_checked.load());
+  bystander.join();
+  ASSERT_TRUE(good.status.ok());
+  EXPECT_EQ(absl::StrJoin(good.tokens, " "), absl::StrJoin(Offline(PromptOf(4), 300), " "));
+  EXPECT_TRUE(Drained(*server_));
+}
+
+TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
+  auto stub = server_->Stub();
+  grpc::ClientContext c1;
+  pb::TokenizeRequest tr;
+  tr.set_text("Once upon a time");
+  pb::TokenizeResponse tresp;
+  ASSERT_TRUE(stub->Tokenize(&c1, tr, &tresp).ok());
+  EXPECT_EQ(absl::StrJoin(tresp.token_ids(), " "), "1 403 407 261 378");
+  grpc::ClientContext c2;
+  pb::DetokenizeRequest dr;
+  for (int id : {403, 407, 261, 378}) dr.add_token_ids(id);
+  pb::DetokenizeResponse dresp;
+  ASSERT_TRUE(stub->Detokenize(&c2, dr, &dresp).ok());
+  EXPECT_EQ(dresp.text(), "Once upon a time");
+  grpc::ClientContext c3;
+  pb::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&c3, {}, &info).ok());
+  EXPECT_EQ(info.architecture(), "llama");
+  EXPECT_EQ(info.vocab_size(), 512u);
+  EXPECT_EQ(info.num_layers(), 5u);
+  ASSERT_GE(info.strategies_size(), 1);
+  EXPECT_EQ(info.strategies(0), "full");
+}
+
+TEST(ServerLimits, QueueFullIsResourceExhausted) {
+  ServerProcess s({"--model", kStories, "--max-running", "1", "--max-queue", "1"});
+  auto stub = s.Stub();
+  bool checked = false;
+  // One request runs; a second waits (queue of 1); a third is refused.
+  std::thread waiting;
+  StreamResult waiting_result;
+  StreamResult running = RunStream(*stub, GreedyRequest(PromptOf(0), 2000, "runs"), [&](grpc::ClientContext& ctx, int chunk) {
+    if (chunk != 0) return;
+    waiting = std::thread([&] {
+      auto st = s.Stub();
+      waiting_result = RunStream(*st, GreedyRequest(PromptOf(1), 4, "waits"));
+    });
+    ASSERT_TRUE(WaitFor([&] {
+      grpc::ClientContext c;
+      pb::LoadInfo load;
+      return s.Stub()->GetLoad(&c, {}, &load).ok() && load.waiting() == 1;
+    }, std::chrono::seconds(10)));
+    auto st = s.Stub();
+    StreamResult third = RunStream(*st, GreedyRequest(PromptOf(2), 4, "refused"));
+    EXPECT_EQ(third.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << third.status.error_message();
+    checked = true;
+    ctx.TryCancel();
+  });
+  waiting.join();
+  EXPECT_TRUE(checked);
+  EXPECT_TRUE(waiting_result.status.ok()) << waiting_result.status.error_message();
+  EXPECT_EQ(waiting_result.tokens.size(), 4u);
+}
+
+TEST(ServerMetrics, CountersMatchWhatClientsReceived) {
+  ServerProcess s({"--model", kStories});
+  auto stub = s.Stub();
+  uint64_t tokens = 0, prompt = 0;
+  const int n = 5;
+  for (int i = 0; i < n; ++i) {
+    StreamResult r = RunStream(*stub, GreedyRequest(PromptOf(i), 10 + i));
+    ASSERT_TRUE(r.status.ok());
+    tokens += r.tokens.size();
+    prompt += PromptOf(i).size();
+  }
+  const std::string page = s.Metrics();
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_requests_total{finish_reason="length",strategy="full"})"), n) << page;
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_generation_tokens_total{strategy="full"})"), tokens);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_prompt_tokens_total{strategy="full"})"), prompt);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_prompt_tokens_computed_total{strategy="full"})"), prompt);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_time_to_first_token_seconds_count{strategy="full"})"), n);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_e2e_request_latency_seconds_count{strategy="full"})"), n);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_inter_token_latency_seconds_count{strategy="full"})"), tokens - n);
+}
+
+TEST(ServerShutdown, SigtermLetsTheStreamFinishAndExitsZero) {
+  ServerProcess s({"--model", kStories, "--drain-timeout", "60"});
+  auto stub = s.Stub();
+  std::string health_during_drain;
+  StreamResult r = RunStream(*stub, GreedyRequest(PromptOf(6), 600), [&](grpc::ClientContext&, int chunk) {
+    if (chunk != 0) return;
+    s.Signal(SIGTERM);
+    ASSERT_TRUE(WaitFor([&] { return s.Health() == "NOT_SERVING"; }, std::chrono::seconds(10)));
+    auto st = s.Stub();
+    StreamResult late = RunStream(*st, GreedyRequest(PromptOf(7), 4));
+    EXPECT_EQ(late.status.error_code(), grpc::StatusCode::UNAVAILABLE) << late.status.error_message();
+  });
+  EXPECT_TRUE(r.status.ok()) << r.status.error_code() << " " << r.status.error_message() << "\n" << s.Log();
+  EXPECT_EQ(r.tokens.size(), 600u);
+  EXPECT_EQ(s.WaitExit(std::chrono::seconds(30)), 0) << s.Log();
+}
+
+TEST(ServerShutdown, DrainTimeoutCutsTheStreamWithUnavailable) {
+  ServerProcess s({"--model", kStories, "--drain-timeout", "0.1"});
+  auto stub = s.Stub();
+  StreamResult r = RunStream(*stub, GreedyRequest(PromptOf(6), 2040 - 10), [&](grpc::ClientContext&, int chunk) {
+    if (chunk == 0) s.Signal(SIGTERM);
+  });
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  EXPECT_LT(r.tokens.size(), 2030u);
+  EXPECT_EQ(s.WaitExit(std::chrono::seconds(30)), 0) << s.Log();
+}
+
+}  // namespace
+}  // namespace ps::testing
