@@ -1,6 +1,8 @@
 // Hugging Face folders (config.json + safetensors + tokenizer.json): a tiny model
 // written here loads, tokenises, and computes the same logits as the same weights
 // in GGUF layout (q/k rows permuted as llama.cpp's converter does, normal RoPE).
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -65,7 +67,10 @@ std::string TinyTokenizerJson() {
 class HfLoaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) / "tiny_hf_model";
+    // One folder per test and process: ctest runs the tests of this file in parallel.
+    dir_ = fs::path(::testing::TempDir()) /
+           ("tiny_hf_model_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(::getpid()));
     fs::create_directories(dir_);
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> u(-0.5f, 0.5f);
@@ -116,6 +121,8 @@ class HfLoaderTest : public ::testing::Test {
           std::copy_n(&w[(h * kHeadDim + j * half + i) * kEmbd], kEmbd, &out[(h * kHeadDim + 2 * i + j) * kEmbd]);
     return out;
   }
+
+  void TearDown() override { fs::remove_all(dir_); }
 
   fs::path dir_;
   std::map<std::string, HfTensor> hf_;

@@ -1,6 +1,7 @@
 // pruneserve-run as a user runs it: output on good input, an error message and a
 // non-zero exit (never a crash) on bad arguments and broken model files.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -58,7 +59,7 @@ TEST(Cli, BadArgumentsFailWithAMessage) {
 TEST(Cli, BrokenModelFilesFailWithAMessage) {
   auto bytes = ps::ReadFileToString(kStories);
   ASSERT_TRUE(bytes.ok());
-  const std::string path = ::testing::TempDir() + "/broken.gguf";
+  const std::string path = ::testing::TempDir() + "/broken_" + std::to_string(::getpid()) + ".gguf";
   std::mt19937 rng(3);
   std::vector<std::string> variants;
   for (size_t cut : {size_t{2}, size_t{16}, size_t{1000}, bytes->size() / 3, bytes->size() - 7}) {
