@@ -2,21 +2,22 @@
 # Builds the libFuzzer target and fuzzes the GGUF reader for 20 s, then builds and
 # runs the whole test suite twice: a normal Release build and an AddressSanitizer +
 # UndefinedBehaviorSanitizer build. Installs what it needs.
-# Usage: scripts/test.sh                        (everything)
-#        PS_TEST_BUILDS=normal scripts/test.sh  (a subset of: fuzz normal asan)
+# Usage: scripts/test.sh                        (fuzz normal asan)
+#        PS_TEST_BUILDS=tsan scripts/test.sh    (ThreadSanitizer: scheduler and server tests)
+#        PS_TEST_BUILDS="normal tsan" ...       (any subset of: fuzz normal asan tsan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/fetch_model.sh
 JOBS=$(nproc)
-run_suite() {  # name, build dir, extra cmake args...
-  local name=$1 dir=$2
-  shift 2
+run_suite() {  # name, build dir, ctest label regex ('' = all), extra cmake args...
+  local name=$1 dir=$2 labels=$3
+  shift 3
   echo "=== $name build ($dir) ==="
   cmake -S . -B "$dir" -G Ninja -DPS_BUILD_TESTS=ON "$@" >/dev/null
   cmake --build "$dir" -j "$JOBS"
   echo "=== $name tests ==="
-  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 900
+  ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 900 ${labels:+-L "$labels"}
 }
 fuzz_smoke() {  # builds the libFuzzer targets with clang and fuzzes the GGUF reader briefly
   echo "=== fuzz build (build-fuzz) ==="
@@ -35,9 +36,12 @@ fuzz_smoke() {  # builds the libFuzzer targets with clang and fuzzes the GGUF re
 }
 for b in ${PS_TEST_BUILDS:-fuzz normal asan}; do
   case $b in
-    normal) run_suite normal build -DCMAKE_BUILD_TYPE=Release ;;
+    normal) run_suite normal build "" -DCMAKE_BUILD_TYPE=Release ;;
     asan) ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-            run_suite "ASan+UBSan" build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPS_SANITIZE=address ;;
+            run_suite "ASan+UBSan" build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPS_SANITIZE=address ;;
+    tsan) TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" \
+            run_suite ThreadSanitizer build-tsan "scheduler|server" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+            -DPS_SANITIZE=thread -DPS_CUDA=OFF -DPS_BUILD_BENCH=OFF ;;
     fuzz) fuzz_smoke ;;
     *) echo "unknown build '$b'" >&2; exit 2 ;;
   esac

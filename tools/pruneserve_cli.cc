@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
       } else if (resp.has_finished()) {
         const auto& fin = resp.finished();
         if (ids) std::cout << absl::StrJoin(all_ids, " ");
-        std::cout << "\n";
+        std::cout << std::endl;
         if (stats) {
           const auto& u = fin.usage();
           std::fprintf(stderr,

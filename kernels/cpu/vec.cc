@@ -6,7 +6,11 @@
 
 #include "base/fp16.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define PS_CLONES  // ifunc resolvers would run before ThreadSanitizer is initialised
+#else
 #define PS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 namespace ps {
 namespace {

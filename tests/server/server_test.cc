@@ -13,6 +13,9 @@ namespace ps::testing {
 namespace {
 
 const std::string kStories = std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf";
+// For tests that need a request to outlast a few round trips even on a slow
+// (sanitised) build: SmolLM2 decodes ~30x slower than stories260K and has an 8k context.
+const std::string kDefaultModel = std::string(PS_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 // Offline greedy tokens of the engine for the same prompt.
 std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n) {
@@ -254,13 +257,13 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
 }
 
 TEST(ServerLimits, QueueFullIsResourceExhausted) {
-  ServerProcess s({"--model", kStories, "--max-running", "1", "--max-queue", "1"});
+  ServerProcess s({"--model", kDefaultModel, "--max-running", "1", "--max-queue", "1"});
   auto stub = s.Stub();
   bool checked = false;
   // One request runs; a second waits (queue of 1); a third is refused.
   std::thread waiting;
   StreamResult waiting_result;
-  StreamResult running = RunStream(*stub, GreedyRequest(PromptOf(0), 2000, "runs"), [&](grpc::ClientContext& ctx, int chunk) {
+  StreamResult running = RunStream(*stub, GreedyRequest(PromptOf(0), 8000, "runs"), [&](grpc::ClientContext& ctx, int chunk) {
     if (chunk != 0) return;
     waiting = std::thread([&] {
       auto st = s.Stub();
@@ -322,13 +325,13 @@ TEST(ServerShutdown, SigtermLetsTheStreamFinishAndExitsZero) {
 }
 
 TEST(ServerShutdown, DrainTimeoutCutsTheStreamWithUnavailable) {
-  ServerProcess s({"--model", kStories, "--drain-timeout", "0.1"});
+  ServerProcess s({"--model", kDefaultModel, "--drain-timeout", "0.1"});
   auto stub = s.Stub();
-  StreamResult r = RunStream(*stub, GreedyRequest(PromptOf(6), 2040 - 10), [&](grpc::ClientContext&, int chunk) {
+  StreamResult r = RunStream(*stub, GreedyRequest(PromptOf(6), 8000), [&](grpc::ClientContext&, int chunk) {
     if (chunk == 0) s.Signal(SIGTERM);
   });
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
-  EXPECT_LT(r.tokens.size(), 2030u);
+  EXPECT_LT(r.tokens.size(), 8000u);
   EXPECT_EQ(s.WaitExit(std::chrono::seconds(30)), 0) << s.Log();
 }
 
