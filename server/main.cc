@@ -1,5 +1,6 @@
 // pruneserve: the gRPC inference server.
 #include <pthread.h>
+#include <sys/resource.h>
 #include <signal.h>
 
 #include <chrono>
@@ -142,11 +143,13 @@ int main(int argc, char** argv) {
   }
   service.SetBackend(&backend);
   health->SetServingStatus(true);
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
   spdlog::info("serving {} ({}, {} layers, context {}, vocab {}) from {}; {} compute threads, {} activations; "
-               "loaded in {:.2f} s",
+               "up to {} running and {} queued requests; loaded in {:.2f} s, resident memory {:.0f} MiB",
                c.name, c.arch_name, c.n_layers, c.n_ctx, c.n_vocab, o.model, pool.num_threads(),
-               o.int8_activations ? "int8" : "F32",
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+               o.int8_activations ? "int8" : "F32", o.max_running, o.max_queue,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ru.ru_maxrss / 1024.0);
 
   int sig = 0;
   sigwait(&stop_signals, &sig);

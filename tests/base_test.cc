@@ -1,4 +1,9 @@
 // Base utilities: flag parsing, status macros.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
 #include "base/flags.h"
 #include "base/status.h"
 #include "gtest/gtest.h"
@@ -33,6 +38,25 @@ TEST(Flags, ParsesValuesAndRejectsBadInput) {
   EXPECT_NE(p.Parse(2, const_cast<char**>(unknown)).message().find("unknown flag --nope"), std::string::npos);
   const char* missing[] = {"prog", "--name"};
   EXPECT_NE(p.Parse(2, const_cast<char**>(missing)).message().find("needs a value"), std::string::npos);
+}
+
+TEST(Flags, ConfigFileSetsFlagsAndNamesBadLines) {
+  std::string model;
+  int64_t port = 1;
+  FlagParser p("prog", "test");
+  p.AddString("model", &model, "m");
+  p.AddInt("port", &port, "p");
+  const std::string path = ::testing::TempDir() + "/flags_" + std::to_string(::getpid()) + ".conf";
+  std::ofstream(path) << "# comment\n\nmodel = /m.gguf\nport: 7\n";
+  ASSERT_TRUE(p.ParseConfigFile(path).ok());
+  EXPECT_EQ(model, "/m.gguf");
+  EXPECT_EQ(port, 7);
+  std::ofstream(path) << "model = x\nbogus = 1\n";
+  EXPECT_NE(p.ParseConfigFile(path).message().find(":2: unknown flag bogus"), std::string::npos);
+  std::ofstream(path) << "port = seven\n";
+  EXPECT_NE(p.ParseConfigFile(path).message().find("--port"), std::string::npos);
+  EXPECT_EQ(p.ParseConfigFile(path + ".missing").code(), absl::StatusCode::kNotFound);
+  std::remove(path.c_str());
 }
 
 absl::StatusOr<int> Half(int x) {
