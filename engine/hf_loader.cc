@@ -57,7 +57,13 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
   }
   if (files.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no .safetensors files"));
   std::sort(files.begin(), files.end());
-  auto owned = std::make_shared<std::vector<std::unique_ptr<SafetensorsFile>>>();
+  // Keeps the mapped files, and aligned copies of tensors whose offset in the file
+  // is not a multiple of their element size (safetensors does not promise alignment).
+  struct Storage {
+    std::vector<std::unique_ptr<SafetensorsFile>> files;
+    std::vector<std::vector<uint8_t>> copies;
+  };
+  auto owned = std::make_shared<Storage>();
   TensorMap tensors;
   for (const std::string& f : files) {
     PS_ASSIGN_OR_RETURN(auto st, SafetensorsFile::Open(f));
@@ -65,9 +71,14 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
       const std::string g = GgufName(name);
       if (g.empty()) continue;  // e.g. rotary inv_freq buffers
       std::vector<int64_t> dims(t.shape.rbegin(), t.shape.rend());
-      tensors[g] = TensorRef{.type = t.type, .dims = dims, .data = t.data, .nbytes = t.nbytes};
+      const uint8_t* data = t.data;
+      if (reinterpret_cast<uintptr_t>(data) % (t.type == DType::kF32 ? 4 : 2) != 0) {
+        owned->copies.emplace_back(t.data, t.data + t.nbytes);
+        data = owned->copies.back().data();
+      }
+      tensors[g] = TensorRef{.type = t.type, .dims = dims, .data = data, .nbytes = t.nbytes};
     }
-    owned->push_back(std::move(st));
+    owned->files.push_back(std::move(st));
   }
   return Model::Build(std::move(config), tensors, std::move(tokenizer), owned);
 }

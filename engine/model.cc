@@ -37,6 +37,10 @@ absl::StatusOr<MatrixView> Matrix(const TensorMap& t, const std::string& name, i
   if (ref->nbytes < RowBytes(ref->type, cols) * static_cast<size_t>(rows)) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has too few bytes"));
   }
+  // Kernels read F32 as floats and every other format through 16-bit fields.
+  if (reinterpret_cast<uintptr_t>(ref->data) % (ref->type == DType::kF32 ? 4 : 2) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " is not aligned in memory"));
+  }
   return MatrixView{.type = ref->type, .data = ref->data, .rows = rows, .cols = cols};
 }
 
