@@ -112,7 +112,6 @@ absl::Status ReadValue(Cursor& c, GgufValueType t, GgufValue* out, const char* w
   out->elem_type = static_cast<GgufValueType>(et);
   // Every element takes at least one byte: a count above the remaining bytes is corrupt.
   if (n > c.remaining()) return c.Truncated(what);
-  out->array_size = static_cast<size_t>(n);
   if (out->elem_type == GgufValueType::kString) {
     out->strings.resize(n);
     for (auto& s : out->strings) PS_RETURN_IF_ERROR(c.ReadString(&s, what));

@@ -33,7 +33,6 @@ struct GgufValue {
   std::vector<double> floats;
   std::vector<std::string> strings;
   std::vector<GgufValue> array;
-  size_t array_size = 0;
 
   bool IsInteger() const;
   bool IsFloat() const { return type == GgufValueType::kF32 || type == GgufValueType::kF64; }

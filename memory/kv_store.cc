@@ -40,9 +40,4 @@ KvRows ContiguousKvStore::View(int64_t seq_id, int layer) const {
                 .positions_ascending = l.ascending};
 }
 
-int64_t ContiguousKvStore::Size(int64_t seq_id, int layer) const {
-  auto it = seqs_.find(seq_id);
-  return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second[layer].positions.size());
-}
-
 }  // namespace ps

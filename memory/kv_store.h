@@ -22,8 +22,6 @@ class KvStore {
                               const float* v) = 0;
   // Rows stored for (seq, layer); valid until the next Append or Release for that sequence.
   virtual KvRows View(int64_t seq_id, int layer) const = 0;
-  // Number of rows stored for (seq, layer).
-  virtual int64_t Size(int64_t seq_id, int layer) const = 0;
   // Drops everything held for the sequence.
   virtual void Release(int64_t seq_id) = 0;
 };
@@ -38,9 +36,7 @@ class ContiguousKvStore final : public KvStore {
   absl::Status Append(int64_t seq_id, int layer, std::span<const int32_t> positions, const float* k,
                       const float* v) override;
   KvRows View(int64_t seq_id, int layer) const override;
-  int64_t Size(int64_t seq_id, int layer) const override;
   void Release(int64_t seq_id) override { seqs_.erase(seq_id); }
-  size_t num_sequences() const { return seqs_.size(); }
 
  private:
   struct Layer {

@@ -1,6 +1,7 @@
 // Per-request token pruning policy, called by the forward pass at fixed hooks.
-// `full` (the default) keeps every row at every layer. Strategies (LazyLLM,
-// GemFilter, ...) subclass this; the engine never special-cases one.
+// A sequence without a strategy (`full`) keeps every row at every layer.
+// Strategies (LazyLLM, GemFilter, ...) subclass this; the engine never
+// special-cases one.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +28,6 @@ class PruningStrategy {
   virtual void AfterAttention(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions) {
     (void)layer, (void)probs, (void)kv_positions;
   }
-};
-
-class FullStrategy final : public PruningStrategy {
- public:
-  std::string_view name() const override { return "full"; }
 };
 
 }  // namespace ps
