@@ -33,6 +33,8 @@ grpc::Status FinalStatus(const RequestEvent& ev) {
   return grpc::Status::OK;
 }
 
+class StreamSink;
+
 // A Generate call. Lives until OnDone. Messages are queued and written one at a
 // time (gRPC allows one outstanding write); Push may come from any thread.
 class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
@@ -82,7 +84,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
   }
   void OnDone() override;
 
-  std::shared_ptr<RequestSink> sink;
+  std::shared_ptr<StreamSink> sink;  // the request's sink; detached in OnDone
 
  private:
   void WriteNextLocked() {
@@ -160,7 +162,7 @@ class StreamSink final : public RequestSink {
 };
 
 void GenerateStream::OnDone() {
-  if (sink) static_cast<StreamSink*>(sink.get())->Detach();
+  if (sink) sink->Detach();
   delete this;
 }
 
