@@ -1,0 +1,70 @@
+// Fixed-size KV blocks of one memory tier. Block objects are metadata only (id,
+// reference count, free-list links); the bytes of all blocks live in one buffer
+// indexed by block id. The free list is an intrusive doubly linked list: O(1)
+// take from the front and return to the back, so the least recently freed block
+// is reused first. Not thread-safe: owned by the engine thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ps {
+
+enum class Tier : uint8_t { kDevice = 0, kHost = 1 };
+std::string_view TierName(Tier t);
+
+class BlockPool {
+ public:
+  // num_blocks blocks of block_bytes each; the data buffer is allocated here
+  // (64-byte aligned). On the CPU backend both tiers are ordinary memory.
+  BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes);
+
+  Tier tier() const { return tier_; }
+  int32_t num_blocks() const { return static_cast<int32_t>(blocks_.size()); }
+  int32_t num_free() const { return num_free_; }
+  size_t block_bytes() const { return block_bytes_; }
+
+  // Takes the block at the front of the free list (reference count 1); nullopt when none is free.
+  std::optional<int32_t> Allocate();
+  // Takes n blocks, all or none.
+  std::optional<std::vector<int32_t>> Allocate(int32_t n);
+  void AddRef(int32_t id);
+  // Drops one reference; at zero the block goes to the back of the free list.
+  void Release(int32_t id);
+  int32_t ref_count(int32_t id) const { return blocks_.at(id).ref_count; }
+
+  uint8_t* data(int32_t id) { return data_.get() + static_cast<size_t>(id) * block_bytes_; }
+  const uint8_t* data(int32_t id) const { return data_.get() + static_cast<size_t>(id) * block_bytes_; }
+
+  // Free-list order, front first (tests and debugging).
+  std::vector<int32_t> FreeList() const;
+  // Checks the free list against the reference counts: every block is either
+  // free (count 0, listed once) or owned (count > 0, not listed).
+  absl::Status VerifyIntegrity() const;
+
+ private:
+  struct Block {
+    int32_t ref_count = 0;
+    int32_t prev = -1, next = -1;  // free-list links (-1: none)
+    bool in_free_list = false;
+  };
+  void PushBack(int32_t id);
+  void Unlink(int32_t id);
+
+  Tier tier_;
+  size_t block_bytes_;
+  std::vector<Block> blocks_;
+  int32_t head_ = -1, tail_ = -1, num_free_ = 0;
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+  };
+  std::unique_ptr<uint8_t[], FreeDeleter> data_;
+};
+
+}  // namespace ps
