@@ -28,12 +28,15 @@ absl::Status ContiguousKvStore::Append(int64_t seq_id, int layer, std::span<cons
   return absl::OkStatus();
 }
 
-KvRows ContiguousKvStore::View(int64_t seq_id, int layer) const {
+KvRows ContiguousKvStore::View(int64_t seq_id, int layer) {
   auto it = seqs_.find(seq_id);
-  if (it == seqs_.end()) return KvRows{.stride = kv_dim_};
-  const Layer& l = it->second[layer];
-  return KvRows{.k = l.k.data(),
-                .v = l.v.data(),
+  if (it == seqs_.end()) return KvRows{.block_rows = 1, .stride = kv_dim_};
+  Layer& l = it->second[layer];
+  l.k_block = l.k.data();
+  l.v_block = l.v.data();
+  return KvRows{.k_blocks = &l.k_block,
+                .v_blocks = &l.v_block,
+                .block_rows = std::max<int64_t>(1, static_cast<int64_t>(l.positions.size())),
                 .positions = l.positions.data(),
                 .n = static_cast<int64_t>(l.positions.size()),
                 .stride = kv_dim_,

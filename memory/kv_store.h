@@ -20,8 +20,9 @@ class KvStore {
   // Returns ResourceExhausted when the sequence or the store is full.
   virtual absl::Status Append(int64_t seq_id, int layer, std::span<const int32_t> positions, const float* k,
                               const float* v) = 0;
-  // Rows stored for (seq, layer); valid until the next Append or Release for that sequence.
-  virtual KvRows View(int64_t seq_id, int layer) const = 0;
+  // Rows stored for (seq, layer); valid until the next Append, View or Release for
+  // that sequence and layer.
+  virtual KvRows View(int64_t seq_id, int layer) = 0;
   // Drops everything held for the sequence.
   virtual void Release(int64_t seq_id) = 0;
 };
@@ -35,7 +36,7 @@ class ContiguousKvStore final : public KvStore {
 
   absl::Status Append(int64_t seq_id, int layer, std::span<const int32_t> positions, const float* k,
                       const float* v) override;
-  KvRows View(int64_t seq_id, int layer) const override;
+  KvRows View(int64_t seq_id, int layer) override;
   void Release(int64_t seq_id) override { seqs_.erase(seq_id); }
 
  private:
@@ -43,6 +44,8 @@ class ContiguousKvStore final : public KvStore {
     std::vector<float> k, v;         // [size, kv_dim]
     std::vector<int32_t> positions;  // [size]
     bool ascending = true;
+    const float* k_block = nullptr;  // the single "block" of View(); refreshed there
+    const float* v_block = nullptr;
   };
   int n_layers_;
   int kv_dim_;

@@ -56,19 +56,20 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       }
       float* sc = scores_storage.data();  // [nq, nk]
       const float* qh = a.q + q0 * a.q_stride + h * hd;
-      const float* kh = kv.k + kvh * hd;
-      const float* vh = kv.v + kvh * hd;
       float* oh = a.out + q0 * a.out_stride + h * hd;
       if (nk == 0) {
         for (int64_t i = 0; i < nq; ++i) std::memset(oh + i * a.out_stride, 0, hd * sizeof(float));
         continue;
       }
       if (nq == 1) {
-        for (int64_t j = 0; j < nk; ++j) sc[j] = DotF32(qh, kh + j * kv.stride, hd);
+        for (int64_t j = 0; j < nk; ++j) sc[j] = DotF32(qh, kv.k(j) + kvh * hd, hd);
       } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nq), static_cast<int>(nk), hd,
-                    1.0f, qh, static_cast<int>(a.q_stride), kh, static_cast<int>(kv.stride), 0.0f, sc,
-                    static_cast<int>(nk));
+        for (int64_t j0 = 0; j0 < nk; j0 += kv.block_rows) {  // S[:, block] = Q K_block^T
+          const int64_t nb = std::min(kv.block_rows, nk - j0);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nq), static_cast<int>(nb), hd,
+                      1.0f, qh, static_cast<int>(a.q_stride), kv.k(j0) + kvh * hd, static_cast<int>(kv.stride), 0.0f,
+                      sc + j0, static_cast<int>(nk));
+        }
       }
       for (int64_t i = 0; i < nq; ++i) {
         float* row = sc + i * nk;
@@ -82,12 +83,15 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       if (nq == 1) {
         std::memset(oh, 0, hd * sizeof(float));
         for (int64_t j = 0; j < nk; ++j) {
-          if (sc[j] != 0.0f) Axpy(sc[j], vh + j * kv.stride, oh, hd);
+          if (sc[j] != 0.0f) Axpy(sc[j], kv.v(j) + kvh * hd, oh, hd);
         }
       } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nq), hd, static_cast<int>(nk),
-                    1.0f, sc, static_cast<int>(nk), vh, static_cast<int>(kv.stride), 0.0f, oh,
-                    static_cast<int>(a.out_stride));
+        for (int64_t j0 = 0; j0 < nk; j0 += kv.block_rows) {  // O += P[:, block] V_block
+          const int64_t nb = std::min(kv.block_rows, nk - j0);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nq), hd, static_cast<int>(nb),
+                      1.0f, sc + j0, static_cast<int>(nk), kv.v(j0) + kvh * hd, static_cast<int>(kv.stride),
+                      j0 == 0 ? 0.0f : 1.0f, oh, static_cast<int>(a.out_stride));
+        }
       }
     }
   });

@@ -16,14 +16,20 @@ struct AttentionShape {
 };
 
 // Cached keys and values of one sequence at one layer: n rows of n_kv_heads*head_dim
-// floats, `stride` floats apart; positions[i] is row i's token position.
+// floats. Rows live in blocks of `block_rows` rows (paged KV); row j's key is at
+// k_blocks[j / block_rows] + (j % block_rows) * stride, its value likewise in
+// v_blocks. A contiguous cache is one block. positions[j] is row j's token position.
 struct KvRows {
-  const float* k = nullptr;
-  const float* v = nullptr;
+  const float* const* k_blocks = nullptr;
+  const float* const* v_blocks = nullptr;
+  int64_t block_rows = 0;
   const int32_t* positions = nullptr;
   int64_t n = 0;
   int64_t stride = 0;
   bool positions_ascending = false;  // lets the kernel skip keys past the last query
+
+  const float* k(int64_t j) const { return k_blocks[j / block_rows] + (j % block_rows) * stride; }
+  const float* v(int64_t j) const { return v_blocks[j / block_rows] + (j % block_rows) * stride; }
 };
 
 struct AttentionArgs {

@@ -115,10 +115,12 @@ TEST(MatMul, PathsAgreeWithReference) {
   }
 }
 
-// Attention over arbitrary (unsorted) KV positions against a direct computation.
+// Attention over arbitrary (unsorted) KV positions against a direct computation,
+// with the cache contiguous (one block) and paged (blocks of 16 and of 7 rows).
 TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
   ThreadPool pool(2);
   const AttentionShape s{.n_heads = 6, .n_kv_heads = 2, .head_dim = 8, .scale = 0.35f};
+  for (int64_t block_rows : {50, 16, 7})
   for (int64_t nq : {1, 5, 40}) {
     const int64_t nkv = 50;
     auto q = Randn(nq * 48, 1), k = Randn(nkv * 16, 2), v = Randn(nkv * 16, 3);
@@ -126,7 +128,17 @@ TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
     for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>((j * 7) % nkv);  // a permutation
     for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
     std::vector<float> out(nq * 48), probs(nkv);
-    Attention(s, KvRows{.k = k.data(), .v = v.data(), .positions = kv_pos.data(), .n = nkv, .stride = 16},
+    // Every block in its own allocation: the kernel must follow the block table.
+    std::vector<std::vector<float>> kb, vb;
+    std::vector<const float*> kp, vp;
+    for (int64_t b = 0; b * block_rows < nkv; ++b) {
+      const int64_t rows = std::min(block_rows, nkv - b * block_rows);
+      kb.emplace_back(k.begin() + b * block_rows * 16, k.begin() + (b * block_rows + rows) * 16);
+      vb.emplace_back(v.begin() + b * block_rows * 16, v.begin() + (b * block_rows + rows) * 16);
+    }
+    for (size_t b = 0; b < kb.size(); ++b) kp.push_back(kb[b].data()), vp.push_back(vb[b].data());
+    Attention(s, KvRows{.k_blocks = kp.data(), .v_blocks = vp.data(), .block_rows = block_rows,
+                        .positions = kv_pos.data(), .n = nkv, .stride = 16},
               AttentionArgs{.q = q.data(), .q_pos = q_pos.data(), .n_q = nq, .q_stride = 48, .out = out.data(),
                             .out_stride = 48, .last_query_probs = probs.data()},
               pool);
@@ -149,8 +161,8 @@ TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
         }
       }
     }
-    EXPECT_LT(MaxRelErr(out, want), 1e-5) << "nq=" << nq;
-    EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << "nq=" << nq;
+    EXPECT_LT(MaxRelErr(out, want), 1e-5) << "nq=" << nq << " block_rows=" << block_rows;
+    EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << "nq=" << nq << " block_rows=" << block_rows;
   }
 }
 
