@@ -5,6 +5,7 @@
 
 #include "base/thread_pool.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/random.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -12,13 +13,7 @@
 namespace ps {
 namespace {
 
-std::vector<float> Randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g;
-  std::vector<float> v(n);
-  for (float& x : v) x = g(rng);
-  return v;
-}
+using testing::Randn;
 
 class CudaTest : public ::testing::Test {
  protected:

@@ -6,6 +6,7 @@
 
 #include "base/fp16.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/random.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
@@ -14,13 +15,7 @@
 namespace ps {
 namespace {
 
-std::vector<float> Randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g;
-  std::vector<float> v(n);
-  for (float& x : v) x = g(rng);
-  return v;
-}
+using testing::Randn;
 
 double MaxRelErr(const std::vector<float>& got, const std::vector<double>& want) {
   double scale = 1e-12, err = 0;
