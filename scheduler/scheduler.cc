@@ -20,7 +20,19 @@ std::string_view CancelReasonName(CancelReason r) {
 
 namespace {
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+int32_t DeviceBlocks(const SchedulerOptions& o, const ModelConfig& c) {
+  if (o.kv_device_blocks > 0) return static_cast<int32_t>(std::min<int64_t>(o.kv_device_blocks, INT32_MAX));
+  const int64_t per_seq = static_cast<int64_t>(c.n_layers) * ((c.n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens);
+  return static_cast<int32_t>(std::min<int64_t>(per_seq * o.max_running, INT32_MAX));
+}
 }  // namespace
+
+int Scheduler::RowsThisStep(const Running& r) const {
+  if (!r.prefilled) return static_cast<int>(r.request->prompt.size());
+  if (r.evicted) return static_cast<int>(r.decoder->history().size());
+  return 1;
+}
 
 Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOptions& options,
                      SchedulerObserver* observer)
@@ -28,8 +40,12 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOption
       options_(options),
       observer_(observer),
       transformer_(model, pool, options.matmul),
-      kv_(model.config().n_layers, model.config().kv_dim(), model.config().n_ctx) {
-  load_.kv_capacity_tokens = static_cast<int64_t>(options_.max_running) * model.config().n_ctx;
+      device_blocks_(Tier::kDevice, DeviceBlocks(options, model.config()),
+                     PagedKvStore::BlockBytes(options.kv_block_tokens, model.config().kv_dim())),
+      host_blocks_(Tier::kHost, 0, device_blocks_.block_bytes()),
+      kv_manager_(device_blocks_, host_blocks_, model.config().n_layers, options.kv_block_tokens),
+      kv_(kv_manager_, device_blocks_, model.config().kv_dim()) {
+  load_.kv_blocks_total = device_blocks_.num_blocks();
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -159,16 +175,25 @@ void Scheduler::Step() {
   }
   std::erase_if(running_, [](const Running& r) { return r.request == nullptr; });
 
-  // 2. Admission: highest priority first, then first come; prompt tokens per step bounded.
-  std::stable_sort(waiting_.begin(), waiting_.end(), [](const auto& a, const auto& b) {
-    return a->priority > b->priority || (a->priority == b->priority && a->arrival < b->arrival);
-  });
+  // 2. Admission: highest priority first, then first come; bounded by prompt tokens
+  // per step and by free device blocks (after what running sequences need now).
+  // Admission stops at the first request that does not fit, so a large request is
+  // not overtaken forever by smaller ones behind it.
+  auto by_priority = [](const Request& a, const Request& b) {
+    return a.priority > b.priority || (a.priority == b.priority && a.arrival < b.arrival);
+  };
+  std::stable_sort(waiting_.begin(), waiting_.end(), [&](const auto& a, const auto& b) { return by_priority(*a, *b); });
+  int64_t reserved = 0;
+  for (const Running& run : running_) reserved += kv_manager_.BlocksNeeded(run.seq_id, RowsThisStep(run));
   int batch_prompt_tokens = 0;
   size_t admitted = 0;
   while (admitted < waiting_.size() && static_cast<int>(running_.size()) < options_.max_running) {
     const auto& r = waiting_[admitted];
     const int n = static_cast<int>(r->prompt.size());
     if (batch_prompt_tokens > 0 && batch_prompt_tokens + n > options_.max_batch_tokens) break;
+    const int64_t need = kv_manager_.BlocksNeeded(next_seq_id_, n);
+    if (!running_.empty() && reserved + need > device_blocks_.num_free()) break;
+    reserved += need;
     batch_prompt_tokens += n;
     Running run;
     run.request = r;
@@ -180,56 +205,85 @@ void Scheduler::Step() {
   }
   waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(admitted));
 
-  // 3. One forward step over every running sequence.
+  // 3. Which running sequences take part, in priority order: each needs blocks for
+  // its rows; when one does not fit, the KV of the lowest-priority, latest-arrived
+  // sequences behind it is dropped (they recompute later, in the same order).
+  std::vector<size_t> order(running_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return by_priority(*running_[a].request, *running_[b].request);
+  });
+  int64_t free_blocks = device_blocks_.num_free();
+  std::vector<size_t> in_step;
+  for (size_t k = 0; k < order.size(); ++k) {
+    Running& run = running_[order[k]];
+    const int64_t need = kv_manager_.BlocksNeeded(run.seq_id, RowsThisStep(run));
+    for (size_t v = order.size(); need > free_blocks && v-- > k + 1;) {
+      Running& victim = running_[order[v]];
+      const int64_t held = kv_manager_.BlocksIn(victim.seq_id, Tier::kDevice);
+      if (held == 0) continue;
+      kv_.Release(victim.seq_id);
+      victim.evicted = victim.prefilled;
+      free_blocks += held;
+      ++preemptions_;
+    }
+    if (need <= free_blocks) {
+      free_blocks -= need;
+      in_step.push_back(order[k]);
+    }
+  }
+  if (in_step.empty() && !running_.empty()) {  // the first in line cannot fit even alone
+    Running& run = running_[order[0]];
+    Finish(run, FinishReason::kError, CancelReason::kNone,
+           absl::StrCat("the KV cache (", device_blocks_.num_blocks(), " blocks) cannot hold this request"));
+  }
+
+  // 4. One forward step over those sequences.
   std::vector<SeqInput> batch;
-  std::vector<std::vector<int32_t>> positions(running_.size());
-  std::vector<int32_t> decode_tokens(running_.size());
+  std::vector<std::vector<int32_t>> positions(in_step.size());
+  std::vector<int32_t> decode_tokens(in_step.size());
   int batch_tokens = 0;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Running& run = running_[i];
+  for (size_t b = 0; b < in_step.size(); ++b) {
+    Running& run = running_[in_step[b]];
     const int n_prompt = static_cast<int>(run.request->prompt.size());
     SeqInput in{.seq_id = run.seq_id, .strategy = nullptr};
-    if (!run.prefilled) {
-      positions[i].resize(n_prompt);
-      for (int p = 0; p < n_prompt; ++p) positions[i][p] = p;
-      in.tokens = run.request->prompt;
+    if (!run.prefilled || run.evicted) {  // the prompt, or everything so far after an eviction
+      in.tokens = run.prefilled ? run.decoder->history() : std::span<const int32_t>(run.request->prompt);
+      positions[b].resize(in.tokens.size());
+      for (size_t p = 0; p < in.tokens.size(); ++p) positions[b][p] = static_cast<int32_t>(p);
     } else {
-      positions[i].assign(1, n_prompt + run.decoder->num_generated() - 1);
-      decode_tokens[i] = run.last_token;
-      in.tokens = std::span<const int32_t>(&decode_tokens[i], 1);
+      positions[b].assign(1, n_prompt + run.decoder->num_generated() - 1);
+      decode_tokens[b] = run.last_token;
+      in.tokens = std::span<const int32_t>(&decode_tokens[b], 1);
     }
-    in.positions = positions[i];
+    in.positions = positions[b];
     batch_tokens += static_cast<int>(in.tokens.size());
     batch.push_back(in);
   }
   if (!batch.empty()) {
     if (absl::Status st = transformer_.Forward(batch, kv_, &out_); !st.ok()) {
-      for (Running& run : running_) Finish(run, FinishReason::kError, CancelReason::kNone, std::string(st.message()));
-      running_.clear();
+      for (size_t i : in_step) Finish(running_[i], FinishReason::kError, CancelReason::kNone, std::string(st.message()));
+      in_step.clear();
     }
   }
-  // 4. Sample, stream, finish.
+  // 5. Sample, stream, finish.
   const int vocab = model_.config().n_vocab;
   const auto after = Clock::now();
-  int64_t kv_tokens = 0;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Running& run = running_[i];
+  for (size_t b = 0; b < in_step.size(); ++b) {
+    Running& run = running_[in_step[b]];
     if (!run.prefilled) {
       run.prefilled = true;
       run.first_token = after;
-      run.rows_computed += static_cast<double>(out_.rows_computed[i]);
+      run.rows_computed += static_cast<double>(out_.rows_computed[b]);
     }
-    StepOutcome step = run.decoder->Next(std::span<float>(out_.logits.data() + out_.row_offset[i] * vocab, vocab));
+    run.evicted = false;
+    StepOutcome step = run.decoder->Next(std::span<float>(out_.logits.data() + out_.row_offset[b] * vocab, vocab));
     run.last_token = step.sampled.token;
     RequestEvent ev{.kind = RequestEvent::Kind::kTokens};
     ev.tokens.push_back(step.sampled);
     ev.text = std::move(step.text);
     run.request->sink->OnEvent(std::move(ev));
-    if (step.finished) {
-      Finish(run, step.reason, CancelReason::kNone);
-      continue;
-    }
-    kv_tokens += static_cast<int64_t>(run.request->prompt.size()) + run.decoder->num_generated();
+    if (step.finished) Finish(run, step.reason, CancelReason::kNone);
   }
   std::erase_if(running_, [](const Running& r) { return r.request == nullptr; });
 
@@ -238,7 +292,8 @@ void Scheduler::Step() {
     std::lock_guard<std::mutex> lock(mu_);
     load_.running = static_cast<int>(running_.size());
     load_.waiting = static_cast<int>(waiting_.size());
-    load_.kv_tokens = kv_tokens;
+    load_.kv_blocks_used = device_blocks_.num_blocks() - device_blocks_.num_free();
+    load_.preemptions = preemptions_;
     snapshot = load_;
     snapshot.waiting += static_cast<int>(incoming_.size());
     snapshot.in_flight = static_cast<int>(active_.size());

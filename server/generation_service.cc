@@ -276,8 +276,8 @@ grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext
   out->set_waiting(load.waiting);
   pb::KvTierUsage* kv = out->add_kv();
   kv->set_tier("device");
-  kv->set_used_tokens(load.kv_tokens);
-  kv->set_capacity_tokens(load.kv_capacity_tokens);
+  kv->set_used_tokens(static_cast<uint64_t>(load.kv_blocks_used) * b->scheduler->kv_block_tokens());
+  kv->set_capacity_tokens(static_cast<uint64_t>(load.kv_blocks_total) * b->scheduler->kv_block_tokens());
   return Reply(ctx, grpc::Status::OK);
 }
 

@@ -50,14 +50,42 @@ Metrics::Metrics()
       requests_(prometheus::BuildCounter()
                     .Name("pruneserve_requests_total")
                     .Help("Finished requests by finish reason")
-                    .Register(*registry_)) {
+                    .Register(*registry_)),
+      kv_blocks_(prometheus::BuildGauge()
+                     .Name("pruneserve_kv_blocks")
+                     .Help("KV cache blocks by tier and state")
+                     .Register(*registry_)),
+      kv_usage_(prometheus::BuildGauge()
+                    .Name("pruneserve_kv_cache_usage_ratio")
+                    .Help("Fraction of the tier's KV blocks in use")
+                    .Register(*registry_)),
+      preemptions_(prometheus::BuildCounter()
+                       .Name("pruneserve_preemptions_total")
+                       .Help("Running requests whose KV was dropped for room")
+                       .Register(*registry_)),
+      batch_tokens_(prometheus::BuildHistogram()
+                        .Name("pruneserve_batch_tokens")
+                        .Help("Token rows per engine step")
+                        .Register(*registry_)) {
   running_.Add({}).Set(0);
   waiting_.Add({}).Set(0);
+  preemptions_.Add({{"mode", "recompute"}});
 }
 
-void Metrics::OnStep(const LoadSnapshot& load, int) {
+void Metrics::OnStep(const LoadSnapshot& load, int batch_tokens) {
   running_.Add({}).Set(load.running);
   waiting_.Add({}).Set(load.waiting);
+  kv_blocks_.Add({{"tier", "device"}, {"state", "used"}}).Set(static_cast<double>(load.kv_blocks_used));
+  kv_blocks_.Add({{"tier", "device"}, {"state", "free"}})
+      .Set(static_cast<double>(load.kv_blocks_total - load.kv_blocks_used));
+  kv_usage_.Add({{"tier", "device"}})
+      .Set(load.kv_blocks_total > 0 ? static_cast<double>(load.kv_blocks_used) / load.kv_blocks_total : 0.0);
+  preemptions_.Add({{"mode", "recompute"}}).Increment(static_cast<double>(load.preemptions - preemptions_seen_));
+  preemptions_seen_ = load.preemptions;
+  if (batch_tokens > 0) {
+    batch_tokens_.Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})
+        .Observe(batch_tokens);
+  }
 }
 
 void Metrics::OnFirstToken(const std::string& strategy, double ttft_seconds) {

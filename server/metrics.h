@@ -37,6 +37,11 @@ class Metrics final : public SchedulerObserver {
   prometheus::Family<prometheus::Counter>& prompt_tokens_computed_;
   prometheus::Family<prometheus::Counter>& generation_tokens_;
   prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Gauge>& kv_blocks_;
+  prometheus::Family<prometheus::Gauge>& kv_usage_;
+  prometheus::Family<prometheus::Counter>& preemptions_;
+  prometheus::Family<prometheus::Histogram>& batch_tokens_;
+  int64_t preemptions_seen_ = 0;  // engine thread only (OnStep)
 };
 
 }  // namespace ps::server

@@ -94,6 +94,38 @@ TEST_F(SchedulerTest, BatchedRequestsEqualSequentialTokens) {
   EXPECT_TRUE(s.Load().in_flight == 0);
 }
 
+// A device tier far too small for every request at once: admission waits for
+// blocks and running requests are evicted and recomputed, yet every request gets
+// exactly its sequential tokens and every block comes back.
+TEST_F(SchedulerTest, TinyKvCacheForcesPreemptionWithoutChangingTokens) {
+  ThreadPool engine_pool(2);
+  // stories260K: 5 layers; a request of ~12 prompt + 40 new tokens needs 5 x 4 = 20 blocks.
+  Scheduler s(*model_, engine_pool, SchedulerOptions{.max_running = 8, .kv_block_tokens = 16, .kv_device_blocks = 50});
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(s.Submit(Make("p" + std::to_string(i), Prompt(i), 40)).ok());
+  for (int i = 0; i < 10; ++i) {
+    CollectingSink& sink = *sinks_["p" + std::to_string(i)];
+    ASSERT_TRUE(sink.Wait());
+    EXPECT_EQ(sink.finished.reason, FinishReason::kLength) << sink.finished.error;
+    EXPECT_EQ(absl::StrJoin(sink.tokens, " "), absl::StrJoin(Offline(Prompt(i), 40), " ")) << i;
+  }
+  const LoadSnapshot load = s.Load();
+  EXPECT_GT(load.preemptions, 0) << "the test meant to force evictions";
+  EXPECT_EQ(load.kv_blocks_used, 0);
+  EXPECT_EQ(load.kv_blocks_total, 50);
+}
+
+TEST_F(SchedulerTest, RequestLargerThanTheKvCacheFailsAlone) {
+  ThreadPool engine_pool(1);
+  Scheduler s(*model_, engine_pool, SchedulerOptions{.kv_block_tokens = 16, .kv_device_blocks = 10});
+  ASSERT_TRUE(s.Submit(Make("big", Prompt(3), 100)).ok());  // 5 layers x 7 blocks > 10
+  ASSERT_TRUE(s.Submit(Make("small", {1, 300}, 4)).ok());
+  ASSERT_TRUE(sinks_["big"]->Wait());
+  EXPECT_EQ(sinks_["big"]->finished.reason, FinishReason::kError);
+  EXPECT_NE(sinks_["big"]->finished.error.find("cannot hold"), std::string::npos);
+  ASSERT_TRUE(sinks_["small"]->Wait());
+  EXPECT_EQ(sinks_["small"]->finished.reason, FinishReason::kLength);
+}
+
 TEST_F(SchedulerTest, DuplicateIdsAndFullQueueAreRefused) {
   ThreadPool engine_pool(1);
   Scheduler s(*model_, engine_pool, SchedulerOptions{.max_running = 1, .max_queue = 2});

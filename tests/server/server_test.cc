@@ -305,6 +305,9 @@ TEST(ServerMetrics, CountersMatchWhatClientsReceived) {
   EXPECT_EQ(MetricValue(page, R"(pruneserve_time_to_first_token_seconds_count{strategy="full"})"), n);
   EXPECT_EQ(MetricValue(page, R"(pruneserve_e2e_request_latency_seconds_count{strategy="full"})"), n);
   EXPECT_EQ(MetricValue(page, R"(pruneserve_inter_token_latency_seconds_count{strategy="full"})"), tokens - n);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_blocks{state="used",tier="device"})"), 0);
+  EXPECT_GT(MetricValue(page, R"(pruneserve_kv_blocks{state="free",tier="device"})"), 0);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_preemptions_total{mode="recompute"})"), 0);
 }
 
 TEST(ServerShutdown, SigtermLetsTheStreamFinishAndExitsZero) {
