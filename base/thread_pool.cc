@@ -14,51 +14,67 @@ inline void CpuRelax() {
 #endif
 }
 constexpr int kSpinIterations = 20000;
+// Chunks per thread: a few, so that a thread that starts late still finds work
+// and the others are not left idle behind one slow chunk.
+constexpr int64_t kChunksPerThread = 4;
+constexpr uint32_t kMaxChunks = 0xffff;
+
+constexpr uint32_t Generation(uint64_t s) { return static_cast<uint32_t>(s >> 32); }
+constexpr uint32_t NextChunk(uint64_t s) { return static_cast<uint32_t>(s >> 16) & 0xffff; }
+constexpr uint32_t Chunks(uint64_t s) { return static_cast<uint32_t>(s) & 0xffff; }
+constexpr uint64_t State(uint32_t gen, uint32_t next, uint32_t chunks) {
+  return static_cast<uint64_t>(gen) << 32 | static_cast<uint64_t>(next) << 16 | chunks;
+}
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   num_threads_ = num_threads;
-  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
   stop_.store(true, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  generation_.notify_all();
+  state_.store(State(++generation_, 0, 0), std::memory_order_release);
+  state_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::WorkerLoop(int index) {
-  uint64_t seen = 0;
-  while (true) {
-    uint64_t gen = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; gen == seen && spin < kSpinIterations; ++spin) {
-      CpuRelax();
-      gen = generation_.load(std::memory_order_acquire);
-    }
-    if (gen == seen) {
-      generation_.wait(seen, std::memory_order_acquire);
+bool ThreadPool::RunChunk(uint32_t gen) {
+  uint64_t s = state_.load(std::memory_order_acquire);
+  while (Generation(s) == gen && NextChunk(s) < Chunks(s)) {
+    if (!state_.compare_exchange_weak(s, s + (uint64_t{1} << 16), std::memory_order_acq_rel,
+                                      std::memory_order_acquire)) {
       continue;
     }
-    seen = gen;
-    if (stop_.load(std::memory_order_acquire)) return;
-    (*job_)(index, num_threads_);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    // The claim keeps the caller waiting, so job_ stays valid until done_ counts it.
+    const int64_t c = NextChunk(s), chunks = Chunks(s);
+    const int64_t ub = job_.units * c / chunks, ue = job_.units * (c + 1) / chunks;
+    const int64_t b = ub * job_.grain, e = std::min(job_.n, ue * job_.grain);
+    if (b < e) (*job_.fn)(b, e);
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    return true;
   }
+  return false;
 }
 
-void ThreadPool::Run(const std::function<void(int, int)>& fn) {
-  if (num_threads_ == 1) {
-    fn(0, 1);
-    return;
+void ThreadPool::WorkerLoop() {
+  uint32_t seen = 0;
+  while (true) {
+    uint64_t s = state_.load(std::memory_order_acquire);
+    for (int spin = 0; Generation(s) == seen && spin < kSpinIterations; ++spin) {
+      CpuRelax();
+      s = state_.load(std::memory_order_acquire);
+    }
+    if (Generation(s) == seen) {
+      state_.wait(s, std::memory_order_acquire);
+      continue;
+    }
+    seen = Generation(s);
+    if (stop_.load(std::memory_order_acquire)) return;
+    while (RunChunk(seen)) {
+    }
   }
-  job_ = &fn;
-  pending_.store(num_threads_ - 1, std::memory_order_release);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  generation_.notify_all();
-  fn(0, num_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) CpuRelax();
 }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
@@ -66,17 +82,27 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t units = (n + grain - 1) / grain;
-  const int threads = static_cast<int>(std::min<int64_t>(num_threads_, units));
-  if (threads <= 1) {
+  const auto chunks = static_cast<uint32_t>(std::min<int64_t>({units, num_threads_ * kChunksPerThread, kMaxChunks}));
+  if (num_threads_ == 1 || chunks <= 1) {
     fn(0, n);
     return;
   }
-  Run([&](int t, int) {
-    if (t >= threads) return;
-    const int64_t ub = units * t / threads, ue = units * (t + 1) / threads;
-    const int64_t b = ub * grain, e = std::min(n, ue * grain);
-    if (b < e) fn(b, e);
-  });
+  job_ = Job{.fn = &fn, .n = n, .grain = grain, .units = units};
+  done_.store(0, std::memory_order_relaxed);
+  const uint32_t gen = ++generation_;
+  state_.store(State(gen, 0, chunks), std::memory_order_release);
+  state_.notify_all();
+  while (RunChunk(gen)) {
+  }
+  // Chunks claimed by workers may still be running; yield to them once spinning
+  // has not been enough (they may be waiting for this core).
+  for (int spin = 0; done_.load(std::memory_order_acquire) != chunks; ++spin) {
+    if (spin < kSpinIterations) {
+      CpuRelax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
 }
 
 }  // namespace ps

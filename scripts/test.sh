@@ -3,7 +3,7 @@
 # runs the whole test suite twice: a normal Release build and an AddressSanitizer +
 # UndefinedBehaviorSanitizer build. Installs what it needs.
 # Usage: scripts/test.sh                        (fuzz normal asan)
-#        PS_TEST_BUILDS=tsan scripts/test.sh    (ThreadSanitizer: scheduler, swap engine, server tests)
+#        PS_TEST_BUILDS=tsan scripts/test.sh    (ThreadSanitizer: thread pool, scheduler, swap engine, server tests)
 #        PS_TEST_BUILDS="normal tsan" ...       (any subset of: fuzz normal asan tsan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +40,7 @@ for b in ${PS_TEST_BUILDS:-fuzz normal asan}; do
     asan) ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
             run_suite "ASan+UBSan" build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPS_SANITIZE=address ;;
     tsan) TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" \
-            run_suite ThreadSanitizer build-tsan "scheduler|server|swap" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+            run_suite ThreadSanitizer build-tsan "threads|scheduler|server|swap" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
             -DPS_SANITIZE=thread -DPS_CUDA=OFF -DPS_BUILD_BENCH=OFF ;;
     fuzz) fuzz_smoke ;;
     *) echo "unknown build '$b'" >&2; exit 2 ;;

@@ -161,16 +161,5 @@ TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
   }
 }
 
-TEST(ThreadPool, ParallelForCoversRangeOnce) {
-  ThreadPool pool(3);
-  for (int64_t n : {1, 7, 1000}) {
-    std::vector<int> hits(n, 0);
-    pool.ParallelFor(n, 4, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) ++hits[i];
-    });
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << i;
-  }
-}
-
 }  // namespace
 }  // namespace ps
