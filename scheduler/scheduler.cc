@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "spdlog/spdlog.h"
 
 namespace ps {
 
@@ -18,21 +19,21 @@ std::string_view CancelReasonName(CancelReason r) {
   return "unknown";
 }
 
+std::string_view PreemptionModeName(PreemptionMode m) {
+  return m == PreemptionMode::kSwap ? "swap" : "recompute";
+}
+
 namespace {
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 int32_t DeviceBlocks(const SchedulerOptions& o, const ModelConfig& c) {
   if (o.kv_device_blocks > 0) return static_cast<int32_t>(std::min<int64_t>(o.kv_device_blocks, INT32_MAX));
+  // Enough for max_running full-context sequences, up to 1 GiB.
   const int64_t per_seq = static_cast<int64_t>(c.n_layers) * ((c.n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens);
-  return static_cast<int32_t>(std::min<int64_t>(per_seq * o.max_running, INT32_MAX));
+  const int64_t cap = (int64_t{1} << 30) / static_cast<int64_t>(PagedKvStore::BlockBytes(o.kv_block_tokens, c.kv_dim()));
+  return static_cast<int32_t>(std::min<int64_t>({per_seq * o.max_running, cap, INT32_MAX}));
 }
 }  // namespace
-
-int Scheduler::RowsThisStep(const Running& r) const {
-  if (!r.prefilled) return static_cast<int>(r.request->prompt.size());
-  if (r.evicted) return static_cast<int>(r.decoder->history().size());
-  return 1;
-}
 
 Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOptions& options,
                      SchedulerObserver* observer)
@@ -42,10 +43,15 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOption
       transformer_(model, pool, options.matmul),
       device_blocks_(Tier::kDevice, DeviceBlocks(options, model.config()),
                      PagedKvStore::BlockBytes(options.kv_block_tokens, model.config().kv_dim())),
-      host_blocks_(Tier::kHost, 0, device_blocks_.block_bytes()),
+      host_blocks_(Tier::kHost, static_cast<int32_t>(std::min<int64_t>(options.kv_host_blocks, INT32_MAX)),
+                   device_blocks_.block_bytes()),
       kv_manager_(device_blocks_, host_blocks_, model.config().n_layers, options.kv_block_tokens),
-      kv_(kv_manager_, device_blocks_, model.config().kv_dim()) {
-  load_.kv_blocks_total = device_blocks_.num_blocks();
+      kv_(kv_manager_, device_blocks_, model.config().kv_dim()),
+      swap_(device_blocks_, host_blocks_, options.swap_copy) {
+  PS_CHECK(options.max_running > 0 && options.max_batch_tokens > 0 && options.prefill_chunk > 0)
+      << "scheduler limits must be positive";
+  load_.kv[static_cast<int>(Tier::kDevice)].total = device_blocks_.num_blocks();
+  load_.kv[static_cast<int>(Tier::kHost)].total = host_blocks_.num_blocks();
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -119,12 +125,13 @@ CancelReason Scheduler::CheckCancel(const Request& r, Clock::time_point now) con
   return CancelReason::kNone;
 }
 
-void Scheduler::FinishWaiting(const std::shared_ptr<Request>& r, CancelReason cancel) {
-  RequestEvent ev{.kind = RequestEvent::Kind::kFinished, .reason = FinishReason::kCancelled, .cancel = cancel};
+void Scheduler::FinishWaiting(const std::shared_ptr<Request>& r, CancelReason cancel, FinishReason reason,
+                              std::string error) {
+  RequestEvent ev{.kind = RequestEvent::Kind::kFinished, .reason = reason, .cancel = cancel, .error = std::move(error)};
   ev.usage.prompt_tokens = static_cast<int>(r->prompt.size());
   ev.usage.queue_seconds = ev.usage.total_seconds = Seconds(r->arrival, Clock::now());
   Forget(r->id);
-  r->sink->OnEvent(std::move(ev));
+  outbox_.emplace_back(r->sink, std::move(ev));
 }
 
 void Scheduler::Finish(Running& run, FinishReason reason, CancelReason cancel, std::string error) {
@@ -142,7 +149,7 @@ void Scheduler::Finish(Running& run, FinishReason reason, CancelReason cancel, s
   }
   kv_.Release(run.seq_id);
   Forget(r.id);
-  r.sink->OnEvent(std::move(ev));
+  outbox_.emplace_back(r.sink, std::move(ev));
   run.request.reset();
 }
 
@@ -157,6 +164,112 @@ void Scheduler::Loop() {
     }
     Step();
   }
+}
+
+namespace {
+bool ByPriority(const Request& a, const Request& b) {
+  return a.priority > b.priority || (a.priority == b.priority && a.arrival < b.arrival);
+}
+}  // namespace
+
+void Scheduler::Admit(Clock::time_point now) {
+  // Highest priority first, then first come. A request joins the running set when
+  // the device tier can hold its whole prompt next to what the running sequences
+  // need this step; admission stops at the first request that does not fit, so a
+  // large request is not overtaken forever by smaller ones behind it, and it never
+  // passes a preempted request of the same or higher rank (that one resumes first).
+  std::stable_sort(waiting_.begin(), waiting_.end(), [](const auto& a, const auto& b) { return ByPriority(*a, *b); });
+  const Request* first_preempted = nullptr;
+  int64_t reserved = 0;
+  for (const Running& run : running_) {
+    if (run.preempted) {
+      if (first_preempted == nullptr || ByPriority(*run.request, *first_preempted)) first_preempted = run.request.get();
+    } else {
+      reserved += kv_manager_.BlocksNeeded(run.seq_id, std::min(run.Remaining(), options_.prefill_chunk));
+    }
+  }
+  size_t taken = 0;
+  while (taken < waiting_.size() && static_cast<int>(running_.size()) < options_.max_running) {
+    const std::shared_ptr<Request>& r = waiting_[taken];
+    if (first_preempted != nullptr && !ByPriority(*r, *first_preempted)) break;
+    const int64_t need = kv_manager_.BlocksNeeded(next_seq_id_, static_cast<int>(r->prompt.size()));
+    if (need > device_blocks_.num_blocks()) {  // could never run: fail it now rather than block the queue
+      FinishWaiting(r, CancelReason::kNone, FinishReason::kError,
+                    absl::StrCat("the KV cache (", device_blocks_.num_blocks(), " blocks of ", options_.kv_block_tokens,
+                                 " tokens per layer) cannot hold this request's prompt (", need, " blocks)"));
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(taken));
+      continue;
+    }
+    if (!running_.empty() && reserved + need > device_blocks_.num_free()) break;
+    reserved += need;
+    Running run;
+    run.request = r;
+    run.seq_id = next_seq_id_++;
+    run.decoder = std::make_unique<SequenceDecoder>(model_.tokenizer(), r->sampling, r->stop, r->prompt);
+    run.admitted = now;
+    running_.push_back(std::move(run));
+    ++taken;
+  }
+  waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(taken));
+}
+
+std::vector<int> Scheduler::PlanRows(const std::vector<size_t>& order) const {
+  std::vector<int> rows(running_.size(), 0);
+  int budget = options_.max_batch_tokens;
+  for (size_t i : order) {  // decodes first: they keep flowing while long prompts are prefilled
+    if (running_[i].Remaining() == 1) {
+      rows[i] = 1;
+      --budget;
+    }
+  }
+  for (size_t i : order) {
+    const int remaining = running_[i].Remaining();
+    if (remaining <= 1 || budget <= 0) continue;
+    rows[i] = std::min({remaining, options_.prefill_chunk, budget});
+    budget -= rows[i];
+  }
+  return rows;
+}
+
+void Scheduler::DropKv(Running& run) {
+  kv_.Release(run.seq_id);
+  run.computed = 0;
+}
+
+bool Scheduler::CompleteSwap(PendingSwap& swap, Tier to) {
+  Running& run = running_[swap.run];
+  const absl::Status st = swap_.Wait(swap.ticket);
+  kv_manager_.Release(swap.plan.release_after);  // the source blocks: read by the copy until now
+  if (!st.ok()) {
+    // The destination holds no valid data: recompute this sequence instead.
+    SPDLOG_WARN("request {}: swap to the {} tier failed ({}); its KV will be recomputed", run.request->id,
+                std::string(TierName(to)), std::string(st.message()));
+    DropKv(run);
+    run.preempted = true;
+    return false;
+  }
+  const uint64_t bytes = swap.plan.copies.size() * device_blocks_.block_bytes();
+  if (observer_ != nullptr) observer_->OnSwap(to, bytes, Seconds(swap.submitted, Clock::now()));
+  return true;
+}
+
+void Scheduler::Preempt(const std::vector<size_t>& victims) {
+  std::vector<PendingSwap> swaps;
+  for (size_t v : victims) {
+    Running& run = running_[v];
+    run.preempted = true;
+    std::optional<SwapPlan> plan;
+    if (options_.preemption == PreemptionMode::kSwap) plan = kv_manager_.PlanSwapOut(run.seq_id);
+    if (plan.has_value()) {
+      swaps.push_back({.ticket = swap_.Submit(plan->copies), .run = v, .plan = std::move(*plan), .submitted = Clock::now()});
+    } else {  // recompute mode, or no room in the host tier
+      DropKv(run);
+    }
+    const PreemptionMode mode = plan.has_value() ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
+    ++preemptions_[static_cast<int>(mode)];
+    if (observer_ != nullptr) observer_->OnPreemption(mode);
+  }
+  for (PendingSwap& s : swaps) CompleteSwap(s, Tier::kHost);
 }
 
 void Scheduler::Step() {
@@ -175,125 +288,125 @@ void Scheduler::Step() {
   }
   std::erase_if(running_, [](const Running& r) { return r.request == nullptr; });
 
-  // 2. Admission: highest priority first, then first come; bounded by prompt tokens
-  // per step and by free device blocks (after what running sequences need now).
-  // Admission stops at the first request that does not fit, so a large request is
-  // not overtaken forever by smaller ones behind it.
-  auto by_priority = [](const Request& a, const Request& b) {
-    return a.priority > b.priority || (a.priority == b.priority && a.arrival < b.arrival);
-  };
-  std::stable_sort(waiting_.begin(), waiting_.end(), [&](const auto& a, const auto& b) { return by_priority(*a, *b); });
-  int64_t reserved = 0;
-  for (const Running& run : running_) reserved += kv_manager_.BlocksNeeded(run.seq_id, RowsThisStep(run));
-  int batch_prompt_tokens = 0;
-  size_t admitted = 0;
-  while (admitted < waiting_.size() && static_cast<int>(running_.size()) < options_.max_running) {
-    const auto& r = waiting_[admitted];
-    const int n = static_cast<int>(r->prompt.size());
-    if (batch_prompt_tokens > 0 && batch_prompt_tokens + n > options_.max_batch_tokens) break;
-    const int64_t need = kv_manager_.BlocksNeeded(next_seq_id_, n);
-    if (!running_.empty() && reserved + need > device_blocks_.num_free()) break;
-    reserved += need;
-    batch_prompt_tokens += n;
-    Running run;
-    run.request = r;
-    run.seq_id = next_seq_id_++;
-    run.decoder = std::make_unique<SequenceDecoder>(model_.tokenizer(), r->sampling, r->stop, r->prompt);
-    run.admitted = now;
-    running_.push_back(std::move(run));
-    ++admitted;
-  }
-  waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<std::ptrdiff_t>(admitted));
+  // 2. Admission.
+  Admit(now);
 
-  // 3. Which running sequences take part, in priority order: each needs blocks for
-  // its rows; when one does not fit, the KV of the lowest-priority, latest-arrived
-  // sequences behind it is dropped (they recompute later, in the same order).
+  // 3. The plan, in priority order: each sequence with rows this step needs device
+  // blocks for them (and for its swapped-out blocks); when they do not fit, the
+  // sequences at the back of the order are preempted until they do.
   std::vector<size_t> order(running_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return by_priority(*running_[a].request, *running_[b].request);
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return ByPriority(*running_[a].request, *running_[b].request); });
+  std::vector<int> rows = PlanRows(order);
+  std::vector<char> victim(running_.size(), 0);
+  std::vector<size_t> in_step, victims;
   int64_t free_blocks = device_blocks_.num_free();
-  std::vector<size_t> in_step;
   for (size_t k = 0; k < order.size(); ++k) {
-    Running& run = running_[order[k]];
-    const int64_t need = kv_manager_.BlocksNeeded(run.seq_id, RowsThisStep(run));
+    const size_t i = order[k];
+    if (rows[i] == 0 || victim[i]) continue;
+    const Running& run = running_[i];
+    const int64_t need = kv_manager_.BlocksNeeded(run.seq_id, rows[i]) + kv_manager_.BlocksIn(run.seq_id, Tier::kHost);
     for (size_t v = order.size(); need > free_blocks && v-- > k + 1;) {
-      Running& victim = running_[order[v]];
-      const int64_t held = kv_manager_.BlocksIn(victim.seq_id, Tier::kDevice);
-      if (held == 0) continue;
-      kv_.Release(victim.seq_id);
-      victim.evicted = victim.prefilled;
+      const size_t j = order[v];
+      const int64_t held = kv_manager_.BlocksIn(running_[j].seq_id, Tier::kDevice);
+      if (victim[j] || held == 0) continue;
+      victim[j] = 1;
+      victims.push_back(j);
       free_blocks += held;
-      ++preemptions_;
     }
     if (need <= free_blocks) {
       free_blocks -= need;
-      in_step.push_back(order[k]);
+      in_step.push_back(i);
+    } else if (k == 0) {  // first in line and alone in the cache: it can never fit
+      Finish(running_[i], FinishReason::kError, CancelReason::kNone,
+             absl::StrCat("the KV cache (", device_blocks_.num_blocks(), " blocks) cannot hold this request"));
     }
   }
-  if (in_step.empty() && !running_.empty()) {  // the first in line cannot fit even alone
-    Running& run = running_[order[0]];
-    Finish(run, FinishReason::kError, CancelReason::kNone,
-           absl::StrCat("the KV cache (", device_blocks_.num_blocks(), " blocks) cannot hold this request"));
-  }
+  Preempt(victims);
 
-  // 4. One forward step over those sequences.
+  // 4. Bring swapped-out participants back, then one forward step over them.
+  std::vector<PendingSwap> swap_ins;
+  for (size_t i : in_step) {
+    Running& run = running_[i];
+    if (kv_manager_.BlocksIn(run.seq_id, Tier::kHost) == 0) continue;
+    std::optional<SwapPlan> plan = kv_manager_.PlanSwapIn(run.seq_id);
+    PS_CHECK(plan.has_value()) << "device blocks were reserved for the swap-in";
+    swap_ins.push_back({.ticket = swap_.Submit(plan->copies), .run = i, .plan = std::move(*plan), .submitted = Clock::now()});
+  }
+  std::vector<char> skip(running_.size(), 0);
+  for (PendingSwap& s : swap_ins) skip[s.run] = !CompleteSwap(s, Tier::kDevice);  // failed: recomputes next step
   std::vector<SeqInput> batch;
-  std::vector<std::vector<int32_t>> positions(in_step.size());
-  std::vector<int32_t> decode_tokens(in_step.size());
+  std::vector<size_t> batch_runs;
+  std::vector<std::vector<int32_t>> positions;
+  positions.reserve(in_step.size());
   int batch_tokens = 0;
-  for (size_t b = 0; b < in_step.size(); ++b) {
-    Running& run = running_[in_step[b]];
-    const int n_prompt = static_cast<int>(run.request->prompt.size());
-    SeqInput in{.seq_id = run.seq_id, .strategy = nullptr};
-    if (!run.prefilled || run.evicted) {  // the prompt, or everything so far after an eviction
-      in.tokens = run.prefilled ? run.decoder->history() : std::span<const int32_t>(run.request->prompt);
-      positions[b].resize(in.tokens.size());
-      for (size_t p = 0; p < in.tokens.size(); ++p) positions[b][p] = static_cast<int32_t>(p);
-    } else {
-      positions[b].assign(1, n_prompt + run.decoder->num_generated() - 1);
-      decode_tokens[b] = run.last_token;
-      in.tokens = std::span<const int32_t>(&decode_tokens[b], 1);
-    }
-    in.positions = positions[b];
-    batch_tokens += static_cast<int>(in.tokens.size());
-    batch.push_back(in);
+  for (size_t i : in_step) {
+    Running& run = running_[i];
+    if (run.request == nullptr || skip[i]) continue;  // finished above, or its swap-in failed
+    run.preempted = false;
+    const int n = std::min(rows[i], run.Remaining());
+    const std::span<const int32_t> history = run.decoder->history();
+    positions.emplace_back(n);
+    for (int p = 0; p < n; ++p) positions.back()[p] = run.computed + p;
+    batch.push_back(SeqInput{.seq_id = run.seq_id,
+                             .tokens = history.subspan(run.computed, n),
+                             .positions = positions.back(),
+                             .no_logits = run.computed + n < static_cast<int>(history.size()),
+                             .strategy = nullptr});
+    batch_runs.push_back(i);
+    batch_tokens += n;
   }
   if (!batch.empty()) {
     if (absl::Status st = transformer_.Forward(batch, kv_, &out_); !st.ok()) {
-      for (size_t i : in_step) Finish(running_[i], FinishReason::kError, CancelReason::kNone, std::string(st.message()));
-      in_step.clear();
+      for (size_t i : batch_runs) Finish(running_[i], FinishReason::kError, CancelReason::kNone, std::string(st.message()));
+      batch_runs.clear();
     }
   }
-  // 5. Sample, stream, finish.
+
+  // 5. Sample where a chunk reached the end of the history; stream; finish.
   const int vocab = model_.config().n_vocab;
   const auto after = Clock::now();
-  for (size_t b = 0; b < in_step.size(); ++b) {
-    Running& run = running_[in_step[b]];
+  for (size_t b = 0; b < batch_runs.size(); ++b) {
+    Running& run = running_[batch_runs[b]];
+    const int n_prompt = static_cast<int>(run.request->prompt.size());
+    if (!run.prefilled && run.computed < n_prompt) run.rows_computed += static_cast<double>(out_.rows_computed[b]);
+    run.computed += static_cast<int>(batch[b].tokens.size());
+    if (batch[b].no_logits) continue;
     if (!run.prefilled) {
       run.prefilled = true;
       run.first_token = after;
-      run.rows_computed += static_cast<double>(out_.rows_computed[b]);
     }
-    run.evicted = false;
     StepOutcome step = run.decoder->Next(std::span<float>(out_.logits.data() + out_.row_offset[b] * vocab, vocab));
-    run.last_token = step.sampled.token;
     RequestEvent ev{.kind = RequestEvent::Kind::kTokens};
     ev.tokens.push_back(step.sampled);
     ev.text = std::move(step.text);
-    run.request->sink->OnEvent(std::move(ev));
+    outbox_.emplace_back(run.request->sink, std::move(ev));
     if (step.finished) Finish(run, step.reason, CancelReason::kNone);
   }
   std::erase_if(running_, [](const Running& r) { return r.request == nullptr; });
+  PublishLoad(batch_tokens);
+  // Events go out after the load is published: a client that sees its request
+  // finish also sees its blocks free in Load().
+  for (auto& [sink, ev] : outbox_) sink->OnEvent(std::move(ev));
+  outbox_.clear();
+}
 
+void Scheduler::PublishLoad(int batch_tokens) {
   LoadSnapshot snapshot;
   {
     std::lock_guard<std::mutex> lock(mu_);
     load_.running = static_cast<int>(running_.size());
     load_.waiting = static_cast<int>(waiting_.size());
-    load_.kv_blocks_used = device_blocks_.num_blocks() - device_blocks_.num_free();
-    load_.preemptions = preemptions_;
+    load_.swapped = 0;
+    for (const Running& run : running_) load_.swapped += kv_manager_.BlocksIn(run.seq_id, Tier::kHost) > 0;
+    for (const BlockPool* p : {&device_blocks_, &host_blocks_}) {
+      load_.kv[static_cast<int>(p->tier())].used = p->num_blocks() - p->num_free();
+    }
+    load_.preemptions[0] = preemptions_[0];
+    load_.preemptions[1] = preemptions_[1];
+    load_.swap_bytes_to_host = swap_.bytes_to_host();
+    load_.swap_bytes_to_device = swap_.bytes_to_device();
     snapshot = load_;
     snapshot.waiting += static_cast<int>(incoming_.size());
     snapshot.in_flight = static_cast<int>(active_.size());

@@ -1,6 +1,16 @@
-// Iteration-level scheduler: one engine thread runs steps that batch the prompts
-// of newly admitted requests with one decode token of every running request,
-// through one Transformer. Requests enter from any thread through Submit().
+// Iteration-level scheduler: one engine thread runs steps that batch one decode
+// token of every running request with prefill chunks of prompts, through one
+// Transformer. KV lives in paged blocks of the device tier; when it runs out, the
+// lowest-priority, latest-arrived sequences are preempted: their blocks are
+// swapped to the host tier (or dropped and recomputed later) and come back when
+// room returns. Requests enter from any thread through Submit().
+//
+// Order and starvation: every decision walks requests by (priority desc,
+// arrival asc). Admission stops at the first request that does not fit and
+// never passes a preempted request of the same or higher rank, and victims are
+// taken from the back of that order; so within a priority level the oldest
+// request always makes progress. Across levels priority is strict: lower levels
+// wait while higher ones use the whole cache.
 #pragma once
 
 #include <condition_variable>
@@ -8,33 +18,48 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "engine/forward.h"
 #include "memory/paged_kv_store.h"
+#include "memory/swap_engine.h"
 #include "scheduler/request.h"
 
 namespace ps {
 
+enum class PreemptionMode { kSwap, kRecompute };
+std::string_view PreemptionModeName(PreemptionMode m);
+
 struct SchedulerOptions {
-  int max_running = 16;       // sequences in a step at most
-  int max_queue = 256;        // waiting requests at most (RESOURCE_EXHAUSTED beyond)
-  int max_batch_tokens = 2048;  // prompt tokens admitted per step (a longer prompt runs alone)
+  int max_running = 64;         // sequences in the running set at most (swapped ones count)
+  int max_queue = 256;          // waiting requests at most (RESOURCE_EXHAUSTED beyond)
+  int max_batch_tokens = 2048;  // token rows per step: every decode, then prefill chunks
+  int prefill_chunk = 512;      // prompt tokens of one sequence per step at most
   int kv_block_tokens = 16;     // tokens per KV block (one layer's K and V)
   // KV blocks of the device tier; 0 = enough for max_running full-context sequences.
   int64_t kv_device_blocks = 0;
+  int64_t kv_host_blocks = 0;   // host tier (swap space); 0 = none: every preemption recomputes
+  PreemptionMode preemption = PreemptionMode::kSwap;
   MatMulOptions matmul;
+  CpuSwapEngine::CopyFn swap_copy;  // tests: inject copy failures (null = memcpy)
+};
+
+struct KvTierLoad {
+  int64_t used = 0;   // blocks
+  int64_t total = 0;
 };
 
 struct LoadSnapshot {
-  int running = 0;
+  int running = 0;  // in the running set, swapped ones included
   int waiting = 0;
   int in_flight = 0;  // submitted and not yet finished (exact at any moment, unlike the step counts)
-  int64_t kv_blocks_used = 0;      // device-tier KV blocks in use
-  int64_t kv_blocks_total = 0;
-  int64_t preemptions = 0;         // running requests whose KV was dropped for room (recomputed later)
+  int swapped = 0;    // running requests whose KV sits in the host tier
+  KvTierLoad kv[2];   // indexed by Tier
+  int64_t preemptions[2] = {0, 0};  // indexed by PreemptionMode
+  uint64_t swap_bytes_to_host = 0, swap_bytes_to_device = 0;
 };
 
 // Step-level notifications, for metrics. Called on the engine thread.
@@ -42,6 +67,9 @@ class SchedulerObserver {
  public:
   virtual ~SchedulerObserver() = default;
   virtual void OnStep(const LoadSnapshot& load, int batch_tokens) = 0;
+  virtual void OnPreemption(PreemptionMode mode) = 0;
+  // One sequence's blocks moved to `to`: bytes, and seconds from submission to completion.
+  virtual void OnSwap(Tier to, uint64_t bytes, double seconds) = 0;
 };
 
 class Scheduler {
@@ -68,32 +96,48 @@ class Scheduler {
   struct Running {
     std::shared_ptr<Request> request;
     int64_t seq_id = 0;
-    std::unique_ptr<SequenceDecoder> decoder;
-    bool prefilled = false;
-    bool evicted = false;  // KV dropped for room: the next step recomputes prompt + generated tokens
-    int32_t last_token = 0;
+    std::unique_ptr<SequenceDecoder> decoder;  // its history: prompt + generated tokens
+    int computed = 0;        // leading history tokens whose KV is cached (0 after a recompute preemption)
+    bool prefilled = false;  // the prompt has been computed once and the first token sampled
+    bool preempted = false;  // KV swapped out or dropped; waits for room before running again
     Clock::time_point admitted{}, first_token{};
-    double rows_computed = 0;  // token-layer pairs
+    double rows_computed = 0;  // token-layer pairs of the first prompt pass
+    int Remaining() const { return static_cast<int>(decoder->history().size()) - computed; }
   };
-
+  struct PendingSwap {
+    SwapTicket ticket = 0;
+    size_t run = 0;  // index in running_
+    SwapPlan plan;
+    Clock::time_point submitted;
+  };
   void Loop();
   void Step();
+  void Admit(Clock::time_point now);
+  // Token rows each running sequence feeds this step: decodes first, then prefill
+  // chunks in priority order, within max_batch_tokens.
+  std::vector<int> PlanRows(const std::vector<size_t>& order) const;
+  // Swaps out (or drops) the victims' KV; returns after their device blocks are free.
+  void Preempt(const std::vector<size_t>& victims);
+  // Waits for a swap; on failure the sequence's KV is dropped (recomputed later) and false returned.
+  bool CompleteSwap(PendingSwap& swap, Tier to);
+  void DropKv(Running& run);
   void Finish(Running& r, FinishReason reason, CancelReason cancel, std::string error = {});
-  void FinishWaiting(const std::shared_ptr<Request>& r, CancelReason cancel);
+  void FinishWaiting(const std::shared_ptr<Request>& r, CancelReason cancel, FinishReason reason = FinishReason::kCancelled,
+                     std::string error = {});
   CancelReason CheckCancel(const Request& r, Clock::time_point now) const;
   void Forget(const std::string& id);
-  // Rows a running sequence feeds this step (prompt, recompute, or its last token).
-  int RowsThisStep(const Running& r) const;
+  void PublishLoad(int batch_tokens);
 
   const Model& model_;
   SchedulerOptions options_;
   SchedulerObserver* observer_;
   Transformer transformer_;
   BlockPool device_blocks_;
-  BlockPool host_blocks_;  // the host tier (swapping is the next step; empty for now)
+  BlockPool host_blocks_;
   KvCacheManager kv_manager_;
   PagedKvStore kv_;
-  int64_t preemptions_ = 0;
+  CpuSwapEngine swap_;
+  int64_t preemptions_[2] = {0, 0};
 
   mutable std::mutex mu_;  // guards the fields below
   std::condition_variable wake_;
@@ -107,6 +151,7 @@ class Scheduler {
   std::vector<Running> running_;
   int64_t next_seq_id_ = 1;
   ForwardOutput out_;
+  std::vector<std::pair<std::shared_ptr<RequestSink>, RequestEvent>> outbox_;  // sent at the end of a step
   std::thread thread_;
 };
 

@@ -274,10 +274,18 @@ grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext
   const LoadSnapshot load = b->scheduler->Load();
   out->set_running(load.running);
   out->set_waiting(load.waiting);
-  pb::KvTierUsage* kv = out->add_kv();
-  kv->set_tier("device");
-  kv->set_used_tokens(static_cast<uint64_t>(load.kv_blocks_used) * b->scheduler->kv_block_tokens());
-  kv->set_capacity_tokens(static_cast<uint64_t>(load.kv_blocks_total) * b->scheduler->kv_block_tokens());
+  for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    const KvTierLoad& tier = load.kv[static_cast<int>(t)];
+    pb::KvTierUsage* kv = out->add_kv();
+    kv->set_tier(std::string(TierName(t)));
+    kv->set_used_tokens(static_cast<uint64_t>(tier.used) * b->scheduler->kv_block_tokens());
+    kv->set_capacity_tokens(static_cast<uint64_t>(tier.total) * b->scheduler->kv_block_tokens());
+  }
+  out->set_swapped(load.swapped);
+  out->set_preemptions_swap(load.preemptions[static_cast<int>(PreemptionMode::kSwap)]);
+  out->set_preemptions_recompute(load.preemptions[static_cast<int>(PreemptionMode::kRecompute)]);
+  out->set_swap_bytes_to_host(load.swap_bytes_to_host);
+  out->set_swap_bytes_to_device(load.swap_bytes_to_device);
   return Reply(ctx, grpc::Status::OK);
 }
 

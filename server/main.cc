@@ -21,10 +21,10 @@
 namespace {
 
 struct Options {
-  std::string model, host = "0.0.0.0", config, port_file, log_level = "info";
-  int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 16,
-          max_batch_tokens = 2048, default_max_new_tokens = 256, kv_block_size = 16,
-          kv_device_bytes = int64_t{1} << 30;
+  std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap";
+  int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64,
+          max_batch_tokens = 2048, prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16,
+          kv_device_bytes = int64_t{1} << 30, kv_host_bytes = int64_t{2} << 30;
   double drain_timeout = 30.0, default_temperature = 1.0, default_top_p = 1.0;
   bool int8_activations = false;
 };
@@ -38,9 +38,12 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddInt("threads", &o.threads, "compute threads (0 = number of cores)");
   f.AddInt("max-queue", &o.max_queue, "waiting requests at most (RESOURCE_EXHAUSTED beyond)");
   f.AddInt("max-running", &o.max_running, "requests in the running batch at most");
-  f.AddInt("max-batch-tokens", &o.max_batch_tokens, "prompt tokens admitted per engine step");
+  f.AddInt("max-batch-tokens", &o.max_batch_tokens, "token rows per engine step (every decode, then prefill chunks)");
+  f.AddInt("prefill-chunk", &o.prefill_chunk, "prompt tokens of one request per engine step at most");
   f.AddInt("kv-block-size", &o.kv_block_size, "tokens per KV block");
   f.AddInt("kv-device-bytes", &o.kv_device_bytes, "bytes of the device KV tier (F32 K and V)");
+  f.AddInt("kv-host-bytes", &o.kv_host_bytes, "bytes of the host KV tier, where preempted requests are swapped (0 = none)");
+  f.AddString("preemption", &o.preemption, "swap | recompute: what happens to a preempted request's KV");
   f.AddInt("default-max-new-tokens", &o.default_max_new_tokens, "max_new_tokens when a request sets none");
   f.AddFloat("default-temperature", &o.default_temperature, "temperature when a request sets none");
   f.AddFloat("default-top-p", &o.default_top_p, "top_p when a request sets none");
@@ -73,10 +76,15 @@ int main(int argc, char** argv) {
   }
   if (o.model.empty()) return Fail("--model is required (see --help)");
   if (o.port < 0 || o.port > 65535 || o.metrics_port < -1 || o.metrics_port > 65535) return Fail("bad port");
-  if (o.max_queue < 1 || o.max_running < 1 || o.max_batch_tokens < 1 || o.threads < 0 || o.drain_timeout < 0 ||
-      o.default_max_new_tokens < 1 || o.kv_block_size < 1 || o.kv_block_size > 4096 || o.kv_device_bytes < 1) {
-    return Fail("--max-queue, --max-running, --max-batch-tokens, --default-max-new-tokens, --kv-block-size "
-                "(<= 4096), --kv-device-bytes must be >= 1; --threads, --drain-timeout >= 0");
+  if (o.max_queue < 1 || o.max_running < 1 || o.max_batch_tokens < 1 || o.prefill_chunk < 1 || o.threads < 0 ||
+      o.drain_timeout < 0 || o.default_max_new_tokens < 1 || o.kv_block_size < 1 || o.kv_block_size > 4096 ||
+      o.kv_device_bytes < 1 || o.kv_host_bytes < 0) {
+    return Fail("--max-queue, --max-running, --max-batch-tokens, --prefill-chunk, --default-max-new-tokens, "
+                "--kv-block-size (<= 4096), --kv-device-bytes must be >= 1; --threads, --drain-timeout, "
+                "--kv-host-bytes >= 0");
+  }
+  if (o.preemption != "swap" && o.preemption != "recompute") {
+    return Fail("--preemption must be swap or recompute, not '" + o.preemption + "'");
   }
   const auto level = spdlog::level::from_str(o.log_level);
   if (level == spdlog::level::off && o.log_level != "off") return Fail("unknown --log-level " + o.log_level);
@@ -138,17 +146,26 @@ int main(int argc, char** argv) {
                   o.kv_device_bytes, kv_blocks, block_bytes, c.n_layers);
     return 1;
   }
+  const int64_t host_blocks = o.kv_host_bytes / static_cast<int64_t>(block_bytes);
+  const PreemptionMode preemption = o.preemption == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
   Scheduler scheduler(**model, pool,
                       SchedulerOptions{.max_running = static_cast<int>(o.max_running),
                                        .max_queue = static_cast<int>(o.max_queue),
                                        .max_batch_tokens = static_cast<int>(o.max_batch_tokens),
+                                       .prefill_chunk = static_cast<int>(o.prefill_chunk),
                                        .kv_block_tokens = static_cast<int>(o.kv_block_size),
                                        .kv_device_blocks = kv_blocks,
+                                       .kv_host_blocks = host_blocks,
+                                       .preemption = preemption,
                                        .matmul = {.int8_activations = o.int8_activations}},
                       &metrics);
-  spdlog::info("KV cache: device tier {} blocks of {} tokens ({:.0f} MiB, {} tokens per layer)", kv_blocks,
-               o.kv_block_size, kv_blocks * static_cast<double>(block_bytes) / (1 << 20),
-               kv_blocks / c.n_layers * o.kv_block_size);
+  for (auto [tier, blocks] : {std::pair{"device", kv_blocks}, std::pair{"host", host_blocks}}) {
+    spdlog::info("KV cache: {} tier {} blocks of {} tokens ({:.0f} MiB, {} tokens per layer)", tier, blocks,
+                 o.kv_block_size, blocks * static_cast<double>(block_bytes) / (1 << 20),
+                 blocks / c.n_layers * o.kv_block_size);
+  }
+  spdlog::info("preemption: {}{}", o.preemption,
+               preemption == PreemptionMode::kSwap && host_blocks < c.n_layers ? " (no host tier: recompute)" : "");
   server::Backend backend{.model = model->get(), .scheduler = &scheduler, .metrics = &metrics};
   backend.defaults.sampling.temperature = static_cast<float>(o.default_temperature);
   backend.defaults.sampling.top_p = static_cast<float>(o.default_top_p);

@@ -7,6 +7,8 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
 
+std::string SwapDirection(Tier to) { return to == Tier::kHost ? "to_host" : "to_device"; }
+
 }  // namespace
 
 Metrics::Metrics()
@@ -61,31 +63,51 @@ Metrics::Metrics()
                     .Register(*registry_)),
       preemptions_(prometheus::BuildCounter()
                        .Name("pruneserve_preemptions_total")
-                       .Help("Running requests whose KV was dropped for room")
+                       .Help("Running requests preempted for KV room, by mode (swap to the host tier, or recompute)")
                        .Register(*registry_)),
       batch_tokens_(prometheus::BuildHistogram()
                         .Name("pruneserve_batch_tokens")
                         .Help("Token rows per engine step")
+                        .Register(*registry_)),
+      swap_bytes_(prometheus::BuildCounter()
+                      .Name("pruneserve_kv_swap_bytes_total")
+                      .Help("KV bytes moved between the tiers, by direction")
+                      .Register(*registry_)),
+      swap_seconds_(prometheus::BuildHistogram()
+                        .Name("pruneserve_kv_swap_seconds")
+                        .Help("Time to move one sequence's KV blocks between the tiers")
                         .Register(*registry_)) {
   running_.Add({}).Set(0);
   waiting_.Add({}).Set(0);
-  preemptions_.Add({{"mode", "recompute"}});
+  for (PreemptionMode m : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
+    preemptions_.Add({{"mode", std::string(PreemptionModeName(m))}});
+  }
+  for (Tier t : {Tier::kHost, Tier::kDevice}) swap_bytes_.Add({{"direction", SwapDirection(t)}});
 }
 
 void Metrics::OnStep(const LoadSnapshot& load, int batch_tokens) {
   running_.Add({}).Set(load.running);
   waiting_.Add({}).Set(load.waiting);
-  kv_blocks_.Add({{"tier", "device"}, {"state", "used"}}).Set(static_cast<double>(load.kv_blocks_used));
-  kv_blocks_.Add({{"tier", "device"}, {"state", "free"}})
-      .Set(static_cast<double>(load.kv_blocks_total - load.kv_blocks_used));
-  kv_usage_.Add({{"tier", "device"}})
-      .Set(load.kv_blocks_total > 0 ? static_cast<double>(load.kv_blocks_used) / load.kv_blocks_total : 0.0);
-  preemptions_.Add({{"mode", "recompute"}}).Increment(static_cast<double>(load.preemptions - preemptions_seen_));
-  preemptions_seen_ = load.preemptions;
+  for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    const KvTierLoad& kv = load.kv[static_cast<int>(t)];
+    const std::string tier(TierName(t));
+    kv_blocks_.Add({{"tier", tier}, {"state", "used"}}).Set(static_cast<double>(kv.used));
+    kv_blocks_.Add({{"tier", tier}, {"state", "free"}}).Set(static_cast<double>(kv.total - kv.used));
+    kv_usage_.Add({{"tier", tier}}).Set(kv.total > 0 ? static_cast<double>(kv.used) / kv.total : 0.0);
+  }
   if (batch_tokens > 0) {
     batch_tokens_.Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})
         .Observe(batch_tokens);
   }
+}
+
+void Metrics::OnPreemption(PreemptionMode mode) {
+  preemptions_.Add({{"mode", std::string(PreemptionModeName(mode))}}).Increment();
+}
+
+void Metrics::OnSwap(Tier to, uint64_t bytes, double seconds) {
+  swap_bytes_.Add({{"direction", SwapDirection(to)}}).Increment(static_cast<double>(bytes));
+  swap_seconds_.Add({}, LatencyBuckets()).Observe(seconds);
 }
 
 void Metrics::OnFirstToken(const std::string& strategy, double ttft_seconds) {

@@ -21,6 +21,8 @@ class Metrics final : public SchedulerObserver {
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
   void OnStep(const LoadSnapshot& load, int batch_tokens) override;
+  void OnPreemption(PreemptionMode mode) override;
+  void OnSwap(Tier to, uint64_t bytes, double seconds) override;
   void OnFirstToken(const std::string& strategy, double ttft_seconds);
   void OnInterToken(const std::string& strategy, double seconds);
   void OnFinished(const std::string& strategy, FinishReason reason, const RequestUsage& usage);
@@ -41,7 +43,8 @@ class Metrics final : public SchedulerObserver {
   prometheus::Family<prometheus::Gauge>& kv_usage_;
   prometheus::Family<prometheus::Counter>& preemptions_;
   prometheus::Family<prometheus::Histogram>& batch_tokens_;
-  int64_t preemptions_seen_ = 0;  // engine thread only (OnStep)
+  prometheus::Family<prometheus::Counter>& swap_bytes_;
+  prometheus::Family<prometheus::Histogram>& swap_seconds_;
 };
 
 }  // namespace ps::server

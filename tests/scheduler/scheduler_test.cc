@@ -1,84 +1,11 @@
 // The scheduler without gRPC: batched requests give their sequential tokens,
 // cancellation and aborts finish requests and free them, priorities order
 // admission, Stop finishes everything.
-#include <condition_variable>
-#include <mutex>
-
 #include "absl/strings/str_join.h"
-#include "engine/generator.h"
-#include "gtest/gtest.h"
-#include "scheduler/scheduler.h"
+#include "tests/scheduler/scheduler_test_util.h"
 
 namespace ps {
 namespace {
-
-const std::string kStories = std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf";
-
-// Collects a request's events; Wait() blocks until Finished arrives.
-class CollectingSink : public RequestSink {
- public:
-  void OnEvent(RequestEvent ev) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (ev.kind == RequestEvent::Kind::kTokens) {
-      for (const auto& t : ev.tokens) tokens.push_back(t.token);
-      text += ev.text;
-      if (on_token) on_token(tokens.size());
-    } else {
-      finished = ev;
-      done = true;
-      cv_.notify_all();
-    }
-  }
-  bool Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(60), [&] { return done; });
-  }
-  std::vector<int32_t> tokens;
-  std::string text;
-  RequestEvent finished;
-  bool done = false;
-  std::function<void(size_t)> on_token;  // called on the engine thread
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-};
-
-class SchedulerTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { model_ = Model::Load(kStories)->release(); }
-  static void TearDownTestSuite() { delete model_; }
-
-  std::shared_ptr<Request> Make(const std::string& id, std::vector<int32_t> prompt, int n, int priority = 0) {
-    auto r = std::make_shared<Request>();
-    r->id = id;
-    r->prompt = std::move(prompt);
-    r->sampling.temperature = 0;
-    r->stop.max_new_tokens = n;
-    r->stop.ignore_eos = true;
-    r->priority = priority;
-    auto sink = std::make_shared<CollectingSink>();
-    r->sink = sink;
-    sinks_[id] = sink;
-    return r;
-  }
-  std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n) {
-    Generator gen(*model_, pool_);
-    return gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true})
-        ->tokens;
-  }
-
-  static Model* model_;
-  ThreadPool pool_{2};
-  std::map<std::string, std::shared_ptr<CollectingSink>> sinks_;
-};
-Model* SchedulerTest::model_ = nullptr;
-
-std::vector<int32_t> Prompt(int i) {
-  std::vector<int32_t> p = {1};
-  for (int k = 0; k < 3 + (i * 7) % 20; ++k) p.push_back(300 + (i * 31 + k * 13) % 200);
-  return p;
-}
 
 TEST_F(SchedulerTest, BatchedRequestsEqualSequentialTokens) {
   ThreadPool engine_pool(2);
@@ -92,26 +19,6 @@ TEST_F(SchedulerTest, BatchedRequestsEqualSequentialTokens) {
     EXPECT_EQ(absl::StrJoin(sink.tokens, " "), absl::StrJoin(Offline(Prompt(i), 20 + i), " ")) << i;
   }
   EXPECT_TRUE(s.Load().in_flight == 0);
-}
-
-// A device tier far too small for every request at once: admission waits for
-// blocks and running requests are evicted and recomputed, yet every request gets
-// exactly its sequential tokens and every block comes back.
-TEST_F(SchedulerTest, TinyKvCacheForcesPreemptionWithoutChangingTokens) {
-  ThreadPool engine_pool(2);
-  // stories260K: 5 layers; a request of ~12 prompt + 40 new tokens needs 5 x 4 = 20 blocks.
-  Scheduler s(*model_, engine_pool, SchedulerOptions{.max_running = 8, .kv_block_tokens = 16, .kv_device_blocks = 50});
-  for (int i = 0; i < 10; ++i) ASSERT_TRUE(s.Submit(Make("p" + std::to_string(i), Prompt(i), 40)).ok());
-  for (int i = 0; i < 10; ++i) {
-    CollectingSink& sink = *sinks_["p" + std::to_string(i)];
-    ASSERT_TRUE(sink.Wait());
-    EXPECT_EQ(sink.finished.reason, FinishReason::kLength) << sink.finished.error;
-    EXPECT_EQ(absl::StrJoin(sink.tokens, " "), absl::StrJoin(Offline(Prompt(i), 40), " ")) << i;
-  }
-  const LoadSnapshot load = s.Load();
-  EXPECT_GT(load.preemptions, 0) << "the test meant to force evictions";
-  EXPECT_EQ(load.kv_blocks_used, 0);
-  EXPECT_EQ(load.kv_blocks_total, 50);
 }
 
 TEST_F(SchedulerTest, RequestLargerThanTheKvCacheFailsAlone) {

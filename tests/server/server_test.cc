@@ -308,6 +308,48 @@ TEST(ServerMetrics, CountersMatchWhatClientsReceived) {
   EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_blocks{state="used",tier="device"})"), 0);
   EXPECT_GT(MetricValue(page, R"(pruneserve_kv_blocks{state="free",tier="device"})"), 0);
   EXPECT_EQ(MetricValue(page, R"(pruneserve_preemptions_total{mode="recompute"})"), 0);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_preemptions_total{mode="swap"})"), 0);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_swap_bytes_total{direction="to_host"})"), 0);
+}
+
+// A device tier of 120 blocks (stories260K: 4 KiB each) for 16 concurrent streams
+// of ~25 blocks each: requests are swapped to the host tier and back, the streams
+// still carry the engine's tokens, and metrics and GetLoad show the swapping.
+TEST(ServerMetrics, SwapPreemptionIsVisibleAndHarmless) {
+  ServerProcess s({"--model", kStories, "--kv-device-bytes", "491520", "--kv-host-bytes", "16777216"});
+  constexpr int kStreams = 16;
+  std::vector<StreamResult> results(kStreams);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] {
+      auto stub = s.Stub();
+      results[i] = RunStream(*stub, GreedyRequest(PromptOf(i), 60));
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << results[i].status.error_message();
+    EXPECT_EQ(absl::StrJoin(results[i].tokens, " "), absl::StrJoin(Offline(PromptOf(i), 60), " ")) << i;
+  }
+  ASSERT_TRUE(Drained(s));
+  const std::string page = s.Metrics();
+  const double to_host = MetricValue(page, R"(pruneserve_kv_swap_bytes_total{direction="to_host"})");
+  EXPECT_GT(MetricValue(page, R"(pruneserve_preemptions_total{mode="swap"})"), 0) << page;
+  EXPECT_GT(to_host, 0);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_swap_bytes_total{direction="to_device"})"), to_host);
+  EXPECT_GT(MetricValue(page, "pruneserve_kv_swap_seconds_count"), 0);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_blocks{state="used",tier="host"})"), 0);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_blocks{state="free",tier="host"})"), 16777216 / 4096);
+  grpc::ClientContext ctx;
+  pb::LoadInfo load;
+  ASSERT_TRUE(s.Stub()->GetLoad(&ctx, {}, &load).ok());
+  ASSERT_EQ(load.kv_size(), 2);
+  EXPECT_EQ(load.kv(1).tier(), "host");
+  EXPECT_EQ(load.kv(1).capacity_tokens(), 16777216 / 4096 * 16u);
+  EXPECT_EQ(load.kv(1).used_tokens(), 0u);
+  EXPECT_GT(load.preemptions_swap(), 0u);
+  EXPECT_EQ(load.swap_bytes_to_host(), static_cast<uint64_t>(to_host));
+  EXPECT_EQ(load.swapped(), 0u);
 }
 
 TEST(ServerShutdown, SigtermLetsTheStreamFinishAndExitsZero) {

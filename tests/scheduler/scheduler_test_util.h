@@ -1,0 +1,85 @@
+// Shared by the scheduler tests: a sink that records a request's events, and a
+// fixture with the stories260K model, request builders and offline references.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/generator.h"
+#include "gtest/gtest.h"
+#include "scheduler/scheduler.h"
+
+namespace ps {
+
+inline const std::string kStories = std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf";
+
+// Collects a request's events; Wait() blocks until Finished arrives.
+class CollectingSink : public RequestSink {
+ public:
+  void OnEvent(RequestEvent ev) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ev.kind == RequestEvent::Kind::kTokens) {
+      for (const auto& t : ev.tokens) tokens.push_back(t.token);
+      text += ev.text;
+      if (on_token) on_token(tokens.size());
+    } else {
+      finished = ev;
+      done = true;
+      cv_.notify_all();
+    }
+  }
+  bool Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(300), [&] { return done; });
+  }
+  std::vector<int32_t> tokens;
+  std::string text;
+  RequestEvent finished;
+  bool done = false;
+  std::function<void(size_t)> on_token;  // called on the engine thread
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = Model::Load(kStories)->release(); }
+  static void TearDownTestSuite() { delete model_; }
+
+  std::shared_ptr<Request> Make(const std::string& id, std::vector<int32_t> prompt, int n, int priority = 0) {
+    auto r = std::make_shared<Request>();
+    r->id = id;
+    r->prompt = std::move(prompt);
+    r->sampling.temperature = 0;
+    r->stop.max_new_tokens = n;
+    r->stop.ignore_eos = true;
+    r->priority = priority;
+    auto sink = std::make_shared<CollectingSink>();
+    r->sink = sink;
+    sinks_[id] = sink;
+    return r;
+  }
+  std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n) {
+    Generator gen(*model_, pool_);
+    return gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true})
+        ->tokens;
+  }
+
+  static inline Model* model_ = nullptr;
+  ThreadPool pool_{2};
+  std::map<std::string, std::shared_ptr<CollectingSink>> sinks_;
+};
+
+inline std::vector<int32_t> Prompt(int i) {
+  std::vector<int32_t> p = {1};
+  for (int k = 0; k < 3 + (i * 7) % 20; ++k) p.push_back(300 + (i * 31 + k * 13) % 200);
+  return p;
+}
+
+}  // namespace ps
