@@ -13,6 +13,8 @@
 namespace ps {
 namespace {
 
+constexpr int64_t kSgemmRows = 8;
+
 bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
 // Per-thread scratch that only grows: after warm-up the hot path does not allocate.
@@ -85,14 +87,21 @@ void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
     for (int64_t t0 = r0; t0 < r1; t0 += tile) {
       const int64_t t1 = std::min(r1, t0 + tile);
       for (int64_t r = t0; r < t1; ++r) DequantizeRow(w.type, w.Row(r), wf + (r - t0) * k, k);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(t1 - t0),
-                  static_cast<int>(k), 1.0f, x, static_cast<int>(k), wf, static_cast<int>(k), 0.0f, y + t0,
-                  static_cast<int>(w.rows));
+      for (int64_t i0 = 0; i0 < m; i0 += kSgemmRows) {
+        const int64_t mi = std::min(kSgemmRows, m - i0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(mi), static_cast<int>(t1 - t0),
+                    static_cast<int>(k), 1.0f, x + i0 * k, static_cast<int>(k), wf, static_cast<int>(k), 0.0f,
+                    y + i0 * w.rows + t0, static_cast<int>(w.rows));
+      }
     }
   });
 }
 
 }  // namespace
+
+int64_t GemvMaxRows(DType type) {
+  return type == DType::kF32 || (avx512::Available() && avx512::Supports(type)) ? 1 : kGemvMaxRows;
+}
 
 void InitBlas() {
   static std::once_flag once;
@@ -104,7 +113,7 @@ void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, Th
   PS_CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "empty matrix";
   if (m <= 0) return;
   InitBlas();
-  if (path == MatMulPath::kAuto) path = m <= kGemvMaxRows ? MatMulPath::kGemv : MatMulPath::kGemm;
+  if (path == MatMulPath::kAuto) path = m <= GemvMaxRows(w.type) ? MatMulPath::kGemv : MatMulPath::kGemm;
   if (path == MatMulPath::kGemv) {
     Gemv(w, x, m, y, pool, int8_activations);
   } else {

@@ -20,9 +20,12 @@ struct MatrixView {
   const uint8_t* Row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes(); }
 };
 
-// Batches of at most this many rows use quantised dot products (memory-bound
-// GEMV); larger ones dequantise weight tiles and call sgemm.
+// Batches of at most GemvMaxRows(type) rows use dot products that decode the weights
+// in registers (memory-bound GEMV); larger ones dequantise weight tiles and call
+// sgemm. Where the dequantisation is vectorised (F32, and the AVX-512 formats) the
+// GEMM path wins from two rows on (ps_bench_matmul compares the paths).
 inline constexpr int64_t kGemvMaxRows = 8;
+int64_t GemvMaxRows(DType type);
 
 struct MatMulOptions {
   // Quantise activations to int8 blocks for dot products with quantised weights, at

@@ -61,6 +61,34 @@ float DotQ8_0(const BlockQ8_0* b, const float* x, int64_t nb) {
 
 }  // namespace
 
+void DequantizeRow(DType type, const void* row, float* out, int64_t n) {
+  // Plain multiply and add (no FMA): bit for bit the reference's results.
+  for (int64_t i = 0; i < n / kQK; ++i, out += kQK) {
+    __m512 lo, hi;
+    if (type == DType::kQ8_0) {
+      const BlockQ8_0& b = static_cast<const BlockQ8_0*>(row)[i];
+      const __m512 d = _mm512_set1_ps(HalfToFloat(b.d));
+      lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)))), d);
+      hi = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16)))), d);
+    } else if (type == DType::kQ4_0) {
+      const BlockQ4_0& b = static_cast<const BlockQ4_0*>(row)[i];
+      const __m512 d = _mm512_set1_ps(HalfToFloat(b.d)), eight = _mm512_set1_ps(8.0f);
+      Nibbles(b.qs, &lo, &hi);
+      lo = _mm512_mul_ps(_mm512_sub_ps(lo, eight), d);
+      hi = _mm512_mul_ps(_mm512_sub_ps(hi, eight), d);
+    } else {
+      const BlockQ4_1& b = static_cast<const BlockQ4_1*>(row)[i];
+      const __m512 d = _mm512_set1_ps(HalfToFloat(b.d)), m = _mm512_set1_ps(HalfToFloat(b.m));
+      Nibbles(b.qs, &lo, &hi);
+      lo = _mm512_add_ps(_mm512_mul_ps(lo, d), m);
+      hi = _mm512_add_ps(_mm512_mul_ps(hi, d), m);
+    }
+    _mm512_storeu_ps(out, lo);
+    _mm512_storeu_ps(out + 16, hi);
+  }
+}
+
 bool Available() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");

@@ -220,6 +220,7 @@ void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n) {
 }
 
 void DequantizeRow(DType type, const void* row, float* out, int64_t n) {
+  if (avx512::Available() && avx512::Supports(type)) return avx512::DequantizeRow(type, row, out, n);
   reference::DequantizeRow(type, row, out, n);
 }
 

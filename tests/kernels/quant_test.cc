@@ -84,6 +84,19 @@ TEST_P(QuantTypes, F32ActivationDotsEqualReference) {
   }
 }
 
+TEST_P(QuantTypes, DequantiseEqualsReferenceBitForBit) {
+  const DType type = GetParam();
+  std::mt19937 rng(44);
+  for (int64_t blocks : {1, 3, 17}) {
+    const int64_t n = blocks * Traits(type).block_elems;
+    const auto row = RandomRow(type, n, rng);
+    std::vector<float> ref(n), got(n);
+    reference::DequantizeRow(type, row.data(), ref.data(), n);
+    DequantizeRow(type, row.data(), got.data(), n);  // the dispatched (SIMD where there is one) version
+    EXPECT_EQ(std::memcmp(ref.data(), got.data(), n * sizeof(float)), 0) << DTypeName(type) << " n=" << n;
+  }
+}
+
 TEST_P(QuantTypes, QuantisedDotApproximatesFloatDot) {
   // The activation quantisation error, measured: int8 activations vs F32 ones.
   const DType type = GetParam();

@@ -1,0 +1,178 @@
+// Scheduler and KV-tier benchmark.
+//  1. Aggregate decode throughput with N concurrent streams (continuous batching
+//     turns the per-stream GEMVs into GEMMs): decode-only steps, tokens/s.
+//  2. Swap bandwidth of the CPU swap engine (device -> host -> device).
+//  3. The cost of a swap-preemption cycle (out and back in) against recomputing
+//     the sequence's KV (a prefill), for given sequence lengths.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <numeric>
+
+#include "absl/strings/str_split.h"
+#include "base/flags.h"
+#include "memory/swap_engine.h"
+#include "scheduler/scheduler.h"
+
+namespace {
+
+using namespace ps;
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+int Fail(const std::string& m) {
+  std::fprintf(stderr, "ps_bench_scheduler: %s\n", m.c_str());
+  return 1;
+}
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) out.push_back(std::stoi(std::string(part)));
+  return out;
+}
+
+// Step durations of steps that ran only decodes of all `streams` sequences.
+class DecodeSteps : public SchedulerObserver {
+ public:
+  explicit DecodeSteps(int streams) : streams_(streams) {}
+  void OnStep(const LoadSnapshot& load, int batch_tokens) override {
+    const auto now = Clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (have_last_ && batch_tokens == streams_ && load.running == streams_) seconds_.push_back(Seconds(last_, now));
+    last_ = now;
+    have_last_ = true;
+  }
+  void OnPreemption(PreemptionMode) override {}
+  void OnSwap(Tier, uint64_t, double) override {}
+  std::vector<double> seconds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seconds_;
+  }
+
+ private:
+  int streams_;
+  std::mutex mu_;
+  Clock::time_point last_;
+  bool have_last_ = false;
+  std::vector<double> seconds_;
+};
+
+class Done : public RequestSink {
+ public:
+  void OnEvent(RequestEvent ev) override {
+    if (ev.kind != RequestEvent::Kind::kFinished) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++finished_;
+    cv_.notify_all();
+  }
+  void WaitFor(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return finished_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int finished_ = 0;
+};
+
+double DecodeThroughput(const Model& model, int threads, int streams, int prompt_tokens, int new_tokens) {
+  ThreadPool pool(threads);
+  DecodeSteps steps(streams);
+  Scheduler s(model, pool, SchedulerOptions{.max_running = streams}, &steps);
+  auto done = std::make_shared<Done>();
+  for (int i = 0; i < streams; ++i) {
+    auto r = std::make_shared<Request>();
+    r->id = std::to_string(i);
+    r->prompt.push_back(1);
+    for (int k = 1; k < prompt_tokens; ++k) r->prompt.push_back(100 + (i * 131 + k * 17) % 5000);
+    r->sampling.temperature = 0;
+    r->stop.max_new_tokens = new_tokens;
+    r->stop.ignore_eos = true;
+    r->sink = done;
+    if (!s.Submit(r).ok()) return 0;
+  }
+  done->WaitFor(streams);
+  const std::vector<double> t = steps.seconds();
+  if (t.empty()) return 0;
+  return streams * static_cast<double>(t.size()) / std::accumulate(t.begin(), t.end(), 0.0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", streams_list = "1,4,16,64", seq_list = "1024,4096";
+  int64_t threads = 2, prompt = 32, decode = 64, block_tokens = 16;
+  FlagParser flags("ps_bench_scheduler", "Batched decode throughput, swap bandwidth, swap vs recompute cost.");
+  flags.AddString("model", &model_path, "model file");
+  flags.AddInt("threads", &threads, "compute threads");
+  flags.AddString("streams", &streams_list, "comma-separated numbers of concurrent streams");
+  flags.AddInt("prompt", &prompt, "prompt tokens per stream");
+  flags.AddInt("decode", &decode, "new tokens per stream");
+  flags.AddString("seq", &seq_list, "comma-separated sequence lengths for swap vs recompute");
+  flags.AddInt("kv-block-size", &block_tokens, "tokens per KV block");
+  if (auto st = flags.Parse(argc, argv); !st.ok()) return Fail(std::string(st.message()));
+  if (flags.help_requested()) {
+    std::printf("%s", flags.Help().c_str());
+    return 0;
+  }
+  auto model = Model::Load(model_path);
+  if (!model.ok()) return Fail(std::string(model.status().message()));
+  const ModelConfig& c = (*model)->config();
+  std::printf("model %s, %lld threads\n", model_path.c_str(), static_cast<long long>(threads));
+
+  // 1. Decode throughput against the number of streams.
+  double one = 0;
+  for (int n : ParseList(streams_list)) {
+    const double tps = DecodeThroughput(**model, static_cast<int>(threads), n, static_cast<int>(prompt),
+                                        static_cast<int>(decode));
+    if (one == 0) one = tps;
+    std::printf("decode streams %3d: %8.1f tok/s aggregate (%.2fx one stream)\n", n, tps, one > 0 ? tps / one : 0);
+  }
+
+  // 2 and 3. Swap bandwidth and a preemption cycle vs recompute, per sequence length.
+  const size_t block_bytes = PagedKvStore::BlockBytes(static_cast<int>(block_tokens), c.kv_dim());
+  ThreadPool pool(static_cast<int>(threads));
+  Transformer tf(**model, pool);
+  for (int len : ParseList(seq_list)) {
+    const int32_t per_layer = (len + static_cast<int>(block_tokens) - 1) / static_cast<int>(block_tokens);
+    const int32_t blocks = per_layer * c.n_layers;
+    BlockPool device(Tier::kDevice, blocks, block_bytes), host(Tier::kHost, blocks, block_bytes);
+    KvCacheManager manager(device, host, c.n_layers, static_cast<int>(block_tokens));
+    PagedKvStore kv(manager, device, c.kv_dim());
+    std::vector<int32_t> tokens(len), positions(len);
+    for (int i = 0; i < len; ++i) {
+      tokens[i] = i == 0 ? 1 : 100 + (i * 37) % 5000;
+      positions[i] = i;
+    }
+    // Recompute: the prefill that rebuilds the KV.
+    ForwardOutput out;
+    SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .no_logits = true};
+    const auto t0 = Clock::now();
+    if (auto st = tf.Forward({&in, 1}, kv, &out); !st.ok()) return Fail(std::string(st.message()));
+    const double recompute = Seconds(t0, Clock::now());
+    // Swap out and back in (the CPU engine: a copy thread), best of 3.
+    CpuSwapEngine swap(device, host);
+    double out_s = 1e30, in_s = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t1 = Clock::now();
+      std::optional<SwapPlan> plan = manager.PlanSwapOut(1);
+      if (!plan || !swap.Wait(swap.Submit(plan->copies)).ok()) return Fail("swap out failed");
+      manager.Release(plan->release_after);
+      auto t2 = Clock::now();
+      plan = manager.PlanSwapIn(1);
+      if (!plan || !swap.Wait(swap.Submit(plan->copies)).ok()) return Fail("swap in failed");
+      manager.Release(plan->release_after);
+      auto t3 = Clock::now();
+      out_s = std::min(out_s, Seconds(t1, t2));
+      in_s = std::min(in_s, Seconds(t2, t3));
+    }
+    const double mib = blocks * static_cast<double>(block_bytes) / (1 << 20);
+    std::printf("seq %5d tokens: KV %.1f MiB in %d blocks; swap out %.2f ms (%.1f GB/s), in %.2f ms (%.1f GB/s); "
+                "swap cycle %.2f ms vs recompute %.1f ms (%.0fx)\n",
+                len, mib, blocks, out_s * 1e3, mib / 1024 * 1.073741824 / out_s, in_s * 1e3,
+                mib / 1024 * 1.073741824 / in_s, (out_s + in_s) * 1e3, recompute * 1e3, recompute / (out_s + in_s));
+  }
+  return 0;
+}
