@@ -44,8 +44,8 @@ class ContiguousKvStore final : public KvStore {
     std::vector<float> k, v;         // [size, kv_dim]
     std::vector<int32_t> positions;  // [size]
     bool ascending = true;
-    const float* k_block = nullptr;  // the single "block" of View(); refreshed there
-    const float* v_block = nullptr;
+    const void* k_block = nullptr;  // the single "block" of View(); refreshed there
+    const void* v_block = nullptr;
   };
   int n_layers_;
   int kv_dim_;

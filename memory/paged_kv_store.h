@@ -1,6 +1,7 @@
 // The forward pass's KvStore over paged blocks: slots come from a KvCacheManager,
 // K and V bytes live in the device-tier BlockPool. A block holds one layer's K rows
-// then its V rows: [block_tokens, kv_dim] F32 each. Engine thread only.
+// then its V rows: [block_tokens, kv_dim] each, in F32, F16 or BF16 (rounded on
+// append; attention accumulates in F32). Engine thread only.
 #pragma once
 
 #include <vector>
@@ -13,10 +14,10 @@ namespace ps {
 class PagedKvStore final : public KvStore {
  public:
   // `device` must be the pool the manager allocates device blocks from, with
-  // blocks of BlockBytes(block_tokens, kv_dim).
-  PagedKvStore(KvCacheManager& manager, BlockPool& device, int kv_dim);
-  static size_t BlockBytes(int block_tokens, int kv_dim) {
-    return 2 * static_cast<size_t>(block_tokens) * kv_dim * sizeof(float);
+  // blocks of BlockBytes(block_tokens, kv_dim, dtype).
+  PagedKvStore(KvCacheManager& manager, BlockPool& device, int kv_dim, DType dtype = DType::kF32);
+  static size_t BlockBytes(int block_tokens, int kv_dim, DType dtype = DType::kF32) {
+    return 2 * static_cast<size_t>(block_tokens) * RowBytes(dtype, kv_dim);
   }
 
   // ResourceExhausted when the device tier has no room (nothing is written then).
@@ -27,13 +28,16 @@ class PagedKvStore final : public KvStore {
   void Release(int64_t seq_id) override { manager_.Free(seq_id); }
 
  private:
-  float* K(const BlockLoc& b) { return reinterpret_cast<float*>(device_.data(b.id)); }
+  // Bytes of one row (token) of K or V.
+  size_t row_bytes() const { return RowBytes(dtype_, kv_dim_); }
+  void Store(const float* src, uint8_t* dst) const;
 
   KvCacheManager& manager_;
   BlockPool& device_;
   int kv_dim_;
   int block_tokens_;
-  std::vector<const float*> k_blocks_, v_blocks_;  // the last View's block table
+  DType dtype_;
+  std::vector<const void*> k_blocks_, v_blocks_;  // the last View's block table
 };
 
 }  // namespace ps

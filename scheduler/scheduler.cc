@@ -30,7 +30,7 @@ int32_t DeviceBlocks(const SchedulerOptions& o, const ModelConfig& c) {
   if (o.kv_device_blocks > 0) return static_cast<int32_t>(std::min<int64_t>(o.kv_device_blocks, INT32_MAX));
   // Enough for max_running full-context sequences, up to 1 GiB.
   const int64_t per_seq = static_cast<int64_t>(c.n_layers) * ((c.n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens);
-  const int64_t cap = (int64_t{1} << 30) / static_cast<int64_t>(PagedKvStore::BlockBytes(o.kv_block_tokens, c.kv_dim()));
+  const int64_t cap = (int64_t{1} << 30) / static_cast<int64_t>(PagedKvStore::BlockBytes(o.kv_block_tokens, c.kv_dim(), o.kv_dtype));
   return static_cast<int32_t>(std::min<int64_t>({per_seq * o.max_running, cap, INT32_MAX}));
 }
 }  // namespace
@@ -42,11 +42,11 @@ Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOption
       observer_(observer),
       transformer_(model, pool, options.matmul),
       device_blocks_(Tier::kDevice, DeviceBlocks(options, model.config()),
-                     PagedKvStore::BlockBytes(options.kv_block_tokens, model.config().kv_dim())),
+                     PagedKvStore::BlockBytes(options.kv_block_tokens, model.config().kv_dim(), options.kv_dtype)),
       host_blocks_(Tier::kHost, static_cast<int32_t>(std::min<int64_t>(options.kv_host_blocks, INT32_MAX)),
                    device_blocks_.block_bytes()),
       kv_manager_(device_blocks_, host_blocks_, model.config().n_layers, options.kv_block_tokens),
-      kv_(kv_manager_, device_blocks_, model.config().kv_dim()),
+      kv_(kv_manager_, device_blocks_, model.config().kv_dim(), options.kv_dtype),
       swap_(device_blocks_, host_blocks_, options.swap_copy) {
   PS_CHECK(options.max_running > 0 && options.max_batch_tokens > 0 && options.prefill_chunk > 0)
       << "scheduler limits must be positive";

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -21,7 +22,8 @@
 namespace {
 
 struct Options {
-  std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap";
+  std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap",
+              kv_dtype = "f32";
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64,
           max_batch_tokens = 2048, prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16,
           kv_device_bytes = int64_t{1} << 30, kv_host_bytes = int64_t{2} << 30;
@@ -41,7 +43,8 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddInt("max-batch-tokens", &o.max_batch_tokens, "token rows per engine step (every decode, then prefill chunks)");
   f.AddInt("prefill-chunk", &o.prefill_chunk, "prompt tokens of one request per engine step at most");
   f.AddInt("kv-block-size", &o.kv_block_size, "tokens per KV block");
-  f.AddInt("kv-device-bytes", &o.kv_device_bytes, "bytes of the device KV tier (F32 K and V)");
+  f.AddString("kv-dtype", &o.kv_dtype, "KV cache element type: f32 | f16 | bf16 (half the bytes per token)");
+  f.AddInt("kv-device-bytes", &o.kv_device_bytes, "bytes of the device KV tier");
   f.AddInt("kv-host-bytes", &o.kv_host_bytes, "bytes of the host KV tier, where preempted requests are swapped (0 = none)");
   f.AddString("preemption", &o.preemption, "swap | recompute: what happens to a preempted request's KV");
   f.AddInt("default-max-new-tokens", &o.default_max_new_tokens, "max_new_tokens when a request sets none");
@@ -83,6 +86,9 @@ int main(int argc, char** argv) {
                 "--kv-block-size (<= 4096), --kv-device-bytes must be >= 1; --threads, --drain-timeout, "
                 "--kv-host-bytes >= 0");
   }
+  const std::map<std::string, DType> kv_dtypes = {{"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16}};
+  if (!kv_dtypes.contains(o.kv_dtype)) return Fail("--kv-dtype must be f32, f16 or bf16, not '" + o.kv_dtype + "'");
+  const DType kv_dtype = kv_dtypes.at(o.kv_dtype);
   if (o.preemption != "swap" && o.preemption != "recompute") {
     return Fail("--preemption must be swap or recompute, not '" + o.preemption + "'");
   }
@@ -139,7 +145,7 @@ int main(int argc, char** argv) {
   }
   const ModelConfig& c = (*model)->config();
   ThreadPool pool(static_cast<int>(o.threads));
-  const size_t block_bytes = PagedKvStore::BlockBytes(static_cast<int>(o.kv_block_size), c.kv_dim());
+  const size_t block_bytes = PagedKvStore::BlockBytes(static_cast<int>(o.kv_block_size), c.kv_dim(), kv_dtype);
   const int64_t kv_blocks = o.kv_device_bytes / static_cast<int64_t>(block_bytes);
   if (kv_blocks < c.n_layers) {
     spdlog::error("--kv-device-bytes {} holds {} blocks of {} bytes; one token needs {} (one per layer)",
@@ -154,14 +160,15 @@ int main(int argc, char** argv) {
                                        .max_batch_tokens = static_cast<int>(o.max_batch_tokens),
                                        .prefill_chunk = static_cast<int>(o.prefill_chunk),
                                        .kv_block_tokens = static_cast<int>(o.kv_block_size),
+                                       .kv_dtype = kv_dtype,
                                        .kv_device_blocks = kv_blocks,
                                        .kv_host_blocks = host_blocks,
                                        .preemption = preemption,
                                        .matmul = {.int8_activations = o.int8_activations}},
                       &metrics);
   for (auto [tier, blocks] : {std::pair{"device", kv_blocks}, std::pair{"host", host_blocks}}) {
-    spdlog::info("KV cache: {} tier {} blocks of {} tokens ({:.0f} MiB, {} tokens per layer)", tier, blocks,
-                 o.kv_block_size, blocks * static_cast<double>(block_bytes) / (1 << 20),
+    spdlog::info("KV cache: {} tier {} blocks of {} tokens, {} ({:.0f} MiB, {} tokens per layer)", tier, blocks,
+                 o.kv_block_size, o.kv_dtype, blocks * static_cast<double>(block_bytes) / (1 << 20),
                  blocks / c.n_layers * o.kv_block_size);
   }
   spdlog::info("preemption: {}{}", o.preemption,

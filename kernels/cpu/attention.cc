@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/vec.h"
 
 namespace ps {
@@ -15,10 +16,41 @@ namespace {
 
 constexpr int64_t kQueryTile = 32;
 
+float* Scratch(std::vector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  return v.data();
+}
+
 // Number of leading keys any query of the tile may see.
 int64_t VisibleKeys(const KvRows& kv, int32_t max_q_pos) {
   if (!kv.positions_ascending) return kv.n;
   return std::upper_bound(kv.positions, kv.positions + kv.n, max_q_pos) - kv.positions;
+}
+
+float KeyDot(const KvRows& kv, const float* q, int64_t j, int64_t col, int hd) {
+  if (kv.dtype == DType::kF32) return DotF32(q, static_cast<const float*>(kv.k(j, col)), hd);
+  return DotHalf(kv.dtype, static_cast<const uint16_t*>(kv.k(j, col)), q, hd);
+}
+
+void ValueAxpy(const KvRows& kv, float a, int64_t j, int64_t col, float* out, int hd) {
+  if (kv.dtype == DType::kF32) return Axpy(a, static_cast<const float*>(kv.v(j, col)), out, hd);
+  AxpyHalf(kv.dtype, a, static_cast<const uint16_t*>(kv.v(j, col)), out, hd);
+}
+
+// Rows [j0, j0 + nb) of one head's keys or values (element `col` on) as F32 with
+// leading dimension *ld: the block itself for an F32 cache, else converted into scratch.
+const float* BlockF32(const KvRows& kv, bool keys, int64_t j0, int64_t nb, int64_t col, int hd, float* scratch,
+                      int64_t* ld) {
+  const void* first = keys ? kv.k(j0, col) : kv.v(j0, col);
+  if (kv.dtype == DType::kF32) {
+    *ld = kv.stride;
+    return static_cast<const float*>(first);
+  }
+  for (int64_t r = 0; r < nb; ++r) {
+    HalfToF32(kv.dtype, static_cast<const uint16_t*>(first) + r * kv.stride, scratch + r * hd, hd);
+  }
+  *ld = hd;
+  return scratch;
 }
 
 }  // namespace
@@ -42,7 +74,8 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
   }
 
   pool.ParallelFor(units, 1, [&](int64_t u0, int64_t u1) {
-    static thread_local std::vector<float> scores_storage;
+    static thread_local std::vector<float> scores_storage, block_storage;
+    float* block_scratch = kv.dtype == DType::kF32 ? nullptr : Scratch(block_storage, kv.block_rows * hd);
     for (int64_t u = u0; u < u1; ++u) {
       const int h = static_cast<int>(u % s.n_heads);
       const int64_t q0 = (u / s.n_heads) * kQueryTile;
@@ -62,13 +95,15 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
         continue;
       }
       if (nq == 1) {
-        for (int64_t j = 0; j < nk; ++j) sc[j] = DotF32(qh, kv.k(j) + kvh * hd, hd);
+        for (int64_t j = 0; j < nk; ++j) sc[j] = KeyDot(kv, qh, j, kvh * hd, hd);
       } else {
         for (int64_t j0 = 0; j0 < nk; j0 += kv.block_rows) {  // S[:, block] = Q K_block^T
           const int64_t nb = std::min(kv.block_rows, nk - j0);
+          int64_t ld = 0;
+          const float* kb = BlockF32(kv, true, j0, nb, kvh * hd, hd, block_scratch, &ld);
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nq), static_cast<int>(nb), hd,
-                      1.0f, qh, static_cast<int>(a.q_stride), kv.k(j0) + kvh * hd, static_cast<int>(kv.stride), 0.0f,
-                      sc + j0, static_cast<int>(nk));
+                      1.0f, qh, static_cast<int>(a.q_stride), kb, static_cast<int>(ld), 0.0f, sc + j0,
+                      static_cast<int>(nk));
         }
       }
       for (int64_t i = 0; i < nq; ++i) {
@@ -83,14 +118,16 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       if (nq == 1) {
         std::memset(oh, 0, hd * sizeof(float));
         for (int64_t j = 0; j < nk; ++j) {
-          if (sc[j] != 0.0f) Axpy(sc[j], kv.v(j) + kvh * hd, oh, hd);
+          if (sc[j] != 0.0f) ValueAxpy(kv, sc[j], j, kvh * hd, oh, hd);
         }
       } else {
         for (int64_t j0 = 0; j0 < nk; j0 += kv.block_rows) {  // O += P[:, block] V_block
           const int64_t nb = std::min(kv.block_rows, nk - j0);
+          int64_t ld = 0;
+          const float* vb = BlockF32(kv, false, j0, nb, kvh * hd, hd, block_scratch, &ld);
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nq), hd, static_cast<int>(nb),
-                      1.0f, sc + j0, static_cast<int>(nk), kv.v(j0) + kvh * hd, static_cast<int>(kv.stride),
-                      j0 == 0 ? 0.0f : 1.0f, oh, static_cast<int>(a.out_stride));
+                      1.0f, sc + j0, static_cast<int>(nk), vb, static_cast<int>(ld), j0 == 0 ? 0.0f : 1.0f, oh,
+                      static_cast<int>(a.out_stride));
         }
       }
     }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "base/thread_pool.h"
+#include "kernels/dtype.h"
 
 namespace ps {
 
@@ -16,20 +17,29 @@ struct AttentionShape {
 };
 
 // Cached keys and values of one sequence at one layer: n rows of n_kv_heads*head_dim
-// floats. Rows live in blocks of `block_rows` rows (paged KV); row j's key is at
-// k_blocks[j / block_rows] + (j % block_rows) * stride, its value likewise in
-// v_blocks. A contiguous cache is one block. positions[j] is row j's token position.
+// elements of `dtype` (F32, F16 or BF16). Rows live in blocks of `block_rows` rows
+// (paged KV): row j's key starts `(j % block_rows) * stride` elements into
+// k_blocks[j / block_rows], its value likewise in v_blocks. A contiguous cache is
+// one block. positions[j] is row j's token position.
 struct KvRows {
-  const float* const* k_blocks = nullptr;
-  const float* const* v_blocks = nullptr;
+  const void* const* k_blocks = nullptr;
+  const void* const* v_blocks = nullptr;
   int64_t block_rows = 0;
   const int32_t* positions = nullptr;
   int64_t n = 0;
   int64_t stride = 0;
   bool positions_ascending = false;  // lets the kernel skip keys past the last query
+  DType dtype = DType::kF32;
 
-  const float* k(int64_t j) const { return k_blocks[j / block_rows] + (j % block_rows) * stride; }
-  const float* v(int64_t j) const { return v_blocks[j / block_rows] + (j % block_rows) * stride; }
+  size_t elem_bytes() const { return dtype == DType::kF32 ? 4 : 2; }
+  // Element `col` of row j's key / value.
+  const void* k(int64_t j, int64_t col) const { return Elem(k_blocks, j, col); }
+  const void* v(int64_t j, int64_t col) const { return Elem(v_blocks, j, col); }
+
+ private:
+  const void* Elem(const void* const* blocks, int64_t j, int64_t col) const {
+    return static_cast<const uint8_t*>(blocks[j / block_rows]) + ((j % block_rows) * stride + col) * elem_bytes();
+  }
 };
 
 struct AttentionArgs {

@@ -1,13 +1,17 @@
 // CPU kernels against simple references at awkward sizes.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/fp16.h"
 #include "gtest/gtest.h"
 #include "tests/kernels/random.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/vec.h"
@@ -111,53 +115,104 @@ TEST(MatMul, PathsAgreeWithReference) {
 }
 
 // Attention over arbitrary (unsorted) KV positions against a direct computation,
-// with the cache contiguous (one block) and paged (blocks of 16 and of 7 rows).
+// with the cache contiguous (one block) and paged (blocks of 16 and of 7 rows), in
+// F32, F16 and BF16 (the reference uses the same rounded keys and values). A head
+// of 24 elements covers both the vector loops and their tails.
 TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
   ThreadPool pool(2);
-  const AttentionShape s{.n_heads = 6, .n_kv_heads = 2, .head_dim = 8, .scale = 0.35f};
+  constexpr int kHd = 24, kHeads = 6, kKvHeads = 2, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
+  const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.2f};
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
   for (int64_t block_rows : {50, 16, 7})
   for (int64_t nq : {1, 5, 40}) {
     const int64_t nkv = 50;
-    auto q = Randn(nq * 48, 1), k = Randn(nkv * 16, 2), v = Randn(nkv * 16, 3);
+    auto q = Randn(nq * kQd, 1), k = Randn(nkv * kKvd, 2), v = Randn(nkv * kKvd, 3);
+    std::vector<uint16_t> kh(k.size()), vh(v.size());
+    if (dtype != DType::kF32) {  // store as halves; the reference sees the rounded values
+      F32ToHalf(dtype, k.data(), kh.data(), static_cast<int64_t>(k.size()));
+      F32ToHalf(dtype, v.data(), vh.data(), static_cast<int64_t>(v.size()));
+      HalfToF32(dtype, kh.data(), k.data(), static_cast<int64_t>(k.size()));
+      HalfToF32(dtype, vh.data(), v.data(), static_cast<int64_t>(v.size()));
+    }
     std::vector<int32_t> kv_pos(nkv), q_pos(nq);
     for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>((j * 7) % nkv);  // a permutation
     for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
-    std::vector<float> out(nq * 48), probs(nkv);
+    std::vector<float> out(nq * kQd), probs(nkv);
     // Every block in its own allocation: the kernel must follow the block table.
     std::vector<std::vector<float>> kb, vb;
-    std::vector<const float*> kp, vp;
+    std::vector<std::vector<uint16_t>> khb, vhb;
+    std::vector<const void*> kp, vp;
     for (int64_t b = 0; b * block_rows < nkv; ++b) {
-      const int64_t rows = std::min(block_rows, nkv - b * block_rows);
-      kb.emplace_back(k.begin() + b * block_rows * 16, k.begin() + (b * block_rows + rows) * 16);
-      vb.emplace_back(v.begin() + b * block_rows * 16, v.begin() + (b * block_rows + rows) * 16);
+      const int64_t first = b * block_rows * kKvd, last = std::min(nkv, (b + 1) * block_rows) * kKvd;
+      kb.emplace_back(k.begin() + first, k.begin() + last);
+      vb.emplace_back(v.begin() + first, v.begin() + last);
+      khb.emplace_back(kh.begin() + first, kh.begin() + last);
+      vhb.emplace_back(vh.begin() + first, vh.begin() + last);
     }
-    for (size_t b = 0; b < kb.size(); ++b) kp.push_back(kb[b].data()), vp.push_back(vb[b].data());
+    for (size_t b = 0; b < kb.size(); ++b) {
+      kp.push_back(dtype == DType::kF32 ? static_cast<const void*>(kb[b].data()) : khb[b].data());
+      vp.push_back(dtype == DType::kF32 ? static_cast<const void*>(vb[b].data()) : vhb[b].data());
+    }
     Attention(s, KvRows{.k_blocks = kp.data(), .v_blocks = vp.data(), .block_rows = block_rows,
-                        .positions = kv_pos.data(), .n = nkv, .stride = 16},
-              AttentionArgs{.q = q.data(), .q_pos = q_pos.data(), .n_q = nq, .q_stride = 48, .out = out.data(),
-                            .out_stride = 48, .last_query_probs = probs.data()},
+                        .positions = kv_pos.data(), .n = nkv, .stride = kKvd, .dtype = dtype},
+              AttentionArgs{.q = q.data(), .q_pos = q_pos.data(), .n_q = nq, .q_stride = kQd, .out = out.data(),
+                            .out_stride = kQd, .last_query_probs = probs.data()},
               pool);
-    std::vector<double> want(nq * 48, 0.0), want_probs(nkv, 0.0);
+    std::vector<double> want(nq * kQd, 0.0), want_probs(nkv, 0.0);
     for (int64_t i = 0; i < nq; ++i) {
-      for (int h = 0; h < 6; ++h) {
-        const int kvh = h / 3;
+      for (int h = 0; h < kHeads; ++h) {
+        const int kvh = h / (kHeads / kKvHeads);
         std::vector<double> sc(nkv);
         double m = -1e300, sum = 0;
         for (int64_t j = 0; j < nkv; ++j) {
           double d = 0;
-          for (int e = 0; e < 8; ++e) d += double(q[i * 48 + h * 8 + e]) * k[j * 16 + kvh * 8 + e];
-          sc[j] = kv_pos[j] <= q_pos[i] ? d * 0.35 : -1e300;
+          for (int e = 0; e < kHd; ++e) d += double(q[i * kQd + h * kHd + e]) * k[j * kKvd + kvh * kHd + e];
+          sc[j] = kv_pos[j] <= q_pos[i] ? d * 0.2 : -1e300;
           m = std::max(m, sc[j]);
         }
         for (auto& x : sc) sum += (x = (x == -1e300 ? 0 : std::exp(x - m)));
         for (int64_t j = 0; j < nkv; ++j) {
-          for (int e = 0; e < 8; ++e) want[i * 48 + h * 8 + e] += sc[j] / sum * v[j * 16 + kvh * 8 + e];
-          if (i == nq - 1) want_probs[j] += sc[j] / sum / 6;
+          for (int e = 0; e < kHd; ++e) want[i * kQd + h * kHd + e] += sc[j] / sum * v[j * kKvd + kvh * kHd + e];
+          if (i == nq - 1) want_probs[j] += sc[j] / sum / kHeads;
         }
       }
     }
-    EXPECT_LT(MaxRelErr(out, want), 1e-5) << "nq=" << nq << " block_rows=" << block_rows;
-    EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << "nq=" << nq << " block_rows=" << block_rows;
+    const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows);
+    EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
+    EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
+  }
+}
+
+// Half conversions equal the scalar base/fp16.h ones bit for bit (vector loops and
+// tails, subnormals, infinities and NaN included).
+TEST(HalfRows, ConversionsEqualScalar) {
+  std::vector<float> x = Randn(37, 9);
+  for (float special : {0.0f, -0.0f, 1e-6f, -3e-8f, 65504.0f, 70000.0f, 1e30f, -1e-40f,
+                        std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    x.push_back(special);
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    std::vector<uint16_t> h(n);
+    std::vector<float> back(n);
+    F32ToHalf(t, x.data(), h.data(), n);
+    HalfToF32(t, h.data(), back.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = t == DType::kF16 ? Fp32ToFp16(x[i]) : Fp32ToBf16(x[i]);
+      ASSERT_EQ(h[i], want) << DTypeName(t) << " " << x[i];
+      const float wf = t == DType::kF16 ? Fp16ToFp32(want) : Bf16ToFp32(want);
+      ASSERT_EQ(std::memcmp(&back[i], &wf, 4), 0) << DTypeName(t) << " " << x[i];
+    }
+    const int64_t finite = 37;  // dot and axpy over the random values only
+    std::vector<float> y = Randn(finite, 10), y2 = y;
+    double dot = 0;
+    for (int64_t i = 0; i < finite; ++i) {
+      dot += double(back[i]) * y[i];
+      y2[i] += 0.5f * back[i];
+    }
+    EXPECT_NEAR(DotHalf(t, h.data(), y.data(), finite), dot, 1e-5 * (1 + std::fabs(dot)));
+    AxpyHalf(t, 0.5f, h.data(), y.data(), finite);
+    for (int64_t i = 0; i < finite; ++i) ASSERT_NEAR(y[i], y2[i], 1e-6f * (1 + std::fabs(y2[i]))) << i;
   }
 }
 

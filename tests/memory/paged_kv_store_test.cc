@@ -104,5 +104,51 @@ TEST(PagedKvStore, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
   EXPECT_TRUE(manager.VerifyIntegrity().ok()) << manager.VerifyIntegrity();
 }
 
+// Half-precision KV: the same prompt and 40 greedy steps with F16 and BF16 blocks
+// stay close to the F32 cache (the rounding of K and V is the only difference).
+TEST(PagedKvStore, HalfPrecisionKvStaysCloseToF32) {
+  auto model = Model::Load(kStories);
+  ASSERT_TRUE(model.ok());
+  const ModelConfig& c = (*model)->config();
+  ThreadPool pool(2);
+  Transformer tf(**model, pool);
+  std::vector<int32_t> prompt = {1}, pos = {0};
+  for (int i = 1; i < 100; ++i) {
+    prompt.push_back(260 + (i * 37) % 250);
+    pos.push_back(i);
+  }
+  // Logits of the prompt (all rows) and the greedy continuation, for one KV type.
+  auto run = [&](DType dtype, std::vector<int32_t>* tokens) {
+    BlockPool device(Tier::kDevice, 10 * c.n_layers, PagedKvStore::BlockBytes(16, c.kv_dim(), dtype));
+    BlockPool host(Tier::kHost, 0, device.block_bytes());
+    KvCacheManager manager(device, host, c.n_layers, 16);
+    PagedKvStore kv(manager, device, c.kv_dim(), dtype);
+    ForwardOutput out;
+    SeqInput in{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
+    EXPECT_TRUE(tf.Forward({&in, 1}, kv, &out).ok());
+    std::vector<float> logits = out.logits;
+    for (int step = 0; step < 40; ++step) {
+      const auto row = out.Row(0, out.row_count[0] - 1, c.n_vocab);
+      const int32_t next = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      tokens->push_back(next);
+      const int32_t p = static_cast<int32_t>(prompt.size()) + step;
+      SeqInput d{.seq_id = 1, .tokens = {&next, 1}, .positions = {&p, 1}};
+      EXPECT_TRUE(tf.Forward({&d, 1}, kv, &out).ok());
+    }
+    return logits;
+  };
+  std::vector<int32_t> want_tokens;
+  const std::vector<float> want = run(DType::kF32, &want_tokens);
+  for (auto [dtype, tolerance] : {std::pair{DType::kF16, 0.05f}, std::pair{DType::kBF16, 0.4f}}) {
+    std::vector<int32_t> tokens;
+    const std::vector<float> got = run(dtype, &tokens);
+    float worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    std::printf("%s KV: max |logit diff| over the prompt %.5f\n", std::string(DTypeName(dtype)).c_str(), worst);
+    EXPECT_LT(worst, tolerance) << DTypeName(dtype);
+    EXPECT_EQ(tokens, want_tokens) << DTypeName(dtype);
+  }
+}
+
 }  // namespace
 }  // namespace ps
