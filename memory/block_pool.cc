@@ -1,5 +1,6 @@
 #include "memory/block_pool.h"
 
+#include <algorithm>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -10,11 +11,21 @@ namespace ps {
 std::string_view TierName(Tier t) { return t == Tier::kDevice ? "device" : "host"; }
 
 BlockPool::BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes)
-    : tier_(tier), block_bytes_(block_bytes), blocks_(static_cast<size_t>(num_blocks)) {
+    : BlockPool(tier, num_blocks, block_bytes,
+                BlockMemory{.base = static_cast<uint8_t*>(::operator new[](
+                                static_cast<size_t>(std::max(num_blocks, 0)) * block_bytes + 1, std::align_val_t(64))),
+                            .release = [](uint8_t* p) { ::operator delete[](p, std::align_val_t(64)); }}) {}
+
+BlockPool::BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes, BlockMemory memory)
+    : tier_(tier), block_bytes_(block_bytes), blocks_(static_cast<size_t>(std::max(num_blocks, 0))),
+      memory_(std::move(memory)) {
   PS_CHECK(num_blocks >= 0 && block_bytes > 0) << "bad pool size";
-  data_.reset(static_cast<uint8_t*>(::operator new[](static_cast<size_t>(num_blocks) * block_bytes + 1,
-                                                     std::align_val_t(64))));
+  PS_CHECK(memory_.base != nullptr) << "a block pool without memory";
   for (int32_t i = 0; i < num_blocks; ++i) PushBack(i);
+}
+
+BlockPool::~BlockPool() {
+  if (memory_.release) memory_.release(memory_.base);
 }
 
 void BlockPool::PushBack(int32_t id) {

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -19,11 +20,23 @@ namespace ps {
 enum class Tier : uint8_t { kDevice = 0, kHost = 1 };
 std::string_view TierName(Tier t);
 
+// The bytes behind a pool, and how to give them back. The CUDA backend supplies
+// device memory for the device tier and pinned host memory for the host tier.
+struct BlockMemory {
+  uint8_t* base = nullptr;
+  std::function<void(uint8_t*)> release;
+};
+
 class BlockPool {
  public:
-  // num_blocks blocks of block_bytes each; the data buffer is allocated here
-  // (64-byte aligned). On the CPU backend both tiers are ordinary memory.
+  // num_blocks blocks of block_bytes each in ordinary memory allocated here (64-byte
+  // aligned): both tiers on the CPU backend.
   BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes);
+  // The same over memory from elsewhere (num_blocks * block_bytes bytes at least).
+  BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes, BlockMemory memory);
+  ~BlockPool();
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
 
   Tier tier() const { return tier_; }
   int32_t num_blocks() const { return static_cast<int32_t>(blocks_.size()); }
@@ -39,8 +52,8 @@ class BlockPool {
   void Release(int32_t id);
   int32_t ref_count(int32_t id) const { return blocks_.at(id).ref_count; }
 
-  uint8_t* data(int32_t id) { return data_.get() + static_cast<size_t>(id) * block_bytes_; }
-  const uint8_t* data(int32_t id) const { return data_.get() + static_cast<size_t>(id) * block_bytes_; }
+  uint8_t* data(int32_t id) { return memory_.base + static_cast<size_t>(id) * block_bytes_; }
+  const uint8_t* data(int32_t id) const { return memory_.base + static_cast<size_t>(id) * block_bytes_; }
 
   // Free-list order, front first (tests and debugging).
   std::vector<int32_t> FreeList() const;
@@ -61,10 +74,7 @@ class BlockPool {
   size_t block_bytes_;
   std::vector<Block> blocks_;
   int32_t head_ = -1, tail_ = -1, num_free_ = 0;
-  struct FreeDeleter {
-    void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
-  };
-  std::unique_ptr<uint8_t[], FreeDeleter> data_;
+  BlockMemory memory_;
 };
 
 }  // namespace ps

@@ -1,5 +1,7 @@
-// CUDA kernels against the CPU kernels, by relative error. Skips without a GPU.
+// CUDA kernels against the CPU kernels, by relative error, and the CUDA swap
+// engine. Skips without a GPU.
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -9,6 +11,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "memory/cuda_swap_engine.h"
 
 namespace ps {
 namespace {
@@ -45,6 +48,42 @@ TEST_F(CudaTest, RmsNormAndSiluMatchCpu) {
   ASSERT_TRUE(cuda::SiluMul(g1.data(), up.data(), 4097).ok());
   SiluMul(g2.data(), up.data(), 4097);
   for (int i = 0; i < 4097; ++i) EXPECT_NEAR(g1[i], g2[i], 1e-5f * (1 + std::fabs(g2[i])));
+}
+
+// Random blocks survive host -> device -> host bit for bit through the CUDA swap
+// engine, with many tickets in flight (waited in reverse order) and coalesced runs;
+// a bad block id is an error, not a copy.
+TEST_F(CudaTest, SwapEngineRoundTripsBlocks) {
+  constexpr int32_t kBlocks = 64;
+  constexpr size_t kBlockBytes = 4096;
+  auto device_mem = cuda::DeviceBlockMemory(kBlocks * kBlockBytes);
+  auto host_mem = cuda::PinnedBlockMemory(kBlocks * kBlockBytes);
+  ASSERT_TRUE(device_mem.ok() && host_mem.ok());
+  BlockPool device(Tier::kDevice, kBlocks, kBlockBytes, std::move(*device_mem));
+  BlockPool host(Tier::kHost, kBlocks, kBlockBytes, std::move(*host_mem));
+  std::mt19937 rng(5);
+  std::vector<uint8_t> want(kBlocks * kBlockBytes);
+  for (auto& b : want) b = static_cast<uint8_t>(rng());
+  std::memcpy(host.data(0), want.data(), want.size());
+  auto engine = cuda::CudaSwapEngine::Create(device, host);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<SwapTicket> tickets;
+  for (int32_t i = 0; i < kBlocks; i += 4) {  // host block i -> device block 63 - i, in runs and single blocks
+    std::vector<BlockCopy> copies;
+    for (int32_t j = i; j < i + 4; ++j) copies.push_back({Tier::kHost, j, Tier::kDevice, j});
+    tickets.push_back((*engine)->Submit(copies));
+  }
+  for (auto it = tickets.rbegin(); it != tickets.rend(); ++it) ASSERT_TRUE((*engine)->Wait(*it).ok());
+  std::memset(host.data(0), 0, want.size());
+  std::vector<BlockCopy> back;
+  for (int32_t j = kBlocks - 1; j >= 0; --j) back.push_back({Tier::kDevice, j, Tier::kHost, j});
+  ASSERT_TRUE((*engine)->Wait((*engine)->Submit(back)).ok());
+  EXPECT_EQ(std::memcmp(host.data(0), want.data(), want.size()), 0);
+  EXPECT_EQ((*engine)->bytes_to_device(), kBlocks * kBlockBytes);
+  EXPECT_EQ((*engine)->bytes_to_host(), kBlocks * kBlockBytes);
+  const SwapTicket bad = (*engine)->Submit({{Tier::kDevice, 0, Tier::kHost, kBlocks}});
+  EXPECT_EQ((*engine)->Wait(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*engine)->Wait(12345).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,60 @@
+// SwapEngine on a GPU: block copies run on a dedicated non-blocking CUDA stream,
+// ordered after the compute stream's earlier work by an event, so a swap-out reads
+// KV only once the kernels that wrote it are done; each ticket is a CUDA event the
+// engine waits on right before it needs the data. The device tier lives in device
+// memory and the host tier in pinned memory (cudaHostAlloc), so copies go straight
+// between the two (no staging buffer needed) and overlap with compute. Runs of
+// consecutive block ids become one copy. Every CUDA return code is checked.
+//
+// Compiled whenever nvcc is present (PS_HAVE_CUDA); the tests skip without a GPU.
+// CUDA types are kept out of this header so that C++ code can include it.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "absl/status/statusor.h"
+#include "memory/swap_engine.h"
+
+namespace ps::cuda {
+
+// Device memory for the device tier and pinned host memory for the host tier.
+absl::StatusOr<BlockMemory> DeviceBlockMemory(size_t bytes);
+absl::StatusOr<BlockMemory> PinnedBlockMemory(size_t bytes);
+
+class CudaSwapEngine final : public SwapEngine {
+ public:
+  // `device` and `host` must use DeviceBlockMemory / PinnedBlockMemory. `compute_stream`
+  // (a cudaStream_t; null = the legacy default stream) is the stream writing the KV.
+  static absl::StatusOr<std::unique_ptr<CudaSwapEngine>> Create(BlockPool& device, BlockPool& host,
+                                                                void* compute_stream = nullptr);
+  ~CudaSwapEngine() override;
+
+  SwapTicket Submit(std::vector<BlockCopy> copies) override;
+  absl::Status Wait(SwapTicket ticket) override;
+  uint64_t bytes_to_host() const override;
+  uint64_t bytes_to_device() const override;
+
+ private:
+  struct Pending {
+    void* done = nullptr;  // cudaEvent_t recorded after the copies
+    absl::Status status;   // an error while queueing the copies
+    uint64_t bytes_to_host = 0, bytes_to_device = 0;
+  };
+  CudaSwapEngine(BlockPool& device, BlockPool& host, void* compute_stream)
+      : device_(device), host_(host), compute_stream_(compute_stream) {}
+  absl::Status Queue(const std::vector<BlockCopy>& copies, Pending& p);
+
+  BlockPool& device_;
+  BlockPool& host_;
+  void* compute_stream_;
+  void* copy_stream_ = nullptr;    // cudaStream_t
+  void* compute_event_ = nullptr;  // cudaEvent_t: the compute stream's progress at Submit()
+  mutable std::mutex mu_;
+  std::map<SwapTicket, Pending> pending_;
+  SwapTicket next_ticket_ = 1;
+  uint64_t to_host_ = 0, to_device_ = 0;
+};
+
+}  // namespace ps::cuda
