@@ -27,14 +27,18 @@ int64_t VisibleKeys(const KvRows& kv, int32_t max_q_pos) {
   return std::upper_bound(kv.positions, kv.positions + kv.n, max_q_pos) - kv.positions;
 }
 
-float KeyDot(const KvRows& kv, const float* q, int64_t j, int64_t col, int hd) {
-  if (kv.dtype == DType::kF32) return DotF32(q, static_cast<const float*>(kv.k(j, col)), hd);
-  return DotHalf(kv.dtype, static_cast<const uint16_t*>(kv.k(j, col)), q, hd);
+// Scores of rows [j0, j0 + nb) (inside one block) of one key head against q.
+void KeyDots(const KvRows& kv, const float* q, int64_t j0, int64_t nb, int64_t col, int hd, float* out) {
+  if (kv.dtype == DType::kF32) return DotRows(q, static_cast<const float*>(kv.k(j0, col)), kv.stride, nb, hd, out);
+  for (int64_t r = 0; r < nb; ++r) out[r] = DotHalf(kv.dtype, static_cast<const uint16_t*>(kv.k(j0 + r, col)), q, hd);
 }
 
-void ValueAxpy(const KvRows& kv, float a, int64_t j, int64_t col, float* out, int hd) {
-  if (kv.dtype == DType::kF32) return Axpy(a, static_cast<const float*>(kv.v(j, col)), out, hd);
-  AxpyHalf(kv.dtype, a, static_cast<const uint16_t*>(kv.v(j, col)), out, hd);
+// out += p[r] * value row j0 + r of one head, for the nb rows of one block.
+void ValueAxpys(const KvRows& kv, const float* p, int64_t j0, int64_t nb, int64_t col, int hd, float* out) {
+  if (kv.dtype == DType::kF32) return AxpyRows(p, static_cast<const float*>(kv.v(j0, col)), kv.stride, nb, hd, out);
+  for (int64_t r = 0; r < nb; ++r) {
+    if (p[r] != 0.0f) AxpyHalf(kv.dtype, p[r], static_cast<const uint16_t*>(kv.v(j0 + r, col)), out, hd);
+  }
 }
 
 // Rows [j0, j0 + nb) of one head's keys or values (element `col` on) as F32 with
@@ -95,7 +99,9 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
         continue;
       }
       if (nq == 1) {
-        for (int64_t j = 0; j < nk; ++j) sc[j] = KeyDot(kv, qh, j, kvh * hd, hd);
+        for (int64_t j0 = 0; j0 < nk; j0 += kv.block_rows) {
+          KeyDots(kv, qh, j0, std::min(kv.block_rows, nk - j0), kvh * hd, hd, sc + j0);
+        }
       } else {
         for (int64_t j0 = 0; j0 < nk; j0 += kv.block_rows) {  // S[:, block] = Q K_block^T
           const int64_t nb = std::min(kv.block_rows, nk - j0);
@@ -117,8 +123,8 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       }
       if (nq == 1) {
         std::memset(oh, 0, hd * sizeof(float));
-        for (int64_t j = 0; j < nk; ++j) {
-          if (sc[j] != 0.0f) ValueAxpy(kv, sc[j], j, kvh * hd, oh, hd);
+        for (int64_t j0 = 0; j0 < nk; j0 += kv.block_rows) {
+          ValueAxpys(kv, sc + j0, j0, std::min(kv.block_rows, nk - j0), kvh * hd, hd, oh);
         }
       } else {
         for (int64_t j0 = 0; j0 < nk; j0 += kv.block_rows) {  // O += P[:, block] V_block

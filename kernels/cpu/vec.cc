@@ -34,8 +34,10 @@ inline float ExpPoly(float v) {
 }
 }  // namespace
 
-PS_CLONES float DotF32(const float* a, const float* b, int64_t n) {
-  // Eight partial sums keep the loop vectorised without -ffast-math.
+namespace {
+// The body of DotF32, inlined into each clone's callers. Sixteen partial sums keep
+// the loop vectorised without -ffast-math.
+inline __attribute__((always_inline)) float Dot(const float* a, const float* b, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -44,6 +46,13 @@ PS_CLONES float DotF32(const float* a, const float* b, int64_t n) {
   for (int k = 0; k < 16; ++k) s += acc[k];
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+}  // namespace
+
+PS_CLONES float DotF32(const float* a, const float* b, int64_t n) { return Dot(a, b, n); }
+
+PS_CLONES void DotRows(const float* q, const float* k, int64_t stride, int64_t rows, int64_t n, float* out) {
+  for (int64_t j = 0; j < rows; ++j) out[j] = Dot(q, k + j * stride, n);
 }
 
 PS_CLONES float DotF16F32(const uint16_t* a, const float* b, int64_t n) {
@@ -73,6 +82,15 @@ PS_CLONES float DotBf16F32(const uint16_t* a, const float* b, int64_t n) {
 
 PS_CLONES void Axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+PS_CLONES void AxpyRows(const float* p, const float* v, int64_t stride, int64_t rows, int64_t n, float* y) {
+  for (int64_t j = 0; j < rows; ++j) {
+    if (p[j] == 0.0f) continue;
+    const float a = p[j];
+    const float* x = v + j * stride;
+    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+  }
 }
 
 PS_CLONES void Scale(float a, float* y, int64_t n) {

@@ -9,8 +9,12 @@ namespace ps {
 float DotF32(const float* a, const float* b, int64_t n);
 float DotF16F32(const uint16_t* a, const float* b, int64_t n);
 float DotBf16F32(const uint16_t* a, const float* b, int64_t n);
+// out[j] = DotF32(q, k + j * stride, n) for j < rows (the same arithmetic, one call).
+void DotRows(const float* q, const float* k, int64_t stride, int64_t rows, int64_t n, float* out);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
+// y += p[j] * v[j * stride ..] for j < rows with p[j] != 0, in order (as Axpy calls would).
+void AxpyRows(const float* p, const float* v, int64_t stride, int64_t rows, int64_t n, float* y);
 // y *= a
 void Scale(float a, float* y, int64_t n);
 // y += x
