@@ -1,3 +1,6 @@
+// GCC 12 warns inside its own AVX-512 headers (a known false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "kernels/cpu/half_rows.h"
 
 #include <immintrin.h>

@@ -94,8 +94,6 @@ bool Available();
 bool Supports(DType type);  // types with an AVX-512 DotF32Act and DequantizeRow
 float DotF32Act(DType type, const void* row, const float* x, const float* block_sums, int64_t n);
 void DequantizeRow(DType type, const void* row, float* out, int64_t n);
-void DotF32ActRows(DType type, const void* row, const float* x, int64_t x_stride, int rows, float* out,
-                   int64_t out_stride, int64_t n);
 }  // namespace avx512
 
 }  // namespace ps
