@@ -5,7 +5,10 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/strings/ascii.h"
 
@@ -34,6 +37,22 @@ void FlagParser::AddInt(const std::string& name, int64_t* out, const std::string
                         return absl::InvalidArgumentError(absl::StrCat("--", name, ": '", v, "' is not an integer"));
                       }
                       *out = x;
+                      return absl::OkStatus();
+                    }});
+}
+
+void FlagParser::AddIntList(const std::string& name, std::vector<int64_t>* out, const std::string& help) {
+  flags_.push_back({name, help, absl::StrJoin(*out, ","), false, [out, name](const std::string& v) {
+                      std::vector<int64_t> list;
+                      for (absl::string_view part : absl::StrSplit(v, ',')) {
+                        int64_t x = 0;
+                        if (!absl::SimpleAtoi(part, &x)) {
+                          return absl::InvalidArgumentError(
+                              absl::StrCat("--", name, ": '", v, "' is not a comma-separated list of integers"));
+                        }
+                        list.push_back(x);
+                      }
+                      *out = std::move(list);
                       return absl::OkStatus();
                     }});
 }

@@ -18,6 +18,8 @@ class FlagParser {
   void AddString(const std::string& name, std::string* out, const std::string& help);
   void AddStringList(const std::string& name, std::vector<std::string>* out, const std::string& help);
   void AddInt(const std::string& name, int64_t* out, const std::string& help);
+  // Comma-separated integers ("1,4,16"); a value replaces the default list.
+  void AddIntList(const std::string& name, std::vector<int64_t>* out, const std::string& help);
   void AddFloat(const std::string& name, double* out, const std::string& help);
   void AddBool(const std::string& name, bool* out, const std::string& help);
 

@@ -10,8 +10,7 @@
 #include <map>
 #include <sstream>
 
-#include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/str_join.h"
 #include "base/flags.h"
 #include "base/mapped_file.h"
 #include "engine/forward.h"
@@ -38,13 +37,13 @@ int main(int argc, char** argv) {
   using namespace ps;
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string text_path = "../shared/testdata/haystack/paul_graham_essays";
-  std::string prefill_list = "512,2048";
+  std::vector<int64_t> prefill_list = {512, 2048};
   int64_t threads = 2, decode = 128, repeats = 2;
   bool llamacpp = false, int8 = false;
   FlagParser flags("ps_bench_engine", "Prefill and decode throughput of the engine (one sequence).");
   flags.AddString("model", &model_path, "model file");
   flags.AddString("text", &text_path, "folder or file of text used as the prompt");
-  flags.AddString("prefill", &prefill_list, "comma-separated prompt lengths");
+  flags.AddIntList("prefill", &prefill_list, "prompt lengths");
   flags.AddInt("decode", &decode, "decode steps");
   flags.AddInt("threads", &threads, "compute threads");
   flags.AddInt("repeats", &repeats, "best of this many runs");
@@ -78,8 +77,8 @@ int main(int argc, char** argv) {
   std::map<std::string, double> ours;
   std::printf("model %s (%s), %lld threads, %s activations\n", c.name.c_str(), model_path.c_str(),
               static_cast<long long>(threads), int8 ? "int8" : "F32");
-  for (absl::string_view s : absl::StrSplit(prefill_list, ',', absl::SkipEmpty())) {
-    const int n = std::stoi(std::string(s));
+  for (int64_t prefill : prefill_list) {
+    const int n = static_cast<int>(prefill);
     if (static_cast<int>(all_ids.size()) < n || n > c.n_ctx) return Fail("text too short or prompt longer than the context");
     std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + n), pos(n);
     for (int i = 0; i < n; ++i) pos[i] = i;
@@ -118,7 +117,7 @@ int main(int argc, char** argv) {
   if (llamacpp) {
     std::ostringstream cmd;
     cmd << "python3 bench/llamacpp_bench.py --model " << model_path << " --threads " << threads << " --decode " << decode
-        << " --repeats " << repeats << " --prefill " << absl::StrReplaceAll(prefill_list, {{",", " "}});
+        << " --repeats " << repeats << " --prefill " << absl::StrJoin(prefill_list, " ");
     FILE* p = popen(cmd.str().c_str(), "r");
     char line[512];
     while (p != nullptr && fgets(line, sizeof(line), p) != nullptr) {

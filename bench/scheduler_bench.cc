@@ -10,7 +10,6 @@
 #include <mutex>
 #include <numeric>
 
-#include "absl/strings/str_split.h"
 #include "base/flags.h"
 #include "memory/swap_engine.h"
 #include "scheduler/scheduler.h"
@@ -24,12 +23,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 int Fail(const std::string& m) {
   std::fprintf(stderr, "ps_bench_scheduler: %s\n", m.c_str());
   return 1;
-}
-
-std::vector<int> ParseList(const std::string& s) {
-  std::vector<int> out;
-  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) out.push_back(std::stoi(std::string(part)));
-  return out;
 }
 
 // Step durations of steps that ran only decodes of all `streams` sequences.
@@ -102,15 +95,16 @@ double DecodeThroughput(const Model& model, int threads, int streams, int prompt
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", streams_list = "1,4,16,64", seq_list = "1024,4096";
+  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  std::vector<int64_t> streams_list = {1, 4, 16, 64}, seq_list = {1024, 4096};
   int64_t threads = 2, prompt = 32, decode = 64, block_tokens = 16;
   FlagParser flags("ps_bench_scheduler", "Batched decode throughput, swap bandwidth, swap vs recompute cost.");
   flags.AddString("model", &model_path, "model file");
   flags.AddInt("threads", &threads, "compute threads");
-  flags.AddString("streams", &streams_list, "comma-separated numbers of concurrent streams");
+  flags.AddIntList("streams", &streams_list, "numbers of concurrent streams");
   flags.AddInt("prompt", &prompt, "prompt tokens per stream");
   flags.AddInt("decode", &decode, "new tokens per stream");
-  flags.AddString("seq", &seq_list, "comma-separated sequence lengths for swap vs recompute");
+  flags.AddIntList("seq", &seq_list, "sequence lengths for swap vs recompute");
   flags.AddInt("kv-block-size", &block_tokens, "tokens per KV block");
   if (auto st = flags.Parse(argc, argv); !st.ok()) return Fail(std::string(st.message()));
   if (flags.help_requested()) {
@@ -124,18 +118,20 @@ int main(int argc, char** argv) {
 
   // 1. Decode throughput against the number of streams.
   double one = 0;
-  for (int n : ParseList(streams_list)) {
-    const double tps = DecodeThroughput(**model, static_cast<int>(threads), n, static_cast<int>(prompt),
+  for (int64_t n : streams_list) {
+    const double tps = DecodeThroughput(**model, static_cast<int>(threads), static_cast<int>(n), static_cast<int>(prompt),
                                         static_cast<int>(decode));
     if (one == 0) one = tps;
-    std::printf("decode streams %3d: %8.1f tok/s aggregate (%.2fx one stream)\n", n, tps, one > 0 ? tps / one : 0);
+    std::printf("decode streams %3lld: %8.1f tok/s aggregate (%.2fx one stream)\n", static_cast<long long>(n), tps,
+                one > 0 ? tps / one : 0);
   }
 
   // 2 and 3. Swap bandwidth and a preemption cycle vs recompute, per sequence length.
   const size_t block_bytes = PagedKvStore::BlockBytes(static_cast<int>(block_tokens), c.kv_dim());
   ThreadPool pool(static_cast<int>(threads));
   Transformer tf(**model, pool);
-  for (int len : ParseList(seq_list)) {
+  for (int64_t seq_len : seq_list) {
+    const int len = static_cast<int>(seq_len);
     const int32_t per_layer = (len + static_cast<int>(block_tokens) - 1) / static_cast<int>(block_tokens);
     const int32_t blocks = per_layer * c.n_layers;
     BlockPool device(Tier::kDevice, blocks, block_bytes), host(Tier::kHost, blocks, block_bytes);

@@ -17,14 +17,19 @@ TEST(Flags, ParsesValuesAndRejectsBadInput) {
   double f = 0.5;
   bool b = false;
   std::vector<std::string> list;
+  std::vector<int64_t> ints = {1, 2};
   FlagParser p("prog", "test");
+  p.AddIntList("sizes", &ints, "ints");
   p.AddString("name", &s, "a string");
   p.AddInt("count", &i, "an int");
   p.AddFloat("temp", &f, "a float");
   p.AddBool("verbose", &b, "a bool");
   p.AddStringList("stop", &list, "strings");
-  const char* argv[] = {"prog", "--name", "abc", "--count=42", "--temp", "0.25", "--verbose", "--stop", "a", "--stop=b"};
-  ASSERT_TRUE(p.Parse(10, const_cast<char**>(argv)).ok());
+  EXPECT_NE(p.Help().find("[default: 1,2]"), std::string::npos) << p.Help();
+  const char* argv[] = {"prog", "--name", "abc", "--count=42", "--temp", "0.25", "--verbose", "--stop", "a", "--stop=b",
+                        "--sizes", "4,16,64"};
+  ASSERT_TRUE(p.Parse(12, const_cast<char**>(argv)).ok());
+  EXPECT_EQ(ints, (std::vector<int64_t>{4, 16, 64}));
   EXPECT_EQ(s, "abc");
   EXPECT_EQ(i, 42);
   EXPECT_EQ(f, 0.25);
@@ -32,6 +37,8 @@ TEST(Flags, ParsesValuesAndRejectsBadInput) {
   EXPECT_EQ(list, (std::vector<std::string>{"a", "b"}));
   EXPECT_NE(p.Help().find("--count VALUE"), std::string::npos);
 
+  const char* bad_list[] = {"prog", "--sizes", "4,,5"};
+  EXPECT_NE(p.Parse(3, const_cast<char**>(bad_list)).message().find("--sizes"), std::string::npos);
   const char* bad_int[] = {"prog", "--count", "4x"};
   EXPECT_NE(p.Parse(3, const_cast<char**>(bad_int)).message().find("--count"), std::string::npos);
   const char* unknown[] = {"prog", "--nope"};
