@@ -242,7 +242,7 @@ bool Scheduler::CompleteSwap(PendingSwap& swap, Tier to) {
   kv_manager_.Release(swap.plan.release_after);  // the source blocks: read by the copy until now
   if (!st.ok()) {
     // The destination holds no valid data: recompute this sequence instead.
-    SPDLOG_WARN("request {}: swap to the {} tier failed ({}); its KV will be recomputed", run.request->id,
+    spdlog::warn("request {}: swap to the {} tier failed ({}); its KV will be recomputed", run.request->id,
                 std::string(TierName(to)), std::string(st.message()));
     DropKv(run);
     run.preempted = true;
@@ -266,6 +266,8 @@ void Scheduler::Preempt(const std::vector<size_t>& victims) {
       DropKv(run);
     }
     const PreemptionMode mode = plan.has_value() ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
+    spdlog::debug("request {} preempted ({}): {} device blocks free", run.request->id,
+                 std::string(PreemptionModeName(mode)), device_blocks_.num_free());
     ++preemptions_[static_cast<int>(mode)];
     if (observer_ != nullptr) observer_->OnPreemption(mode);
   }

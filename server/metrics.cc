@@ -7,6 +7,11 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
 }
 
+// Moving one sequence's blocks takes from about 0.1 ms (a short prompt) to tens of ms.
+prometheus::Histogram::BucketBoundaries SwapBuckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+}
+
 std::string SwapDirection(Tier to) { return to == Tier::kHost ? "to_host" : "to_device"; }
 
 }  // namespace
@@ -107,7 +112,7 @@ void Metrics::OnPreemption(PreemptionMode mode) {
 
 void Metrics::OnSwap(Tier to, uint64_t bytes, double seconds) {
   swap_bytes_.Add({{"direction", SwapDirection(to)}}).Increment(static_cast<double>(bytes));
-  swap_seconds_.Add({}, LatencyBuckets()).Observe(seconds);
+  swap_seconds_.Add({}, SwapBuckets()).Observe(seconds);
 }
 
 void Metrics::OnFirstToken(const std::string& strategy, double ttft_seconds) {
