@@ -1,6 +1,6 @@
 // The forward pass's view of the KV cache: append rows for a sequence at a layer,
-// read them back for attention. The paged two-tier implementation (BlockPool,
-// KvCacheManager, SwapEngine) will implement the same interface.
+// read them back for attention. Implementations: ContiguousKvStore below (offline
+// generation, tests) and PagedKvStore (the scheduler's paged device tier).
 #pragma once
 
 #include <cstdint>
@@ -20,8 +20,8 @@ class KvStore {
   // Returns ResourceExhausted when the sequence or the store is full.
   virtual absl::Status Append(int64_t seq_id, int layer, std::span<const int32_t> positions, const float* k,
                               const float* v) = 0;
-  // Rows stored for (seq, layer); valid until the next Append, View or Release for
-  // that sequence and layer.
+  // Rows stored for (seq, layer); valid until the next Append, View or Release on
+  // this store (implementations may reuse one block-table buffer for every View).
   virtual KvRows View(int64_t seq_id, int layer) = 0;
   // Drops everything held for the sequence.
   virtual void Release(int64_t seq_id) = 0;

@@ -37,7 +37,7 @@ class PagedKvStore final : public KvStore {
   int kv_dim_;
   int block_tokens_;
   DType dtype_;
-  std::vector<const void*> k_blocks_, v_blocks_;  // the last View's block table
+  std::vector<const void*> k_blocks_, v_blocks_;  // the last View's block table (one for all Views)
 };
 
 }  // namespace ps
