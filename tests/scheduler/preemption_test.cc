@@ -96,7 +96,9 @@ TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
     auto id = [&](int i) { return c.name + "/" + std::to_string(i); };
     for (int i = 0; i < kRequests; ++i) {
       ASSERT_TRUE(s.Submit(Make(id(i), MixedPrompt(i), NewTokens(i))).ok());
-      if (c.one_at_a_time) ASSERT_TRUE(sinks_[id(i)]->Wait());
+      if (c.one_at_a_time) {
+        ASSERT_TRUE(sinks_[id(i)]->Wait());
+      }
     }
     for (int i = 0; i < kRequests; ++i) {
       CollectingSink& sink = *sinks_[id(i)];
