@@ -33,6 +33,21 @@ TEST_F(SchedulerTest, RequestLargerThanTheKvCacheFailsAlone) {
   EXPECT_EQ(sinks_["small"]->finished.reason, FinishReason::kLength);
 }
 
+TEST_F(SchedulerTest, PromptLargerThanTheKvCacheFailsAtAdmission) {
+  ThreadPool engine_pool(1);
+  Scheduler s(*model_, engine_pool, SchedulerOptions{.kv_block_tokens = 16, .kv_device_blocks = 10});
+  std::vector<int32_t> long_prompt(40, 300);  // 3 blocks x 5 layers > 10
+  ASSERT_TRUE(s.Submit(Make("long", long_prompt, 4)).ok());
+  ASSERT_TRUE(s.Submit(Make("short", {1, 300}, 4)).ok());
+  ASSERT_TRUE(sinks_["long"]->Wait());
+  EXPECT_EQ(sinks_["long"]->finished.reason, FinishReason::kError);
+  EXPECT_NE(sinks_["long"]->finished.error.find("cannot hold this request's prompt"), std::string::npos)
+      << sinks_["long"]->finished.error;
+  EXPECT_TRUE(sinks_["long"]->tokens.empty());
+  ASSERT_TRUE(sinks_["short"]->Wait());
+  EXPECT_EQ(sinks_["short"]->finished.reason, FinishReason::kLength);
+}
+
 TEST_F(SchedulerTest, DuplicateIdsAndFullQueueAreRefused) {
   ThreadPool engine_pool(1);
   Scheduler s(*model_, engine_pool, SchedulerOptions{.max_running = 1, .max_queue = 2});
