@@ -40,7 +40,7 @@ struct SchedulerOptions {
   int prefill_chunk = 512;      // prompt tokens of one sequence per step at most
   int kv_block_tokens = 16;     // tokens per KV block (one layer's K and V)
   DType kv_dtype = DType::kF32;  // KV element type: F32, F16 or BF16
-  // KV blocks of the device tier; 0 = enough for max_running full-context sequences.
+  // KV blocks of the device tier; 0 = enough for max_running full-context sequences, up to 1 GiB.
   int64_t kv_device_blocks = 0;
   int64_t kv_host_blocks = 0;   // host tier (swap space); 0 = none: every preemption recomputes
   PreemptionMode preemption = PreemptionMode::kSwap;
