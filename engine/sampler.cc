@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/vec.h"
 
 namespace ps {
 
@@ -41,13 +42,8 @@ SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> h
   SampledToken out;
   // Log-probabilities of the unmodified distribution.
   logprobs_.assign(logits.begin(), logits.end());
-  {
-    const float m = *std::max_element(logprobs_.begin(), logprobs_.end());
-    double sum = 0;
-    for (float v : logprobs_) sum += std::exp(static_cast<double>(v - m));
-    const float lse = m + static_cast<float>(std::log(sum));
-    for (float& v : logprobs_) v -= lse;
-  }
+  const float lse = LogSumExp(logprobs_.data(), n);
+  for (float& v : logprobs_) v -= lse;
   if (p_.top_logprobs > 0) {
     for (int32_t id : TopK(logprobs_, p_.top_logprobs)) out.top.push_back({id, logprobs_[id]});
   }

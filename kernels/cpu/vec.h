@@ -13,7 +13,7 @@ float DotBf16F32(const uint16_t* a, const float* b, int64_t n);
 void DotRows(const float* q, const float* k, int64_t stride, int64_t rows, int64_t n, float* out);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
-// y += p[j] * v[j * stride ..] for j < rows with p[j] != 0, in order (as Axpy calls would).
+// y += p[j] * v[j * stride ..] for j < rows, in order (as Axpy calls would).
 void AxpyRows(const float* p, const float* v, int64_t stride, int64_t rows, int64_t n, float* y);
 // y *= a
 void Scale(float a, float* y, int64_t n);
@@ -29,5 +29,7 @@ void SiluMul(float* gate, const float* up, int64_t n);
 // x = exp(x), vectorised, relative error below 2e-7 on [-87, 88].
 void ExpInPlace(float* x, int64_t n);
 float MaxOf(const float* x, int64_t n);
+// log(sum(exp(x))), stable (shifted by the maximum), vectorised.
+float LogSumExp(const float* x, int64_t n);
 
 }  // namespace ps

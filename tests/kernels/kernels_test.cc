@@ -50,6 +50,7 @@ TEST(Vec, ElementwiseKernelsMatchScalarMath) {
     for (float v : a) m = std::max<double>(m, v);
     for (float v : a) sum += std::exp(v - m);
     for (int i = 0; i < n; ++i) EXPECT_NEAR(s[i], std::exp(a[i] - m) / sum, 1e-6);
+    EXPECT_NEAR(LogSumExp(a.data(), n), m + std::log(sum), 1e-5 * (1 + std::fabs(m + std::log(sum))));
 
     std::vector<float> out(n), w(n, 1.5f);
     RmsNorm(a.data(), w.data(), out.data(), n, 1e-5f);
