@@ -6,9 +6,11 @@
 
 #include "base/fp16.h"
 
-// GCC notes that 64-byte vector values change the ABI of non-AVX-512 clones; they
-// never cross a call boundary here (always inlined).
+#if !defined(__clang__)
+// GCC notes that 64-byte vector values change the ABI of non-AVX-512 clones; none
+// crosses a call boundary here.
 #pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 
 #if defined(__SANITIZE_THREAD__)
 #define PS_CLONES  // ifunc resolvers would run before ThreadSanitizer is initialised
@@ -46,12 +48,14 @@ namespace {
 typedef float F32x16 __attribute__((vector_size(64), aligned(4), may_alias));
 typedef float F32x8 __attribute__((vector_size(32)));
 typedef float F32x4 __attribute__((vector_size(16)));
-inline __attribute__((always_inline)) F32x16 Load16(const float* p) { return *reinterpret_cast<const F32x16*>(p); }
+// A reference, not a value: returning a 64-byte vector by value would depend on the
+// clone's ABI (and clang rejects it outside AVX-512 code).
+inline const F32x16& At16(const float* p) { return *reinterpret_cast<const F32x16*>(p); }
 
 inline __attribute__((always_inline)) float Dot(const float* a, const float* b, int64_t n) {
   F32x16 acc = {};  // sixteen partial sums keep the loop vectorised without -ffast-math
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) acc += Load16(a + i) * Load16(b + i);
+  for (; i + 16 <= n; i += 16) acc += At16(a + i) * At16(b + i);
   // Pairwise reduction: four dependent adds instead of sixteen.
   const F32x8 s8 = __builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7) +
                    __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -102,8 +106,8 @@ PS_CLONES void AxpyRows(const float* p, const float* v, int64_t stride, int64_t 
   // the rows in order, as a sequence of Axpy calls would (rows with p = 0 add zero).
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    F32x16 acc = Load16(y + i);
-    for (int64_t j = 0; j < rows; ++j) acc += p[j] * Load16(v + j * stride + i);
+    F32x16 acc = At16(y + i);
+    for (int64_t j = 0; j < rows; ++j) acc += p[j] * At16(v + j * stride + i);
     *reinterpret_cast<F32x16*>(y + i) = acc;
   }
   for (int64_t j = 0; j < rows; ++j) {
