@@ -15,6 +15,7 @@
 #include <prometheus/exposer.h>
 #include <spdlog/spdlog.h>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
 #include "server/generation_service.h"
@@ -27,7 +28,8 @@ struct Options {
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64,
           max_batch_tokens = 2048, prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16,
           kv_device_bytes = int64_t{1} << 30, kv_host_bytes = int64_t{2} << 30;
-  double drain_timeout = 30.0, default_temperature = 1.0, default_top_p = 1.0;
+  double drain_timeout = 30.0, default_temperature = 1.0, default_top_p = 1.0, kv_device_fraction = 0,
+         kv_host_fraction = 0;
   bool int8_activations = false;
 };
 
@@ -46,6 +48,10 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddString("kv-dtype", &o.kv_dtype, "KV cache element type: f32 | f16 | bf16 (half the bytes per token)");
   f.AddInt("kv-device-bytes", &o.kv_device_bytes, "bytes of the device KV tier");
   f.AddInt("kv-host-bytes", &o.kv_host_bytes, "bytes of the host KV tier, where preempted requests are swapped (0 = none)");
+  f.AddFloat("kv-device-fraction", &o.kv_device_fraction,
+             "device KV tier as a fraction of the memory available at start-up; overrides --kv-device-bytes (0 = off)");
+  f.AddFloat("kv-host-fraction", &o.kv_host_fraction,
+             "host KV tier as a fraction of the memory available at start-up; overrides --kv-host-bytes (0 = off)");
   f.AddString("preemption", &o.preemption, "swap | recompute: what happens to a preempted request's KV");
   f.AddInt("default-max-new-tokens", &o.default_max_new_tokens, "max_new_tokens when a request sets none");
   f.AddFloat("default-temperature", &o.default_temperature, "temperature when a request sets none");
@@ -54,6 +60,17 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddBool("int8-activations", &o.int8_activations, "int8 activations for quantised weights (faster decode)");
   f.AddString("log-level", &o.log_level, "trace | debug | info | warn | error");
   f.AddString("config", &o.config, "config file of 'name = value' lines (command-line flags win)");
+}
+
+// MemAvailable of /proc/meminfo, in bytes.
+absl::StatusOr<int64_t> AvailableMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return absl::UnavailableError("no MemAvailable in /proc/meminfo");
 }
 
 int Fail(const std::string& msg) {
@@ -89,6 +106,17 @@ int main(int argc, char** argv) {
   const std::map<std::string, DType> kv_dtypes = {{"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16}};
   if (!kv_dtypes.contains(o.kv_dtype)) return Fail("--kv-dtype must be f32, f16 or bf16, not '" + o.kv_dtype + "'");
   const DType kv_dtype = kv_dtypes.at(o.kv_dtype);
+  if (o.kv_device_fraction < 0 || o.kv_host_fraction < 0 || o.kv_device_fraction + o.kv_host_fraction > 0.9) {
+    return Fail("--kv-device-fraction and --kv-host-fraction must be >= 0 and add up to 0.9 at most");
+  }
+  if (o.kv_device_fraction > 0 || o.kv_host_fraction > 0) {
+    const absl::StatusOr<int64_t> available = AvailableMemoryBytes();
+    if (!available.ok()) return Fail(absl::StrCat("KV tier fractions: ", available.status().message()));
+    if (o.kv_device_fraction > 0) o.kv_device_bytes = static_cast<int64_t>(*available * o.kv_device_fraction);
+    if (o.kv_host_fraction > 0) o.kv_host_bytes = static_cast<int64_t>(*available * o.kv_host_fraction);
+    spdlog::info("KV tiers from fractions of {:.0f} MiB available: device {:.0f} MiB, host {:.0f} MiB",
+                 *available / 1048576.0, o.kv_device_bytes / 1048576.0, o.kv_host_bytes / 1048576.0);
+  }
   if (o.preemption != "swap" && o.preemption != "recompute") {
     return Fail("--preemption must be swap or recompute, not '" + o.preemption + "'");
   }

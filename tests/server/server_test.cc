@@ -352,6 +352,21 @@ TEST(ServerMetrics, SwapPreemptionIsVisibleAndHarmless) {
   EXPECT_EQ(load.swapped(), 0u);
 }
 
+// Tier sizes as fractions of the available memory: the start-up log says what they
+// came to, and GetLoad reports the host tier's capacity.
+TEST(ServerMetrics, KvTiersFromMemoryFractions) {
+  ServerProcess s({"--model", kStories, "--kv-device-fraction", "0.002", "--kv-host-fraction", "0.004"});
+  grpc::ClientContext ctx;
+  pb::LoadInfo load;
+  ASSERT_TRUE(s.Stub()->GetLoad(&ctx, {}, &load).ok());
+  ASSERT_EQ(load.kv_size(), 2);
+  EXPECT_GT(load.kv(0).capacity_tokens(), 0u);
+  // Twice the fraction, twice the blocks (within one block of rounding).
+  const double ratio = static_cast<double>(load.kv(1).capacity_tokens()) / load.kv(0).capacity_tokens();
+  EXPECT_NEAR(ratio, 2.0, 0.01);
+  EXPECT_NE(s.Log().find("KV tiers from fractions of"), std::string::npos) << s.Log();
+}
+
 TEST(ServerShutdown, SigtermLetsTheStreamFinishAndExitsZero) {
   // Long enough to outlast the checks below on a loaded machine; the drain
   // timeout is far above what the stream needs.
