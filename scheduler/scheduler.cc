@@ -308,7 +308,8 @@ void Scheduler::Step() {
     const size_t i = order[k];
     if (rows[i] == 0 || victim[i]) continue;
     const Running& run = running_[i];
-    const int64_t need = kv_manager_.BlocksNeeded(run.seq_id, rows[i]) + kv_manager_.BlocksIn(run.seq_id, Tier::kHost);
+    const int64_t need =
+        kv_manager_.BlocksNeeded(run.seq_id, rows[i]) + (run.Swapped() ? kv_manager_.BlocksIn(run.seq_id, Tier::kHost) : 0);
     for (size_t v = order.size(); need > free_blocks && v-- > k + 1;) {
       const size_t j = order[v];
       const int64_t held = kv_manager_.BlocksIn(running_[j].seq_id, Tier::kDevice);
@@ -331,7 +332,7 @@ void Scheduler::Step() {
   std::vector<PendingSwap> swap_ins;
   for (size_t i : in_step) {
     Running& run = running_[i];
-    if (kv_manager_.BlocksIn(run.seq_id, Tier::kHost) == 0) continue;
+    if (!run.Swapped()) continue;
     std::optional<SwapPlan> plan = kv_manager_.PlanSwapIn(run.seq_id);
     PS_CHECK(plan.has_value()) << "device blocks were reserved for the swap-in";
     swap_ins.push_back({.ticket = swap_.Submit(plan->copies), .run = i, .plan = std::move(*plan), .submitted = Clock::now()});
@@ -401,7 +402,7 @@ void Scheduler::PublishLoad(int batch_tokens) {
     load_.running = static_cast<int>(running_.size());
     load_.waiting = static_cast<int>(waiting_.size());
     load_.swapped = 0;
-    for (const Running& run : running_) load_.swapped += kv_manager_.BlocksIn(run.seq_id, Tier::kHost) > 0;
+    for (const Running& run : running_) load_.swapped += run.Swapped();
     for (const BlockPool* p : {&device_blocks_, &host_blocks_}) {
       load_.kv[static_cast<int>(p->tier())].used = p->num_blocks() - p->num_free();
     }

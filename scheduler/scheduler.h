@@ -104,6 +104,8 @@ class Scheduler {
     Clock::time_point admitted{}, first_token{};
     double rows_computed = 0;  // token-layer pairs of the first prompt pass
     int Remaining() const { return static_cast<int>(decoder->history().size()) - computed; }
+    // Its KV sits in the host tier (a preemption that dropped the KV leaves computed = 0).
+    bool Swapped() const { return preempted && computed > 0; }
   };
   struct PendingSwap {
     SwapTicket ticket = 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/vec.h"
 
@@ -35,8 +36,7 @@ void Gemv(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
           float v;
           switch (w.type) {
             case DType::kF32: v = DotF32(reinterpret_cast<const float*>(row), xi, k); break;
-            case DType::kF16: v = DotF16F32(reinterpret_cast<const uint16_t*>(row), xi, k); break;
-            default: v = DotBf16F32(reinterpret_cast<const uint16_t*>(row), xi, k); break;
+            default: v = DotHalf(w.type, reinterpret_cast<const uint16_t*>(row), xi, k); break;
           }
           y[i * w.rows + r] = v;
         }

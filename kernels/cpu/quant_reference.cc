@@ -7,6 +7,7 @@
 
 #include "base/fp16.h"
 #include "base/status.h"
+#include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/quant.h"
 
 namespace ps {
@@ -220,6 +221,7 @@ void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n) {
 }
 
 void DequantizeRow(DType type, const void* row, float* out, int64_t n) {
+  if (type == DType::kF16 || type == DType::kBF16) return HalfToF32(type, static_cast<const uint16_t*>(row), out, n);
   if (avx512::Available() && avx512::Supports(type)) return avx512::DequantizeRow(type, row, out, n);
   reference::DequantizeRow(type, row, out, n);
 }

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <limits>
 
-#include "base/fp16.h"
 
 #if !defined(__clang__)
 // GCC notes that 64-byte vector values change the ABI of non-AVX-512 clones; none
@@ -70,31 +69,6 @@ PS_CLONES float DotF32(const float* a, const float* b, int64_t n) { return Dot(a
 
 PS_CLONES void DotRows(const float* q, const float* k, int64_t stride, int64_t rows, int64_t n, float* out) {
   for (int64_t j = 0; j < rows; ++j) out[j] = Dot(q, k + j * stride, n);
-}
-
-PS_CLONES float DotF16F32(const uint16_t* a, const float* b, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  float tmp[16];
-  for (; i + 16 <= n; i += 16) {
-    for (int k = 0; k < 16; ++k) tmp[k] = Fp16ToFp32(a[i + k]);
-    for (int k = 0; k < 16; ++k) acc[k] += tmp[k] * b[i + k];
-  }
-  float s = 0;
-  for (int k = 0; k < 16; ++k) s += acc[k];
-  for (; i < n; ++i) s += Fp16ToFp32(a[i]) * b[i];
-  return s;
-}
-
-PS_CLONES float DotBf16F32(const uint16_t* a, const float* b, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int k = 0; k < 16; ++k) acc[k] += Bf16ToFp32(a[i + k]) * b[i + k];
-  float s = 0;
-  for (int k = 0; k < 16; ++k) s += acc[k];
-  for (; i < n; ++i) s += Bf16ToFp32(a[i]) * b[i];
-  return s;
 }
 
 PS_CLONES void Axpy(float a, const float* x, float* y, int64_t n) {

@@ -7,8 +7,6 @@
 namespace ps {
 
 float DotF32(const float* a, const float* b, int64_t n);
-float DotF16F32(const uint16_t* a, const float* b, int64_t n);
-float DotBf16F32(const uint16_t* a, const float* b, int64_t n);
 // out[j] = DotF32(q, k + j * stride, n) for j < rows (the same arithmetic, one call).
 void DotRows(const float* q, const float* k, int64_t stride, int64_t rows, int64_t n, float* out);
 // y += a * x

@@ -38,7 +38,7 @@ TEST(Vec, ElementwiseKernelsMatchScalarMath) {
     for (int i = 0; i < n; ++i) h[i] = Fp32ToFp16(a[i]);
     double doth = 0;
     for (int i = 0; i < n; ++i) doth += double(Fp16ToFp32(h[i])) * b[i];
-    EXPECT_NEAR(DotF16F32(h.data(), b.data(), n), doth, 1e-4 * (1 + std::fabs(doth)));
+    EXPECT_NEAR(DotHalf(DType::kF16, h.data(), b.data(), n), doth, 1e-4 * (1 + std::fabs(doth)));
 
     std::vector<float> e = a;
     ExpInPlace(e.data(), n);

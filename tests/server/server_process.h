@@ -46,6 +46,7 @@ class ServerProcess {
   explicit ServerProcess(std::vector<std::string> args) {
     static int counter = 0;
     dir_ = ::testing::TempDir() + "/server_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
+    std::filesystem::remove_all(dir_);  // a stale port file of an earlier process with this pid
     std::filesystem::create_directories(dir_);
     const std::string port_file = dir_ + "/ports", log = dir_ + "/server.log";
     std::vector<std::string> argv = {std::string(PS_BINARY_DIR) + "/pruneserve", "--host", "127.0.0.1", "--port", "0",
