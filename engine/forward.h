@@ -22,14 +22,22 @@ struct SeqInput {
   bool all_logits = false;             // logits for every row, else for the last row only
   bool no_logits = false;              // e.g. a prefill chunk that does not end the prompt
   PruningStrategy* strategy = nullptr; // null: full attention
+  bool report_kept = false;            // fill ForwardOutput::kept_rows for this sequence
 };
 
 struct ForwardOutput {
   // [n_logit_rows, n_vocab]; sequence i's rows start at row_offset[i] (row_count[i] rows).
   std::vector<float> logits;
   std::vector<int64_t> row_offset, row_count;
-  // Token-layer pairs computed per sequence in this step (for "% of prompt computed").
+  // Token-layer pairs computed per sequence in this step (for "% of prompt computed"),
+  // prefix passes included.
   std::vector<int64_t> rows_computed;
+  // Rows entering each layer: [batch.size() * n_layers], sequence-major.
+  std::vector<int32_t> layer_rows;
+  // Per sequence: the position after its last row (where its next token goes).
+  std::vector<int32_t> next_position;
+  // Per sequence with report_kept: indices of its input rows that reached the last layer.
+  std::vector<std::vector<int32_t>> kept_rows;
   std::span<const float> Row(size_t seq, int64_t i, int n_vocab) const {
     return {logits.data() + (row_offset[seq] + i) * n_vocab, static_cast<size_t>(n_vocab)};
   }
@@ -42,21 +50,36 @@ class Transformer {
   absl::Status Forward(std::span<const SeqInput> batch, KvStore& kv, ForwardOutput* out);
 
  private:
+  class PrefixContext;
+  // Runs layers 0..last_layer (< n_layers: no logits; only the last row's
+  // attention at last_layer) over the given rows.
+  absl::Status Run(std::span<const SeqInput> batch, std::span<const StepRows* const> rows, int last_layer, KvStore& kv,
+                   ForwardOutput* out);
+  // Applies the strategies' RowsForLayer edits before `layer`, compacting the activations.
+  void EditRows(int layer, std::span<const SeqInput> batch);
+  int64_t n_rows_ = 0;  // active rows of the current pass
   void EnsureCapacity(int64_t rows);
   const Model& model_;
   ThreadPool& pool_;
   MatMulOptions matmul_;
   // Rows of one sequence inside the compacted activation buffers.
   struct Segment {
-    int64_t offset = 0;
-    std::vector<int32_t> rows;  // step-local row indices still active, ascending
+    int64_t offset = 0;  // first row in the activation buffers
+    int64_t n = 0;       // active rows
   };
   // Activations, grown to the largest batch seen ([rows, width] row-major), and
   // per-step bookkeeping reused across steps so the hot path does not allocate.
   std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_;
-  std::vector<int32_t> tokens_, positions_, new_positions_, kept_rows_;
+  std::vector<int32_t> tokens_, positions_, origins_, new_positions_, new_origins_;
   std::vector<Segment> segments_;
-  std::vector<float> probs_;
+  std::vector<float> stat_;
+  std::vector<StepRows> step_rows_;  // per sequence, as BeginStep left them
+  struct RowEdit {
+    std::vector<char> keep;
+    std::vector<int32_t> add_positions;
+    std::vector<float> add_hidden;
+  };
+  std::vector<RowEdit> edits_;  // per sequence, RowsForLayer's answer
   int64_t capacity_ = 0;
 };
 

@@ -10,7 +10,8 @@ Generator::Generator(const Model& model, ThreadPool& pool, const MatMulOptions& 
     : model_(model), transformer_(model, pool, matmul) {}
 
 absl::StatusOr<GenerationResult> Generator::Generate(std::span<const int32_t> prompt, const SamplingParams& sampling,
-                                                     const StopCriteria& stop, const TokenCallback& on_token) {
+                                                     const StopCriteria& stop, const TokenCallback& on_token,
+                                                     PruningStrategy* strategy) {
   const ModelConfig& c = model_.config();
   PS_RETURN_IF_ERROR(ValidateGeneration(c, prompt.size(), sampling, stop));
   ContiguousKvStore kv(c.n_layers, c.kv_dim(), c.n_ctx);
@@ -23,8 +24,9 @@ absl::StatusOr<GenerationResult> Generator::Generate(std::span<const int32_t> pr
   ForwardOutput fo;
   auto t0 = std::chrono::steady_clock::now();
   while (true) {
-    SeqInput in{.seq_id = seq, .tokens = step_tokens, .positions = step_pos};
+    SeqInput in{.seq_id = seq, .tokens = step_tokens, .positions = step_pos, .strategy = strategy};
     PS_RETURN_IF_ERROR(transformer_.Forward(std::span<const SeqInput>(&in, 1), kv, &fo));
+    if (result.tokens.empty()) result.prompt_rows_computed = fo.rows_computed[0];
     const auto t1 = std::chrono::steady_clock::now();
     (result.tokens.empty() ? result.prefill_seconds : result.decode_seconds) +=
         std::chrono::duration<double>(t1 - t0).count();
@@ -44,7 +46,7 @@ absl::StatusOr<GenerationResult> Generator::Generate(std::span<const int32_t> pr
       break;
     }
     step_tokens.assign(1, step.sampled.token);
-    step_pos.assign(1, static_cast<int32_t>(prompt.size() + result.tokens.size() - 1));
+    step_pos.assign(1, fo.next_position[0]);
   }
   kv.Release(seq);
   return result;

@@ -22,6 +22,7 @@ struct GenerationResult {
   std::vector<SampledToken> sampled;
   double prefill_seconds = 0;
   double decode_seconds = 0;
+  int64_t prompt_rows_computed = 0;  // token-layer pairs of the prompt pass (prefix passes included)
 };
 
 // Called for each generated token with the newly completed text; return false to cancel.
@@ -30,8 +31,10 @@ using TokenCallback = std::function<bool(const SampledToken&, std::string_view t
 class Generator {
  public:
   Generator(const Model& model, ThreadPool& pool, const MatMulOptions& matmul = {});
+  // `strategy` (null: full) serves this one generation.
   absl::StatusOr<GenerationResult> Generate(std::span<const int32_t> prompt, const SamplingParams& sampling,
-                                            const StopCriteria& stop, const TokenCallback& on_token = nullptr);
+                                            const StopCriteria& stop, const TokenCallback& on_token = nullptr,
+                                            PruningStrategy* strategy = nullptr);
 
  private:
   const Model& model_;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/pruning/strategy.h"
+#include "engine/pruning/params.h"
 #include "engine/sequence.h"
 
 namespace ps {
@@ -23,7 +23,11 @@ std::string_view CancelReasonName(CancelReason r);
 struct RequestUsage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
-  double prompt_tokens_computed = 0;  // token-layer pairs / layers
+  // Prompt token-layer pairs computed / layers: the first pass over the prompt
+  // (prefix passes included) and prompt tokens revived during decode.
+  double prompt_tokens_computed = 0;
+  // (layer, prompt tokens entering it) at layer 0 and wherever the count changes, first pass.
+  std::vector<std::pair<int, int>> kept_per_layer;
   double queue_seconds = 0;
   double ttft_seconds = 0;
   double total_seconds = 0;
@@ -39,6 +43,13 @@ struct RequestEvent {
   std::string matched_stop;
   std::string error;
   RequestUsage usage;
+  // With Request::report_pruning: the prompt token spans that reached the last
+  // layer in the first pass.
+  struct KeptSpan {
+    int begin = 0, end = 0;  // [begin, end) prompt indices
+    std::string text;
+  };
+  std::vector<KeptSpan> kept_spans;
 };
 
 // Receives a request's events. Called on the engine thread: must not block.
@@ -54,7 +65,9 @@ struct Request {
   SamplingParams sampling;
   StopCriteria stop;
   int priority = 0;
-  std::string strategy = "full";
+  PruningParams pruning;        // validated by the submitter
+  bool report_pruning = false;  // return kept_spans in the Finished event
+  std::string_view strategy() const { return StrategyName(pruning.strategy); }
   std::optional<Clock::time_point> deadline;
   std::shared_ptr<RequestSink> sink;
 

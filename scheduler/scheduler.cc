@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -25,6 +26,29 @@ std::string_view PreemptionModeName(PreemptionMode m) {
 
 namespace {
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Prompt rows a sequence may take in one step: strategies that score from the
+// last prompt token take the whole prompt at once.
+int StepLimit(const PruningStrategy* strategy, int prefill_chunk) {
+  return strategy != nullptr && strategy->WholePrompt() ? std::numeric_limits<int>::max() : prefill_chunk;
+}
+
+// Runs of ascending prompt indices, with their text.
+std::vector<RequestEvent::KeptSpan> Spans(const std::vector<int32_t>& sorted, std::span<const int32_t> prompt,
+                                          const Tokenizer* tok) {
+  std::vector<RequestEvent::KeptSpan> spans;
+  for (int32_t i : sorted) {
+    if (!spans.empty() && spans.back().end == i) {
+      ++spans.back().end;
+    } else {
+      spans.push_back({.begin = i, .end = i + 1});
+    }
+  }
+  if (tok != nullptr) {
+    for (auto& s : spans) s.text = tok->Decode(prompt.subspan(s.begin, s.end - s.begin));
+  }
+  return spans;
+}
 
 int32_t DeviceBlocks(const SchedulerOptions& o, const ModelConfig& c) {
   if (o.kv_device_blocks > 0) return static_cast<int32_t>(std::min<int64_t>(o.kv_device_blocks, INT32_MAX));
@@ -141,6 +165,12 @@ void Scheduler::Finish(Running& run, FinishReason reason, CancelReason cancel, s
   ev.usage.prompt_tokens = static_cast<int>(r.prompt.size());
   ev.usage.completion_tokens = run.decoder->num_generated();
   ev.usage.prompt_tokens_computed = run.rows_computed / model_.config().n_layers;
+  for (size_t l = 0; l < run.layer_rows.size(); ++l) {
+    if (l == 0 || run.layer_rows[l] != run.layer_rows[l - 1]) {
+      ev.usage.kept_per_layer.emplace_back(static_cast<int>(l), static_cast<int>(run.layer_rows[l]));
+    }
+  }
+  if (r.report_pruning) ev.kept_spans = Spans(run.kept_prompt, r.prompt, model_.tokenizer());
   ev.usage.queue_seconds = Seconds(r.arrival, run.admitted);
   ev.usage.ttft_seconds = run.prefilled ? Seconds(r.arrival, run.first_token) : 0.0;
   ev.usage.total_seconds = Seconds(r.arrival, now);
@@ -185,7 +215,7 @@ void Scheduler::Admit(Clock::time_point now) {
     if (run.preempted) {
       if (first_preempted == nullptr || ByPriority(*run.request, *first_preempted)) first_preempted = run.request.get();
     } else {
-      reserved += kv_manager_.BlocksNeeded(run.seq_id, std::min(run.Remaining(), options_.prefill_chunk));
+      reserved += kv_manager_.BlocksNeeded(run.seq_id, std::min(run.Remaining(), StepLimit(run.strategy.get(), options_.prefill_chunk)));
     }
   }
   size_t taken = 0;
@@ -206,6 +236,8 @@ void Scheduler::Admit(Clock::time_point now) {
     run.request = r;
     run.seq_id = next_seq_id_++;
     run.decoder = std::make_unique<SequenceDecoder>(model_.tokenizer(), r->sampling, r->stop, r->prompt);
+    run.strategy = MakeStrategy(r->pruning, model_.config());
+    run.layer_rows.assign(model_.config().n_layers, 0);
     run.admitted = now;
     running_.push_back(std::move(run));
     ++taken;
@@ -222,11 +254,20 @@ std::vector<int> Scheduler::PlanRows(const std::vector<size_t>& order) const {
       --budget;
     }
   }
+  bool prefill_planned = false;
   for (size_t i : order) {
     const int remaining = running_[i].Remaining();
     if (remaining <= 1 || budget <= 0) continue;
-    rows[i] = std::min({remaining, options_.prefill_chunk, budget});
+    const PruningStrategy* strategy = running_[i].strategy.get();
+    if (strategy != nullptr && strategy->WholePrompt() && remaining > budget) {
+      // The prompt cannot be split: it takes a step's prefill share alone, over budget if need be.
+      if (prefill_planned) continue;
+      rows[i] = remaining;
+    } else {
+      rows[i] = std::min({remaining, StepLimit(strategy, options_.prefill_chunk), budget});
+    }
     budget -= rows[i];
+    prefill_planned = true;
   }
   return rows;
 }
@@ -234,6 +275,13 @@ std::vector<int> Scheduler::PlanRows(const std::vector<size_t>& order) const {
 void Scheduler::DropKv(Running& run) {
   kv_.Release(run.seq_id);
   run.computed = 0;
+  run.next_position = 0;
+  run.strategy = MakeStrategy(run.request->pruning, model_.config());  // its state described the dropped KV
+  if (!run.prefilled) {  // the first pass starts over
+    run.rows_computed = 0;
+    std::fill(run.layer_rows.begin(), run.layer_rows.end(), 0);
+    run.kept_prompt.clear();
+  }
 }
 
 bool Scheduler::CompleteSwap(PendingSwap& swap, Tier to) {
@@ -308,8 +356,9 @@ void Scheduler::Step() {
     const size_t i = order[k];
     if (rows[i] == 0 || victim[i]) continue;
     const Running& run = running_[i];
-    const int64_t need =
-        kv_manager_.BlocksNeeded(run.seq_id, rows[i]) + (run.Swapped() ? kv_manager_.BlocksIn(run.seq_id, Tier::kHost) : 0);
+    const int64_t added = run.strategy != nullptr ? run.strategy->MaxAddedRows() : 0;  // revivals
+    const int64_t need = kv_manager_.BlocksNeeded(run.seq_id, static_cast<int>(std::min<int64_t>(rows[i] + added, INT32_MAX))) +
+                         (run.Swapped() ? kv_manager_.BlocksIn(run.seq_id, Tier::kHost) : 0);
     for (size_t v = order.size(); need > free_blocks && v-- > k + 1;) {
       const size_t j = order[v];
       const int64_t held = kv_manager_.BlocksIn(running_[j].seq_id, Tier::kDevice);
@@ -351,12 +400,13 @@ void Scheduler::Step() {
     const int n = std::min(rows[i], run.Remaining());
     const std::span<const int32_t> history = run.decoder->history();
     positions.emplace_back(n);
-    for (int p = 0; p < n; ++p) positions.back()[p] = run.computed + p;
+    for (int p = 0; p < n; ++p) positions.back()[p] = run.next_position + p;
     batch.push_back(SeqInput{.seq_id = run.seq_id,
                              .tokens = history.subspan(run.computed, n),
                              .positions = positions.back(),
                              .no_logits = run.computed + n < static_cast<int>(history.size()),
-                             .strategy = nullptr});
+                             .strategy = run.strategy.get(),
+                             .report_kept = run.request->report_pruning && !run.prefilled});
     batch_runs.push_back(i);
     batch_tokens += n;
   }
@@ -372,9 +422,17 @@ void Scheduler::Step() {
   const auto after = Clock::now();
   for (size_t b = 0; b < batch_runs.size(); ++b) {
     Running& run = running_[batch_runs[b]];
-    const int n_prompt = static_cast<int>(run.request->prompt.size());
-    if (!run.prefilled && run.computed < n_prompt) run.rows_computed += static_cast<double>(out_.rows_computed[b]);
-    run.computed += static_cast<int>(batch[b].tokens.size());
+    const int n = static_cast<int>(batch[b].tokens.size());
+    const int n_layers = model_.config().n_layers;
+    if (!run.prefilled) {  // the first pass over the prompt
+      run.rows_computed += static_cast<double>(out_.rows_computed[b]);
+      for (int l = 0; l < n_layers; ++l) run.layer_rows[l] += out_.layer_rows[b * n_layers + l];
+      for (int32_t k : out_.kept_rows[b]) run.kept_prompt.push_back(run.computed + k);
+    } else if (n == 1) {  // a decode step: rows beyond the new token's are revived prompt tokens
+      run.rows_computed += static_cast<double>(std::max<int64_t>(0, out_.rows_computed[b] - n_layers));
+    }
+    run.computed += n;
+    run.next_position = out_.next_position[b];
     if (batch[b].no_logits) continue;
     if (!run.prefilled) {
       run.prefilled = true;

@@ -102,7 +102,11 @@ class Scheduler {
     bool prefilled = false;  // the prompt has been computed once and the first token sampled
     bool preempted = false;  // KV swapped out or dropped; waits for room before running again
     Clock::time_point admitted{}, first_token{};
-    double rows_computed = 0;  // token-layer pairs of the first prompt pass
+    std::unique_ptr<PruningStrategy> strategy;  // null: full; recreated when the KV is dropped
+    int next_position = 0;  // position of history[computed] (strategies may renumber)
+    double rows_computed = 0;           // prompt token-layer pairs (RequestUsage::prompt_tokens_computed)
+    std::vector<int64_t> layer_rows;    // prompt rows entering each layer, first pass
+    std::vector<int32_t> kept_prompt;   // prompt indices that reached the last layer, first pass
     int Remaining() const { return static_cast<int>(decoder->history().size()) - computed; }
     // Its KV sits in the host tier (a preemption that dropped the KV leaves computed = 0).
     bool Swapped() const { return preempted && computed > 0; }

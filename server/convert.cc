@@ -82,15 +82,85 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
   PS_RETURN_IF_ERROR(ValidateGeneration(c, r->prompt.size(), sp, st));
 
   r->priority = in.priority();
-  switch (in.pruning().strategy_case()) {
+  PS_ASSIGN_OR_RETURN(r->pruning, PruningFromProto(in.pruning(), defaults.pruning, c));
+  r->report_pruning = in.return_pruning_report();
+  return r;
+}
+
+namespace {
+// Unsigned wire values that fit the engine's int parameters (ValidatePruning checks the ranges).
+absl::Status Representable(const std::string& field, uint32_t v) {
+  if (v > static_cast<uint32_t>(INT32_MAX)) return absl::InvalidArgumentError(absl::StrCat("pruning.", field, ": ", v, " is too large"));
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<PruningParams> PruningFromProto(const pb::PruningConfig& in, const PruningParams& defaults,
+                                               const ModelConfig& config) {
+  PruningParams p = defaults;
+  switch (in.strategy_case()) {
     case pb::PruningConfig::kFull:
     case pb::PruningConfig::STRATEGY_NOT_SET:
-      r->strategy = "full";
+      p.strategy = StrategyKind::kFull;
       break;
+    case pb::PruningConfig::kLazyllm: {
+      const pb::LazyLLM& m = in.lazyllm();
+      p.strategy = StrategyKind::kLazyLlm;
+      if (m.layers_size() > 0 || m.keep_size() > 0) {
+        if (m.layers_size() == 0) return absl::InvalidArgumentError("pruning.lazyllm.layers: required with keep");
+        for (int i = 0; i < m.layers_size(); ++i) PS_RETURN_IF_ERROR(Representable(absl::StrCat("lazyllm.layers[", i, "]"), m.layers(i)));
+        p.lazyllm.layers.assign(m.layers().begin(), m.layers().end());
+        p.lazyllm.keep.assign(m.keep().begin(), m.keep().end());
+      }
+      break;
+    }
+    case pb::PruningConfig::kGemfilter: {
+      const pb::GemFilter& m = in.gemfilter();
+      p.strategy = StrategyKind::kGemFilter;
+      if (m.has_filter_layer()) {
+        PS_RETURN_IF_ERROR(Representable("gemfilter.filter_layer", m.filter_layer()));
+        p.gemfilter.filter_layer = static_cast<int>(m.filter_layer());
+      }
+      if (m.has_top_k()) {
+        PS_RETURN_IF_ERROR(Representable("gemfilter.top_k", m.top_k()));
+        p.gemfilter.top_k = static_cast<int>(m.top_k());
+      }
+      if (m.has_pool_kernel()) {
+        PS_RETURN_IF_ERROR(Representable("gemfilter.pool_kernel", m.pool_kernel()));
+        p.gemfilter.pool_kernel = static_cast<int>(m.pool_kernel());
+      }
+      if (m.has_original_positions()) p.gemfilter.original_positions = m.original_positions();
+      break;
+    }
     default:
       return absl::InvalidArgumentError("pruning: unknown strategy");
   }
-  return r;
+  PS_RETURN_IF_ERROR(ValidatePruning(p, config, "pruning"));
+  return p;
+}
+
+pb::PruningConfig PruningToProto(StrategyKind kind, const PruningParams& p) {
+  pb::PruningConfig out;
+  switch (kind) {
+    case StrategyKind::kFull:
+      out.mutable_full();
+      break;
+    case StrategyKind::kLazyLlm: {
+      pb::LazyLLM* m = out.mutable_lazyllm();
+      for (int l : p.lazyllm.layers) m->add_layers(static_cast<uint32_t>(l));
+      for (float k : p.lazyllm.keep) m->add_keep(k);
+      break;
+    }
+    case StrategyKind::kGemFilter: {
+      pb::GemFilter* g = out.mutable_gemfilter();
+      g->set_filter_layer(static_cast<uint32_t>(p.gemfilter.filter_layer));
+      g->set_top_k(static_cast<uint32_t>(p.gemfilter.top_k));
+      g->set_pool_kernel(static_cast<uint32_t>(p.gemfilter.pool_kernel));
+      g->set_original_positions(p.gemfilter.original_positions);
+      break;
+    }
+  }
+  return out;
 }
 
 pb::FinishReason ToProto(FinishReason r) {
@@ -135,6 +205,23 @@ pb::GenerateResponse ToProto(const RequestEvent& ev, bool want_logprobs) {
   u->set_queue_time_seconds(ev.usage.queue_seconds);
   u->set_time_to_first_token_seconds(ev.usage.ttft_seconds);
   u->set_total_time_seconds(ev.usage.total_seconds);
+  for (const auto& [layer, tokens] : ev.usage.kept_per_layer) {
+    pb::LayerTokens* lt = u->add_kept_per_layer();
+    lt->set_layer(static_cast<uint32_t>(layer));
+    lt->set_tokens(static_cast<uint32_t>(tokens));
+  }
+  if (!ev.kept_spans.empty()) {
+    pb::PruningReport* report = f->mutable_pruning_report();
+    uint32_t kept = 0;
+    for (const RequestEvent::KeptSpan& span : ev.kept_spans) {
+      pb::TokenSpan* t = report->add_kept();
+      t->set_begin(static_cast<uint32_t>(span.begin));
+      t->set_end(static_cast<uint32_t>(span.end));
+      t->set_text(span.text);
+      kept += static_cast<uint32_t>(span.end - span.begin);
+    }
+    report->set_kept_tokens(kept);
+  }
   return out;
 }
 

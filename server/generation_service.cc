@@ -190,14 +190,14 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc
   if (ctx->deadline() < std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
     r->deadline = Clock::now() + (ctx->deadline() - std::chrono::system_clock::now());
   }
-  stream->sink = std::make_shared<StreamSink>(stream, b->metrics, r->id, r->strategy,
+  stream->sink = std::make_shared<StreamSink>(stream, b->metrics, r->id, std::string(r->strategy()),
                                               in->logprobs() || in->top_logprobs() > 0);
   r->sink = stream->sink;
   stream->set_request(r, ctx);
   pb::GenerateResponse info;
   info.mutable_prompt_info()->set_request_id(r->id);
   info.mutable_prompt_info()->set_prompt_tokens(static_cast<uint32_t>(r->prompt.size()));
-  info.mutable_prompt_info()->set_strategy(r->strategy);
+  info.mutable_prompt_info()->set_strategy(std::string(r->strategy()));
   stream->Start(std::move(info), [&] { return b->scheduler->Submit(r); });
   return stream;
 }
@@ -263,7 +263,10 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
     if (id != tok->eos_id()) add("eog", id);
   }
   out->set_chat_template(std::string(ChatFormatName(DetectChatTemplate(tok->chat_template()).format)));
-  out->add_strategies("full");
+  for (StrategyKind k : kAllStrategies) {
+    out->add_strategies(std::string(StrategyName(k)));
+    *out->add_strategy_defaults() = PruningToProto(k, b->defaults.pruning);
+  }
   return Reply(ctx, grpc::Status::OK);
 }
 

@@ -18,6 +18,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
+#include "base/status.h"
+#include "engine/pruning/params.h"
 #include "server/generation_service.h"
 
 namespace {
@@ -25,6 +27,7 @@ namespace {
 struct Options {
   std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap",
               kv_dtype = "f32";
+  std::vector<std::string> strategy_args;
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64,
           max_batch_tokens = 2048, prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16,
           kv_device_bytes = int64_t{1} << 30, kv_host_bytes = int64_t{2} << 30;
@@ -53,6 +56,9 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddFloat("kv-host-fraction", &o.kv_host_fraction,
              "host KV tier as a fraction of the memory available at start-up; overrides --kv-host-bytes (0 = off)");
   f.AddString("preemption", &o.preemption, "swap | recompute: what happens to a preempted request's KV");
+  f.AddStringList("strategy-arg", &o.strategy_args,
+                  "server default of a pruning parameter, STRATEGY.key=value (e.g. lazyllm.keep=0.5,0.3,0.2,0.1, "
+                  "gemfilter.top_k=2048); requests override them; GetModelInfo lists the effective defaults");
   f.AddInt("default-max-new-tokens", &o.default_max_new_tokens, "max_new_tokens when a request sets none");
   f.AddFloat("default-temperature", &o.default_temperature, "temperature when a request sets none");
   f.AddFloat("default-top-p", &o.default_top_p, "top_p when a request sets none");
@@ -76,6 +82,30 @@ absl::StatusOr<int64_t> AvailableMemoryBytes() {
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "pruneserve: %s\n", msg.c_str());
   return 1;
+}
+
+// The model's strategy defaults with --strategy-arg STRATEGY.key=value on top, each strategy validated.
+absl::StatusOr<ps::PruningParams> StrategyDefaults(const ps::ModelConfig& c, const std::vector<std::string>& args) {
+  using namespace ps;
+  PruningParams p = DefaultPruningParams(c);
+  for (const std::string& a : args) {
+    const size_t dot = a.find('.'), eq = a.find('=');
+    if (dot == std::string::npos || eq == std::string::npos || eq < dot) {
+      return absl::InvalidArgumentError(absl::StrCat("'", a, "' is not STRATEGY.key=value"));
+    }
+    PS_ASSIGN_OR_RETURN(const StrategyKind kind, ParseStrategyName(std::string_view(a).substr(0, dot)));
+    PS_RETURN_IF_ERROR(SetStrategyArg(kind, std::string_view(a).substr(dot + 1, eq - dot - 1), std::string_view(a).substr(eq + 1), &p));
+  }
+  for (StrategyKind k : kAllStrategies) {
+    PruningParams check = p;
+    check.strategy = k;
+    PS_RETURN_IF_ERROR(ValidatePruning(check, c, "defaults"));
+    std::string line;
+    for (const auto& [key, value] : StrategyArgs(k, p)) absl::StrAppend(&line, " ", key, "=", value);
+    spdlog::info("strategy {} defaults:{}", std::string(StrategyName(k)), line.empty() ? " (none)" : line);
+  }
+  p.strategy = StrategyKind::kFull;
+  return p;
 }
 
 }  // namespace
@@ -202,6 +232,11 @@ int main(int argc, char** argv) {
   spdlog::info("preemption: {}{}", o.preemption,
                preemption == PreemptionMode::kSwap && host_blocks < c.n_layers ? " (no host tier: recompute)" : "");
   server::Backend backend{.model = model->get(), .scheduler = &scheduler, .metrics = &metrics};
+  if (absl::StatusOr<PruningParams> p = StrategyDefaults(c, o.strategy_args); p.ok()) {
+    backend.defaults.pruning = *p;
+  } else {
+    return Fail(absl::StrCat("--strategy-arg: ", p.status().message()));
+  }
   backend.defaults.sampling.temperature = static_cast<float>(o.default_temperature);
   backend.defaults.sampling.top_p = static_cast<float>(o.default_top_p);
   backend.defaults.max_new_tokens = static_cast<int>(o.default_max_new_tokens);

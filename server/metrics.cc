@@ -1,5 +1,8 @@
 #include "server/metrics.h"
 
+#include <algorithm>
+#include <string>
+
 namespace ps::server {
 namespace {
 
@@ -50,6 +53,14 @@ Metrics::Metrics()
                                   .Name("pruneserve_prompt_tokens_computed_total")
                                   .Help("Prompt tokens computed (token-layer pairs / layers)")
                                   .Register(*registry_)),
+      prompt_tokens_pruned_(prometheus::BuildCounter()
+                                .Name("pruneserve_prompt_tokens_pruned_total")
+                                .Help("Prompt tokens not computed: prompt tokens - prompt tokens computed")
+                                .Register(*registry_)),
+      prompt_tokens_kept_(prometheus::BuildCounter()
+                              .Name("pruneserve_prompt_tokens_kept_total")
+                              .Help("Prompt tokens entering a layer where the strategy changed the count (first pass)")
+                              .Register(*registry_)),
       generation_tokens_(prometheus::BuildCounter()
                              .Name("pruneserve_generation_tokens_total")
                              .Help("Generated tokens")
@@ -128,6 +139,10 @@ void Metrics::OnFinished(const std::string& strategy, FinishReason reason, const
   queue_.Add({{"strategy", strategy}}, LatencyBuckets()).Observe(u.queue_seconds);
   prompt_tokens_.Add({{"strategy", strategy}}).Increment(u.prompt_tokens);
   prompt_tokens_computed_.Add({{"strategy", strategy}}).Increment(u.prompt_tokens_computed);
+  prompt_tokens_pruned_.Add({{"strategy", strategy}}).Increment(std::max(0.0, u.prompt_tokens - u.prompt_tokens_computed));
+  for (const auto& [layer, tokens] : u.kept_per_layer) {
+    prompt_tokens_kept_.Add({{"strategy", strategy}, {"layer", std::to_string(layer)}}).Increment(tokens);
+  }
   generation_tokens_.Add({{"strategy", strategy}}).Increment(u.completion_tokens);
   requests_.Add({{"finish_reason", std::string(FinishReasonName(reason))}, {"strategy", strategy}}).Increment();
 }

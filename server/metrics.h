@@ -37,6 +37,8 @@ class Metrics final : public SchedulerObserver {
   prometheus::Family<prometheus::Gauge>& waiting_;
   prometheus::Family<prometheus::Counter>& prompt_tokens_;
   prometheus::Family<prometheus::Counter>& prompt_tokens_computed_;
+  prometheus::Family<prometheus::Counter>& prompt_tokens_pruned_;
+  prometheus::Family<prometheus::Counter>& prompt_tokens_kept_;
   prometheus::Family<prometheus::Counter>& generation_tokens_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Gauge>& kv_blocks_;

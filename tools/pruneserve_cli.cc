@@ -11,6 +11,7 @@
 #include "base/flags.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "pruneserve/v1/generation.grpc.pb.h"
+#include "tools/pruning_args.h"
 
 namespace {
 
@@ -70,7 +71,9 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[cmd_at];
   std::string prompt, system, request_id;
-  std::vector<std::string> stops;
+  std::vector<std::string> stops, strategy_args;
+  std::string strategy = "full";
+  bool report = false;
   int64_t max_new = -1, top_k = -1, seed = -1, logprobs = 0, priority = 0;
   double temperature = -1, top_p = -1, timeout = 0;
   bool stats = false, ids = false;
@@ -89,6 +92,10 @@ int main(int argc, char** argv) {
   f.AddFloat("timeout", &timeout, "deadline in seconds (0 = none)");
   f.AddBool("stats", &stats, "print usage and timings to stderr");
   f.AddBool("ids", &ids, "print token ids instead of text (generate, chat)");
+  f.AddString("strategy", &strategy, "token pruning strategy: full | lazyllm | gemfilter (`info` lists the defaults)");
+  f.AddStringList("strategy-arg", &strategy_args,
+                  "strategy parameter key=value, lists comma-separated (e.g. top_k=512, keep=0.5,0.3)");
+  f.AddBool("report", &report, "print the prompt spans the model kept to stderr (return_pruning_report)");
   std::vector<std::string> positional;
   if (absl::Status s = f.Parse(argc - cmd_at, argv + cmd_at, &positional); !s.ok()) {
     std::fprintf(stderr, "pruneserve-cli: %s\n", std::string(s.message()).c_str());
@@ -130,7 +137,11 @@ int main(int argc, char** argv) {
     if (seed >= 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(seed));
     req.set_top_logprobs(static_cast<uint32_t>(logprobs));
     req.set_priority(static_cast<int32_t>(priority));
-    req.mutable_pruning()->mutable_full();
+    if (absl::Status s = ps::tools::SetPruning(strategy, strategy_args, req.mutable_pruning()); !s.ok()) {
+      std::fprintf(stderr, "pruneserve-cli: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+    req.set_return_pruning_report(report);
     auto reader = stub->Generate(&ctx, req);
     pb::GenerateResponse resp;
     std::vector<int32_t> all_ids;
@@ -161,6 +172,16 @@ int main(int argc, char** argv) {
                        u.completion_tokens() > 1 ? (u.completion_tokens() - 1) /
                                                        std::max(1e-9, u.total_time_seconds() - u.time_to_first_token_seconds())
                                                  : 0.0);
+          std::string layers;
+          for (const auto& lt : u.kept_per_layer()) absl::StrAppend(&layers, " ", lt.layer(), ":", lt.tokens());
+          std::fprintf(stderr, "prompt tokens entering layers (layer:tokens):%s\n", layers.c_str());
+        }
+        if (fin.has_pruning_report()) {
+          std::fprintf(stderr, "kept %u prompt tokens in %d spans:\n", fin.pruning_report().kept_tokens(),
+                       fin.pruning_report().kept_size());
+          for (const auto& span : fin.pruning_report().kept()) {
+            std::fprintf(stderr, "  [%u, %u) %s\n", span.begin(), span.end(), span.text().c_str());
+          }
         }
       }
     }

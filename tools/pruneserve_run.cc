@@ -8,6 +8,7 @@
 #include "base/flags.h"
 #include "base/mapped_file.h"
 #include "engine/generator.h"
+#include "engine/pruning/params.h"
 #include "engine/tokenizer/chat_template.h"
 
 namespace {
@@ -21,7 +22,8 @@ int Fail(const std::string& msg) {
 
 int main(int argc, char** argv) {
   using namespace ps;
-  std::string model_path, prompt, prompt_file, system;
+  std::string model_path, prompt, prompt_file, system, strategy = "full";
+  std::vector<std::string> strategy_args;
   std::vector<std::string> stops;
   int64_t max_new = 128, top_k = 0, seed = 0, threads = 0, logprobs = 0, min_new = 0;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, rep = 1.0, presence = 0.0, frequency = 0.0;
@@ -53,6 +55,10 @@ int main(int argc, char** argv) {
   flags.AddBool("stats", &stats, "print timings to stderr");
   flags.AddBool("int8-activations", &int8_act,
                 "quantise activations to int8 for quantised weights (faster decode, llama.cpp's numerics)");
+  flags.AddString("strategy", &strategy, "token pruning strategy: full | lazyllm | gemfilter");
+  flags.AddStringList("strategy-arg", &strategy_args,
+                      "strategy parameter key=value, lists comma-separated (lazyllm: layers=, keep=; gemfilter: "
+                      "filter_layer=, top_k=, pool_kernel=, original_positions=); unset ones take the model's defaults");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
   if (flags.help_requested()) {
     std::cout << flags.Help();
@@ -97,6 +103,16 @@ int main(int argc, char** argv) {
                     .top_logprobs = static_cast<int>(logprobs)};
   StopCriteria sc{.max_new_tokens = static_cast<int>(max_new), .min_new_tokens = static_cast<int>(min_new),
                   .stop_strings = stops, .ignore_eos = ignore_eos};
+  const absl::StatusOr<StrategyKind> kind = ParseStrategyName(strategy);
+  if (!kind.ok()) return Fail(absl::StrCat("--strategy: ", kind.status().message()));
+  PruningParams pruning = DefaultPruningParams((*model)->config());
+  if (absl::Status s = ApplyStrategyArgs(*kind, strategy_args, &pruning); !s.ok()) {
+    return Fail(absl::StrCat("--strategy-arg: ", s.message()));
+  }
+  if (absl::Status s = ValidatePruning(pruning, (*model)->config(), "--strategy-arg"); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  const std::unique_ptr<PruningStrategy> pruner = MakeStrategy(pruning, (*model)->config());
   ThreadPool pool(static_cast<int>(threads));
   Generator gen(**model, pool, MatMulOptions{.int8_activations = int8_act});
   auto result = gen.Generate(ids, sp, sc, [&](const SampledToken& t, std::string_view delta) {
@@ -109,7 +125,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", line.c_str());
     }
     return true;
-  });
+  }, pruner.get());
   if (!result.ok()) return Fail(std::string(result.status().message()));
   if (print_ids) {
     std::cout << absl::StrJoin(result->tokens, " ") << "\n";
@@ -123,6 +139,9 @@ int main(int argc, char** argv) {
                  ids.size(), result->tokens.size(), std::string(FinishReasonName(result->finish_reason)).c_str(),
                  result->prefill_seconds, ids.size() / std::max(1e-9, result->prefill_seconds), result->decode_seconds,
                  (n - 1) / std::max(1e-9, result->decode_seconds));
+    std::fprintf(stderr, "strategy %s: prompt tokens computed %.1f%% (token-layer pairs / (prompt tokens x layers))\n",
+                 strategy.c_str(),
+                 100.0 * result->prompt_rows_computed / (static_cast<double>(ids.size()) * (*model)->config().n_layers));
   }
   return 0;
 }

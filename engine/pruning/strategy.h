@@ -1,7 +1,8 @@
 // Per-request token pruning policy, called by the forward pass at fixed hooks.
 // A sequence without a strategy (`full`) keeps every row at every layer.
 // Strategies (LazyLLM, GemFilter, ...) subclass this; the engine never
-// special-cases one.
+// special-cases one. One instance serves one sequence for its whole life; the
+// engine calls it on the engine thread only.
 #pragma once
 
 #include <cstdint>
@@ -9,24 +10,70 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
+
 namespace ps {
+
+// The rows a sequence feeds one step, as BeginStep may rewrite them.
+struct StepRows {
+  std::vector<int32_t> tokens, positions;
+  // For each row, its index among the step's rows as the caller gave them
+  // (what the pruning report maps back to prompt tokens).
+  std::vector<int32_t> origin;
+};
+
+// Engine services for BeginStep.
+class StrategyContext {
+ public:
+  virtual ~StrategyContext() = default;
+  // Runs layers 0..last_layer over `tokens` at `positions` on scratch KV that is
+  // released before this returns. The strategy's hooks see the pass as usual; at
+  // `last_layer` only the last row's attention is computed (for AfterAttention).
+  virtual absl::Status RunPrefix(std::span<const int32_t> tokens, std::span<const int32_t> positions,
+                                 int last_layer) = 0;
+};
+
+// One sequence's rows entering a layer, as RowsForLayer may edit them.
+struct LayerRows {
+  std::span<const int32_t> positions;  // the rows still active; the last one is the newest token
+  const float* hidden = nullptr;       // [positions.size(), n_embd]: hidden states at this layer's input
+  int n_embd = 0;
+  std::vector<char>* keep = nullptr;            // keep[i] = 0 prunes row i (all 1 on entry; the last must stay)
+  std::vector<int32_t>* add_positions = nullptr;  // rows to add (revived), placed before the kept rows
+  std::vector<float>* add_hidden = nullptr;       // their hidden states at this layer's input, n_embd each
+};
+
+// What AfterAttention receives about the last query row at a layer.
+enum class LastQueryStat {
+  kNone,
+  kProbs,   // attention probabilities, mean over heads (LazyLLM)
+  kLogits,  // scaled pre-softmax scores q·k, summed over heads, -inf where masked (GemFilter)
+};
 
 class PruningStrategy {
  public:
   virtual ~PruningStrategy() = default;
   virtual std::string_view name() const = 0;
 
-  // Before layer `layer` (>= 1): `rows` holds the step-local indices of this
-  // sequence's rows still active after layer-1. The strategy may remove entries
-  // (pruning); order must stay ascending and the last row must stay.
-  virtual void RowsForLayer(int layer, std::vector<int32_t>* rows) { (void)layer, (void)rows; }
+  // The prompt must be computed in a single step (the strategy scores tokens
+  // from the last prompt token), not in chunks.
+  virtual bool WholePrompt() const { return false; }
+  // Upper bound on the rows RowsForLayer may add at one layer in the next step
+  // (KV space the scheduler reserves).
+  virtual int64_t MaxAddedRows() const { return 0; }
 
-  // Whether the forward pass should report the last query's attention
-  // probabilities (mean over heads) at `layer` through AfterAttention.
-  virtual bool WantsLastQueryProbs(int layer) const { (void)layer; return false; }
-  // probs[i] belongs to the cached KV row with position kv_positions[i].
-  virtual void AfterAttention(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions) {
-    (void)layer, (void)probs, (void)kv_positions;
+  // Before the step. The strategy may rewrite the rows (e.g. replace the prompt
+  // by a selection of it) and run a prefix pass through `ctx`.
+  virtual absl::Status BeginStep(StepRows* rows, StrategyContext& ctx) { (void)rows, (void)ctx; return absl::OkStatus(); }
+
+  // Before layer `layer` (>= 1): prune rows (saving their hidden states where
+  // the strategy wants them back later) and add revived ones.
+  virtual void RowsForLayer(int layer, LayerRows& rows) { (void)layer, (void)rows; }
+
+  virtual LastQueryStat WantsLastQuery(int layer) const { (void)layer; return LastQueryStat::kNone; }
+  // values[i] belongs to the cached KV row at position kv_positions[i].
+  virtual void AfterAttention(int layer, std::span<const float> values, std::span<const int32_t> kv_positions) {
+    (void)layer, (void)values, (void)kv_positions;
   }
 };
 

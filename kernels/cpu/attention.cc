@@ -66,16 +66,15 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
   const int64_t n_tiles = (a.n_q + kQueryTile - 1) / kQueryTile;
   const int64_t units = n_tiles * s.n_heads;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  // Probabilities of the last query per head, averaged after the parallel region.
-  static thread_local std::vector<float> last_probs_storage;
-  float* last_probs = nullptr;
-  if (a.last_query_probs != nullptr) {
-    if (last_probs_storage.size() < static_cast<size_t>(s.n_heads * kv.n)) {
-      last_probs_storage.resize(static_cast<size_t>(s.n_heads * kv.n));
-    }
-    last_probs = last_probs_storage.data();
-    std::fill(last_probs, last_probs + s.n_heads * kv.n, 0.0f);
-  }
+  // The last query's probabilities / scores per head, reduced after the parallel region.
+  static thread_local std::vector<float> last_probs_storage, last_logits_storage;
+  auto per_head = [&](std::vector<float>& storage, const float* wanted) -> float* {
+    if (wanted == nullptr) return nullptr;
+    storage.assign(static_cast<size_t>(s.n_heads * kv.n), 0.0f);
+    return storage.data();
+  };
+  float* last_probs = per_head(last_probs_storage, a.last_query_probs);
+  float* last_logits = per_head(last_logits_storage, a.last_query_logits);
 
   pool.ParallelFor(units, 1, [&](int64_t u0, int64_t u1) {
     static thread_local std::vector<float> scores_storage, block_storage;
@@ -116,6 +115,11 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
         float* row = sc + i * nk;
         const int32_t qp = a.q_pos[q0 + i];
         for (int64_t j = 0; j < nk; ++j) row[j] = kv.positions[j] <= qp ? row[j] * s.scale : neg_inf;
+        if (last_logits != nullptr && q0 + i == a.n_q - 1) {
+          float* dst = last_logits + h * kv.n;
+          std::memcpy(dst, row, nk * sizeof(float));
+          std::fill(dst + nk, dst + kv.n, neg_inf);
+        }
         SoftmaxInPlace(row, nk);
       }
       if (last_probs != nullptr && q0 + nq == a.n_q) {
@@ -143,6 +147,10 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
     std::fill(a.last_query_probs, a.last_query_probs + kv.n, 0.0f);
     for (int h = 0; h < s.n_heads; ++h) AddInPlace(last_probs + h * kv.n, a.last_query_probs, kv.n);
     Scale(1.0f / s.n_heads, a.last_query_probs, kv.n);
+  }
+  if (a.last_query_logits != nullptr) {
+    std::fill(a.last_query_logits, a.last_query_logits + kv.n, 0.0f);
+    for (int h = 0; h < s.n_heads; ++h) AddInPlace(last_logits + h * kv.n, a.last_query_logits, kv.n);
   }
 }
 

@@ -52,6 +52,9 @@ struct AttentionArgs {
   // Optional [kv.n]: receives the attention probabilities of the last query row,
   // averaged over heads (what LazyLLM-style pruning scores tokens by).
   float* last_query_probs = nullptr;
+  // Optional [kv.n]: the last query row's scaled pre-softmax scores q·k summed over
+  // heads (each query head against its GQA key head), -inf for masked keys.
+  float* last_query_logits = nullptr;
 };
 
 void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& args, ThreadPool& pool);

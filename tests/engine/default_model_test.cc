@@ -6,6 +6,9 @@
 #include <cmath>
 
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_cat.h"
+#include "base/mapped_file.h"
+#include "engine/pruning/params.h"
 #include "engine/tokenizer/chat_template.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/quant.h"
@@ -186,6 +189,30 @@ TEST_F(DefaultModelTest, AnswersChatSensibly) {
   ASSERT_TRUE(r.ok());
   EXPECT_NE(r->text.find("Paris"), std::string::npos) << r->text;
   EXPECT_EQ(r->finish_reason, FinishReason::kStop) << "the answer should end with <|im_end|>";
+}
+
+// Pruning settings that prune nothing (LazyLLM keeping every token, GemFilter with
+// top_k >= the prompt) give exactly full attention's tokens on the real model.
+TEST_F(DefaultModelTest, NoOpPruningGivesExactlyFullTokens) {
+  const std::string text = *ReadFileToString(testing::TestData("haystack/paul_graham_essays/addiction.txt"));
+  std::vector<int32_t> prompt = model_->tokenizer()->Encode(text.substr(0, 1200), true, false);
+  const int n = static_cast<int>(prompt.size());
+  ASSERT_GT(n, 200);
+  auto run = [&](StrategyKind kind, std::vector<std::string> args) {
+    PruningParams p = DefaultPruningParams(model_->config());
+    EXPECT_TRUE(ApplyStrategyArgs(kind, args, &p).ok());
+    EXPECT_TRUE(ValidatePruning(p, model_->config()).ok());
+    const std::unique_ptr<PruningStrategy> strategy = MakeStrategy(p, model_->config());
+    Generator gen(*model_, pool_);
+    return gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = 24, .ignore_eos = true},
+                        nullptr, strategy.get())
+        ->tokens;
+  };
+  const std::vector<int32_t> full = run(StrategyKind::kFull, {});
+  EXPECT_EQ(run(StrategyKind::kLazyLlm, {"keep=1,1,1,1"}), full);
+  EXPECT_EQ(run(StrategyKind::kGemFilter, {absl::StrCat("top_k=", n)}), full);
+  // And the defaults do prune: the tokens differ at least somewhere.
+  EXPECT_NE(run(StrategyKind::kGemFilter, {"top_k=64"}), full);
 }
 
 }  // namespace

@@ -128,9 +128,9 @@ TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
   }
 }
 
-// Half of 64 concurrent requests are cancelled at random engine steps (so they are
-// waiting, running, or swapped out when it happens), half of those through
-// Abort(). Afterwards nothing is left anywhere.
+// Half of 64 concurrent requests (full, lazyllm and gemfilter mixed) are cancelled
+// at random engine steps (so they are waiting, running, or swapped out when it
+// happens), half of those through Abort(). Afterwards nothing is left anywhere.
 TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   constexpr int kRequests = 64, kLastStep = 150;
   // Cancels the requests due at each step, on the engine thread.
@@ -146,7 +146,8 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   } canceller;
   ThreadPool engine_pool(2);
   SchedulerOptions options = kTight;
-  options.kv_host_blocks = 40;  // smaller than some sequences: those preemptions recompute
+  options.kv_host_blocks = 20;  // smaller than some sequences: those preemptions recompute
+  options.kv_device_blocks = 80;  // pruned sequences need less: more pressure than kTight
   Scheduler s(*model_, engine_pool, options, &canceller);
   canceller.scheduler = &s;
   std::mt19937 rng(7);
@@ -155,8 +156,12 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   // before their cancellation, so every one of them is cancelled.
   std::vector<std::shared_ptr<Request>> requests;
   std::vector<int> cancel_step(kRequests, -1);
+  // Strategies mixed: pruned KV, Aux Caches and GemFilter's scratch prefix passes go too.
+  const PruningParams strategies[] = {Pruning(StrategyKind::kFull), Pruning(StrategyKind::kLazyLlm),
+                                      Pruning(StrategyKind::kGemFilter, {"top_k=24", "filter_layer=1"})};
   for (int i = 0; i < kRequests; ++i) {
     requests.push_back(Make(id(i), MixedPrompt(i), i % 2 == 0 ? 30 : kLastStep + 10));
+    requests.back()->pruning = strategies[(i / 2) % 3];
     if (i % 2 == 0) continue;
     cancel_step[i] = static_cast<int>(rng() % (kLastStep + 1));
     if (cancel_step[i] == 0) continue;  // cancelled by this thread right after submission

@@ -65,10 +65,20 @@ class SchedulerTest : public ::testing::Test {
     sinks_[id] = sink;
     return r;
   }
-  std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n) {
+  // Greedy tokens from the offline generator, with a fresh instance of `pruning`'s strategy.
+  std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n, const PruningParams& pruning = {}) {
     Generator gen(*model_, pool_);
-    return gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true})
+    const std::unique_ptr<PruningStrategy> strategy = MakeStrategy(pruning, model_->config());
+    return gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
+                        nullptr, strategy.get())
         ->tokens;
+  }
+  // The model's defaults for `kind` with `args` applied.
+  PruningParams Pruning(StrategyKind kind, const std::vector<std::string>& args = {}) {
+    PruningParams p = DefaultPruningParams(model_->config());
+    EXPECT_TRUE(ApplyStrategyArgs(kind, args, &p).ok());
+    EXPECT_TRUE(ValidatePruning(p, model_->config()).ok());
+    return p;
   }
 
   static inline Model* model_ = nullptr;

@@ -6,7 +6,9 @@
 
 #include "absl/strings/str_join.h"
 #include "engine/generator.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "engine/pruning/params.h"
 #include "tests/server/server_process.h"
 
 namespace ps::testing {
@@ -17,12 +19,17 @@ const std::string kStories = std::string(PS_TESTDATA) + "/stories260K/stories260
 // (sanitised) build: SmolLM2 decodes ~30x slower than stories260K and has an 8k context.
 const std::string kDefaultModel = std::string(PS_MODELS_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 
-// Offline greedy tokens of the engine for the same prompt.
-std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n) {
+// Offline greedy tokens of the engine for the same prompt (and strategy: "name", key=value args).
+std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n, const std::string& strategy = "full",
+                             const std::vector<std::string>& args = {}) {
   static auto* model = Model::Load(kStories)->release();
+  PruningParams params = DefaultPruningParams(model->config());
+  EXPECT_TRUE(ApplyStrategyArgs(*ParseStrategyName(strategy), args, &params).ok());
+  const std::unique_ptr<PruningStrategy> pruner = MakeStrategy(params, model->config());
   ThreadPool pool(1);
   Generator gen(*model, pool);
-  auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true});
+  auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
+                        nullptr, pruner.get());
   EXPECT_TRUE(r.ok()) << r.status();
   return r->tokens;
 }
@@ -252,8 +259,69 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   EXPECT_EQ(info.architecture(), "llama");
   EXPECT_EQ(info.vocab_size(), 512u);
   EXPECT_EQ(info.num_layers(), 5u);
-  ASSERT_GE(info.strategies_size(), 1);
-  EXPECT_EQ(info.strategies(0), "full");
+  EXPECT_EQ(absl::StrJoin(info.strategies(), " "), "full lazyllm gemfilter");
+  ASSERT_EQ(info.strategy_defaults_size(), 3);
+  EXPECT_TRUE(info.strategy_defaults(0).has_full());
+  EXPECT_EQ(absl::StrJoin(info.strategy_defaults(1).lazyllm().layers(), ","), "1,2,3,4");
+  EXPECT_EQ(info.strategy_defaults(2).gemfilter().filter_layer(), 2u);  // 40% of 5 layers
+  EXPECT_EQ(info.strategy_defaults(2).gemfilter().top_k(), 1024u);
+}
+
+// A strategy per request over the wire: bad parameters are INVALID_ARGUMENT naming
+// the field; a pruned stream carries the engine's tokens for that strategy, the
+// accounting and the kept spans; the metrics count the pruned prompt tokens.
+TEST_F(ServerTest, PruningStrategiesOverTheWire) {
+  auto stub = server_->Stub();
+  std::vector<int32_t> prompt = {1};
+  for (int k = 0; k < 80; ++k) prompt.push_back(300 + (k * 29) % 200);
+  struct Bad {
+    std::function<void(pb::PruningConfig&)> edit;
+    std::string field;
+  };
+  const Bad bad[] = {
+      {[](auto& p) { p.mutable_lazyllm()->add_keep(0.5f); }, "pruning.lazyllm.layers"},
+      {[](auto& p) { p.mutable_lazyllm()->add_layers(9); p.mutable_lazyllm()->add_keep(0.5f); }, "pruning.lazyllm.layers[0]"},
+      {[](auto& p) { p.mutable_lazyllm()->add_layers(2); p.mutable_lazyllm()->add_keep(1.5f); }, "pruning.lazyllm.keep[0]"},
+      {[](auto& p) { p.mutable_gemfilter()->set_pool_kernel(4); }, "pruning.gemfilter.pool_kernel"},
+      {[](auto& p) { p.mutable_gemfilter()->set_filter_layer(5); }, "pruning.gemfilter.filter_layer"},
+      {[](auto& p) { p.mutable_gemfilter()->set_top_k(0); }, "pruning.gemfilter.top_k"},
+  };
+  for (const Bad& b : bad) {
+    pb::GenerateRequest req = GreedyRequest(prompt, 4);
+    b.edit(*req.mutable_pruning());
+    StreamResult r = RunStream(*stub, req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << b.field;
+    EXPECT_THAT(r.status.error_message(), ::testing::HasSubstr(b.field));
+  }
+
+  pb::GenerateRequest req = GreedyRequest(prompt, 12);
+  req.mutable_pruning()->mutable_gemfilter()->set_top_k(16);
+  req.set_return_pruning_report(true);
+  StreamResult gem = RunStream(*stub, req);
+  ASSERT_TRUE(gem.status.ok()) << gem.status.error_message();
+  EXPECT_EQ(absl::StrJoin(gem.tokens, " "), absl::StrJoin(Offline(prompt, 12, "gemfilter", {"top_k=16"}), " "));
+  EXPECT_EQ(gem.finished.pruning_report().kept_tokens(), 16u);
+  EXPECT_EQ(gem.finished.pruning_report().kept(gem.finished.pruning_report().kept_size() - 1).end(), prompt.size());
+  ASSERT_EQ(gem.finished.usage().kept_per_layer_size(), 1);
+  EXPECT_EQ(gem.finished.usage().kept_per_layer(0).tokens(), 16u);
+  // Layers 0..2 over the prompt, then 16 tokens through all 5.
+  EXPECT_DOUBLE_EQ(gem.finished.usage().prompt_tokens_computed(), (3.0 * prompt.size() + 16 * 5) / 5);
+
+  req = GreedyRequest(prompt, 12);
+  req.mutable_pruning()->mutable_lazyllm();  // the server's defaults
+  StreamResult lazy = RunStream(*stub, req);
+  ASSERT_TRUE(lazy.status.ok()) << lazy.status.error_message();
+  EXPECT_EQ(absl::StrJoin(lazy.tokens, " "), absl::StrJoin(Offline(prompt, 12, "lazyllm"), " "));
+  EXPECT_FALSE(lazy.finished.has_pruning_report());
+  EXPECT_LT(lazy.finished.usage().prompt_tokens_computed(), 0.75 * prompt.size());  // 43% in prefill, revivals after
+
+  const std::string page = server_->Metrics();
+  EXPECT_DOUBLE_EQ(MetricValue(page, R"(pruneserve_prompt_tokens_pruned_total{strategy="gemfilter"})"),
+                   prompt.size() - gem.finished.usage().prompt_tokens_computed());
+  EXPECT_DOUBLE_EQ(MetricValue(page, R"(pruneserve_prompt_tokens_pruned_total{strategy="lazyllm"})"),
+                   prompt.size() - lazy.finished.usage().prompt_tokens_computed());
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_prompt_tokens_kept_total{layer="0",strategy="gemfilter"})"), 16);
+  EXPECT_TRUE(Drained(*server_));
 }
 
 TEST(ServerLimits, QueueFullIsResourceExhausted) {

@@ -42,6 +42,26 @@ TEST(Cli, GeneratesAndTokenizes) {
   EXPECT_NE(r.output.find("--max-new-tokens"), std::string::npos);
 }
 
+TEST(Cli, TakesAStrategyAndItsArguments) {
+  const std::string base = "--model " + kStories + " --prompt 'Once upon a time' --max-new-tokens 8 --print-ids --stats";
+  auto r = RunCli(base + " --strategy lazyllm --strategy-arg layers=1,2,3,4 --strategy-arg keep=1,1,1,1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("432 383 286 261 376 298 315 421\n"), std::string::npos) << r.output;  // keep 1.0 == full
+  EXPECT_NE(r.output.find("strategy lazyllm: prompt tokens computed 100.0%"), std::string::npos) << r.output;
+  r = RunCli(base + " --strategy lazyllm");  // default schedule on 5 tokens: 5, 3, 2, 1, 1 rows in layers 0-4
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("strategy lazyllm: prompt tokens computed 48.0%"), std::string::npos) << r.output;
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--strategy h2o", "unknown strategy 'h2o'"},
+           {"--strategy gemfilter --strategy-arg top_k", "is not key=value"},
+           {"--strategy gemfilter --strategy-arg topk=3", "no parameter 'topk'"},
+           {"--strategy gemfilter --strategy-arg pool_kernel=2", "--strategy-arg.gemfilter.pool_kernel"}}) {
+    r = RunCli(base + " " + args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
 TEST(Cli, BadArgumentsFailWithAMessage) {
   for (const std::string& args : std::vector<std::string>{"--prompt hi", "--model /nonexistent.gguf --prompt hi",
                                   "--model " + kStories + " --prompt hi --temperature -1",

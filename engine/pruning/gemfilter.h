@@ -1,0 +1,40 @@
+// GemFilter (Shi et al., 2024): early layers find the relevant tokens. The first
+// step runs layers 0..r over the whole prompt (on scratch KV), scores each token
+// by the last query's pre-softmax attention at layer r (after RoPE, each query
+// head against its GQA key head, summed over heads), average-pools the scores
+// (kernel 5), keeps the top k in their original order (the last prompt token
+// always) and then runs the whole model on those tokens only; generation goes on
+// from that cache. Kept tokens get fresh contiguous positions (as the paper) or,
+// with original_positions, their own. Prompts of k tokens or fewer run unchanged.
+#pragma once
+
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/pruning/params.h"
+#include "engine/pruning/strategy.h"
+
+namespace ps {
+
+class GemFilter : public PruningStrategy {
+ public:
+  GemFilter(const GemFilterParams& params, const ModelConfig& config) : params_(params) { (void)config; }
+
+  std::string_view name() const override { return "gemfilter"; }
+  bool WholePrompt() const override { return true; }
+  absl::Status BeginStep(StepRows* rows, StrategyContext& ctx) override;
+  LastQueryStat WantsLastQuery(int layer) const override;
+  void AfterAttention(int layer, std::span<const float> logits, std::span<const int32_t> kv_positions) override;
+
+  // Which of the first step's rows were kept (indices into them), in order.
+  const std::vector<int32_t>& selected() const { return selected_; }
+
+ private:
+  GemFilterParams params_;
+  bool filtered_ = false;      // the first step has been seen
+  bool scoring_ = false;       // inside the prefix pass
+  std::vector<float> scores_;  // per prompt row, from the prefix pass
+  std::vector<int32_t> selected_;
+};
+
+}  // namespace ps

@@ -1,0 +1,67 @@
+// LazyLLM (Fu et al., 2024): progressive, dynamic token pruning in prefill and
+// decode. Before each pruning layer L_j of a step, the tokens are ranked by the
+// attention probability (mean over heads) the newest token gave them at layer
+// L_j - 1, and the top keep_j fraction of the context is selected, within the
+// previous layer's selection (so selections shrink through a step). Selected
+// tokens flow through L_j; the others are pruned there: a pruned row's hidden
+// state goes to the Aux Cache and its KV is not computed from L_j on. A later
+// step that selects it again at L_j revives it from the Aux Cache (with its
+// original position) instead of recomputing layers 0..L_j-1. The newest token is
+// always kept. Each token is computed at most once per layer over the whole
+// generation; at any layer its entry is in the KV cache or the Aux Cache, never
+// both.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/pruning/params.h"
+#include "engine/pruning/strategy.h"
+
+namespace ps {
+
+class LazyLlm : public PruningStrategy {
+ public:
+  LazyLlm(const LazyLlmParams& params, const ModelConfig& config);
+
+  std::string_view name() const override { return "lazyllm"; }
+  bool WholePrompt() const override { return !layers_.empty(); }
+  int64_t MaxAddedRows() const override;
+  absl::Status BeginStep(StepRows* rows, StrategyContext& ctx) override;
+  void RowsForLayer(int layer, LayerRows& rows) override;
+  LastQueryStat WantsLastQuery(int layer) const override;
+  void AfterAttention(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions) override;
+
+  // State, for tests and accounting: a token's KV exists at layers < Depth(pos);
+  // when Depth(pos) < n_layers its hidden state at that layer is in the Aux Cache.
+  int Depth(int32_t pos) const { return pos < static_cast<int32_t>(depth_.size()) ? depth_[pos] : 0; }
+  bool InAux(int32_t pos) const { return pos < static_cast<int32_t>(in_aux_.size()) && in_aux_[pos]; }
+  int64_t aux_entries() const { return aux_count_; }
+  int64_t revived() const { return revived_; }
+  int64_t pruned() const { return pruned_; }
+
+ protected:
+  // Importance of the tokens at the pruning layer `layer`, indexed by position;
+  // scores_[pos] < 0 marks a token without a score. Tests override it to force revivals.
+  virtual void Score(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions);
+  std::vector<float> scores_;
+
+ private:
+  int PruneIndex(int layer) const;  // index in layers_ or -1
+  int DepthAfter(int j) const;      // where rows kept at pruning layer j stop: the next pruning layer or n_layers
+
+  std::vector<int> layers_;
+  std::vector<float> keep_;
+  int n_layers_;
+  int n_embd_;
+  int32_t context_ = 0;        // positions 0..context_-1 exist after BeginStep
+  std::vector<uint16_t> depth_;   // per position
+  std::vector<char> in_aux_;      // per position
+  std::vector<char> selected_;    // per position: in this step's current selection
+  std::vector<float> aux_;        // [positions, n_embd]: hidden states of pruned tokens
+  std::vector<int64_t> aux_at_;   // Aux Cache entries per pruning layer
+  int64_t aux_count_ = 0, revived_ = 0, pruned_ = 0;
+};
+
+}  // namespace ps

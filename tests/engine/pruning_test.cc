@@ -1,0 +1,219 @@
+// Token pruning: the selection math on hand-built inputs, parameter parsing and
+// validation, LazyLLM's Aux Cache invariants through generations with forced
+// revivals, and the no-op settings (keep 1.0, top_k >= prompt) giving exactly
+// `full`'s tokens on stories260K.
+#include <numeric>
+#include <set>
+
+#include "absl/strings/str_join.h"
+#include "engine/pruning/gemfilter.h"
+#include "engine/pruning/lazyllm.h"
+#include "engine/pruning/params.h"
+#include "engine/pruning/selection.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/engine/test_util.h"
+
+namespace ps {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(Selection, KeepCountRoundsUpAndKeepsOne) {
+  EXPECT_EQ(KeepCount(0.5, 10), 5);
+  EXPECT_EQ(KeepCount(0.5, 11), 6);
+  EXPECT_EQ(KeepCount(0.3, 10), 3);  // 0.3 * 10 is 3.0000000000000004 in doubles
+  EXPECT_EQ(KeepCount(0.2f, 5), 1);  // 0.2f is 0.2000000030
+  EXPECT_EQ(KeepCount(0.1f, 100000), 10000);
+  EXPECT_EQ(KeepCount(0.01, 10), 1);
+  EXPECT_EQ(KeepCount(1.0, 7), 7);
+  EXPECT_EQ(KeepCount(0.5, 0), 0);
+}
+
+TEST(Selection, TopKRestoresOriginalOrderAndBreaksTiesByIndex) {
+  const std::vector<float> s = {0.1f, 0.9f, 0.3f, 0.9f, 0.5f, 0.0f};
+  EXPECT_THAT(TopKInOrder(s, 3), ElementsAre(1, 3, 4));
+  EXPECT_THAT(TopKInOrder(s, 1), ElementsAre(1));  // tie 1 vs 3: the lower index
+  EXPECT_THAT(TopKInOrder(s, 0), ElementsAre());
+  EXPECT_THAT(TopKInOrder(s, 99), ElementsAre(0, 1, 2, 3, 4, 5));
+  const std::vector<float> flat(5, 1.0f);
+  EXPECT_THAT(TopKInOrder(flat, 2), ElementsAre(0, 1));
+}
+
+TEST(Selection, AvgPoolZeroPadsAndDividesByTheKernel) {
+  const std::vector<float> x = {5, 0, 0, 0, 0, 0, 10};
+  // Kernel 5: out[i] = (x[i-2] + ... + x[i+2]) / 5 with zeros outside.
+  EXPECT_THAT(AvgPool1d(x, 5), ElementsAre(1, 1, 1, 0, 2, 2, 2));
+  EXPECT_THAT(AvgPool1d(x, 1), ElementsAre(5, 0, 0, 0, 0, 0, 10));
+  EXPECT_THAT(AvgPool1d(std::vector<float>{3, 6}, 3), ElementsAre(3, 3));
+  // Pooling turns an isolated spike into a span: GemFilter then keeps neighbours.
+  const std::vector<float> spike = {0, 0, 0, 0, 10, 0, 0, 0, 0, 0, 1, 1, 1};
+  EXPECT_THAT(TopKInOrder(AvgPool1d(spike, 5), 5), ElementsAre(2, 3, 4, 5, 6));
+}
+
+ModelConfig Layers(int n) {
+  ModelConfig c;
+  c.n_layers = n;
+  c.n_embd = 8;
+  return c;
+}
+
+TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
+  const ModelConfig c = Layers(30);
+  PruningParams p = DefaultPruningParams(c);
+  EXPECT_THAT(p.lazyllm.layers, ElementsAre(6, 12, 18, 24));
+  EXPECT_EQ(p.gemfilter.filter_layer, 12);
+  EXPECT_EQ(p.gemfilter.top_k, 1024);
+  EXPECT_EQ(DefaultPruningParams(Layers(32)).gemfilter.filter_layer, 13);  // the paper's LLaMA-3.1-8B setting
+  for (StrategyKind k : kAllStrategies) {
+    PruningParams q = p;
+    q.strategy = k;
+    EXPECT_TRUE(ValidatePruning(q, c).ok()) << StrategyName(k);
+  }
+
+  ASSERT_TRUE(ApplyStrategyArgs(StrategyKind::kGemFilter, {"top_k=64", "original_positions=true"}, &p).ok());
+  EXPECT_EQ(p.strategy, StrategyKind::kGemFilter);
+  EXPECT_EQ(p.gemfilter.top_k, 64);
+  EXPECT_TRUE(p.gemfilter.original_positions);
+  EXPECT_THAT(std::string(ApplyStrategyArgs(StrategyKind::kGemFilter, {"topk=3"}, &p).message()),
+              HasSubstr("no parameter 'topk' (known: filter_layer, top_k"));
+  EXPECT_THAT(std::string(ApplyStrategyArgs(StrategyKind::kLazyLlm, {"keep=a,b"}, &p).message()), HasSubstr("keep"));
+
+  auto error = [&](StrategyKind k, std::vector<std::string> args) {
+    PruningParams q = DefaultPruningParams(c);
+    EXPECT_TRUE(ApplyStrategyArgs(k, args, &q).ok());
+    return std::string(ValidatePruning(q, c).message());
+  };
+  EXPECT_THAT(error(StrategyKind::kLazyLlm, {"layers=4,8", "keep=0.5"}), HasSubstr("pruning.lazyllm.keep: has 1 entries for 2"));
+  EXPECT_THAT(error(StrategyKind::kLazyLlm, {"layers=4,30", "keep=0.5,0.4"}), HasSubstr("pruning.lazyllm.layers[1]"));
+  EXPECT_THAT(error(StrategyKind::kLazyLlm, {"layers=8,4", "keep=0.5,0.4"}), HasSubstr("ascending"));
+  EXPECT_THAT(error(StrategyKind::kLazyLlm, {"layers=4,8", "keep=0.4,0.5"}), HasSubstr("pruning.lazyllm.keep[1]"));
+  EXPECT_THAT(error(StrategyKind::kLazyLlm, {"layers=4", "keep=0"}), HasSubstr("pruning.lazyllm.keep[0]"));
+  EXPECT_THAT(error(StrategyKind::kGemFilter, {"filter_layer=30"}), HasSubstr("pruning.gemfilter.filter_layer"));
+  EXPECT_THAT(error(StrategyKind::kGemFilter, {"top_k=0"}), HasSubstr("pruning.gemfilter.top_k"));
+  EXPECT_THAT(error(StrategyKind::kGemFilter, {"pool_kernel=4"}), HasSubstr("pruning.gemfilter.pool_kernel"));
+  EXPECT_FALSE(ParseStrategyName("h2o").ok());
+}
+
+class PruningModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = testing::LoadOrDie(testing::StoriesGguf()).release(); }
+  static void TearDownTestSuite() { delete model_; }
+
+  std::vector<int32_t> Run(const std::vector<int32_t>& prompt, int n, PruningStrategy* strategy,
+                           int64_t* rows = nullptr) {
+    Generator gen(*model_, pool_);
+    auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
+                          nullptr, strategy);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (rows != nullptr) *rows = r->prompt_rows_computed;
+    return r->tokens;
+  }
+  std::unique_ptr<PruningStrategy> Make(StrategyKind kind, std::vector<std::string> args) {
+    PruningParams p = DefaultPruningParams(model_->config());
+    EXPECT_TRUE(ApplyStrategyArgs(kind, args, &p).ok());
+    EXPECT_TRUE(ValidatePruning(p, model_->config()).ok()) << ValidatePruning(p, model_->config());
+    return MakeStrategy(p, model_->config());
+  }
+  static std::vector<int32_t> Prompt(int n) {
+    std::vector<int32_t> p = {1};
+    for (int i = 1; i < n; ++i) p.push_back(260 + (i * 37) % 240);
+    return p;
+  }
+
+  static inline Model* model_ = nullptr;
+  ThreadPool pool_{2};
+};
+
+TEST_F(PruningModelTest, NoOpSettingsGiveExactlyFullTokens) {
+  const std::vector<int32_t> prompt = Prompt(120);
+  int64_t full_rows = 0;
+  const std::vector<int32_t> full = Run(prompt, 40, nullptr, &full_rows);
+  EXPECT_EQ(full_rows, 120 * model_->config().n_layers);
+  auto lazy = Make(StrategyKind::kLazyLlm, {"layers=1,2,3,4", "keep=1,1,1,1"});
+  int64_t rows = 0;
+  EXPECT_EQ(Run(prompt, 40, lazy.get(), &rows), full);
+  EXPECT_EQ(rows, full_rows);
+  for (const char* k : {"top_k=120", "top_k=4096"}) {
+    auto gem = Make(StrategyKind::kGemFilter, {k});
+    EXPECT_EQ(Run(prompt, 40, gem.get(), &rows), full) << k;
+    EXPECT_EQ(rows, full_rows) << "no prefix pass when nothing is filtered";
+  }
+}
+
+TEST_F(PruningModelTest, StrategiesComputeLessAndGemFilterKeepsTheLastToken) {
+  const std::vector<int32_t> prompt = Prompt(200);
+  const int layers = model_->config().n_layers;
+  int64_t rows = 0;
+  auto lazy = Make(StrategyKind::kLazyLlm, {"layers=1,3", "keep=0.5,0.25"});
+  Run(prompt, 8, lazy.get(), &rows);
+  EXPECT_EQ(rows, 200 + 100 * 2 + 50 * 2);  // layer 0 whole, 1-2 half, 3-4 a quarter
+  auto gem = Make(StrategyKind::kGemFilter, {"top_k=32", "filter_layer=1"});
+  Run(prompt, 8, gem.get(), &rows);
+  EXPECT_EQ(rows, 200 * 2 + 32 * layers);  // prefix pass over layers 0-1, then 32 tokens through all
+  const auto& sel = static_cast<GemFilter*>(gem.get())->selected();
+  ASSERT_EQ(sel.size(), 32u);
+  EXPECT_TRUE(std::is_sorted(sel.begin(), sel.end()));
+  EXPECT_EQ(sel.back(), 199);
+}
+
+// Forces revivals: odd steps favour the lowest positions, even steps the highest,
+// so tokens pruned in one step are selected again in the next.
+class SeesawLazyLlm : public LazyLlm {
+ public:
+  using LazyLlm::LazyLlm;
+  int step = 0;
+
+ protected:
+  void Score(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions) override {
+    (void)layer, (void)probs;
+    for (int32_t p : kv_positions) scores_[p] = step % 2 == 0 ? static_cast<float>(p) : 1000.0f - static_cast<float>(p);
+  }
+};
+
+TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
+  const ModelConfig& c = model_->config();
+  SeesawLazyLlm lazy(LazyLlmParams{.layers = {1, 3}, .keep = {0.6f, 0.3f}}, c);
+  Transformer t(*model_, pool_);
+  ContiguousKvStore kv(c.n_layers, c.kv_dim(), c.n_ctx);
+  std::vector<int32_t> tokens = Prompt(64), positions(64);
+  std::iota(positions.begin(), positions.end(), 0);
+  ForwardOutput out;
+  int64_t revived_rows = 0;
+  for (int step = 0; step < 12; ++step) {
+    lazy.step = step;
+    SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .strategy = &lazy};
+    ASSERT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), kv, &out).ok());
+    const int32_t context = out.next_position[0];
+    // In decode steps the new token goes through every layer; rows beyond it are revived ones.
+    if (step > 0) revived_rows += out.rows_computed[0] - c.n_layers;
+    for (int l = 0; l < c.n_layers; ++l) {
+      const KvRows rows = kv.View(1, l);
+      std::set<int32_t> in_kv;
+      for (int64_t j = 0; j < rows.n; ++j) {
+        EXPECT_TRUE(in_kv.insert(rows.positions[j]).second) << "position " << rows.positions[j] << " computed twice at layer " << l;
+      }
+      for (int32_t p = 0; p < context; ++p) {
+        // KV at the layers below the token's depth, none from there on; the Aux Cache
+        // holds it exactly at its depth when that is not the end.
+        EXPECT_EQ(in_kv.count(p) == 1, l < lazy.Depth(p)) << "step " << step << " layer " << l << " position " << p;
+        if (lazy.InAux(p) && lazy.Depth(p) == l) EXPECT_EQ(in_kv.count(p), 0u);
+      }
+    }
+    for (int32_t p = 0; p < context; ++p) EXPECT_EQ(lazy.InAux(p), lazy.Depth(p) < c.n_layers) << p;
+    EXPECT_EQ(context - 1, positions.back());
+    EXPECT_EQ(lazy.Depth(context - 1), c.n_layers) << "the newest token is always computed through";
+    // Next step: one new token.
+    tokens.assign(1, 300 + step);
+    positions.assign(1, context);
+  }
+  EXPECT_GT(lazy.revived(), 20) << "the test meant to force revivals";
+  EXPECT_GT(revived_rows, lazy.revived()) << "revived tokens are computed from their layer on";
+  int64_t in_aux = 0;
+  for (int32_t p = 0; p < 64 + 12; ++p) in_aux += lazy.InAux(p);
+  EXPECT_EQ(lazy.aux_entries(), in_aux);
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,98 @@
+// Strategies inside shared batches: each request's tokens are what it gets alone
+// (and offline), whatever the others in the batch do; the Finished event carries
+// the accounting and, when asked, the kept prompt spans.
+#include "absl/strings/str_join.h"
+#include "tests/scheduler/scheduler_test_util.h"
+
+namespace ps {
+namespace {
+
+// Prompts of 90 to 170 tokens: long enough for every strategy to prune.
+std::vector<int32_t> LongPrompt(int i) {
+  std::vector<int32_t> p = {1};
+  for (int k = 0; k < 90 + (i * 37) % 80; ++k) p.push_back(260 + (i * 23 + k * 17) % 250);
+  return p;
+}
+
+TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
+  const PruningParams strategies[] = {Pruning(StrategyKind::kFull), Pruning(StrategyKind::kLazyLlm),
+                                      Pruning(StrategyKind::kGemFilter, {"top_k=40", "filter_layer=2"}),
+                                      Pruning(StrategyKind::kGemFilter, {"top_k=40", "original_positions=true"}),
+                                      Pruning(StrategyKind::kLazyLlm, {"layers=2", "keep=0.3"})};
+  constexpr int kRequests = 10, kTokens = 24;
+  auto strategy = [&](int i) { return strategies[i % 5]; };
+  std::vector<std::string> offline(kRequests);
+  for (int i = 0; i < kRequests; ++i) offline[i] = absl::StrJoin(Offline(LongPrompt(i), kTokens, strategy(i)), " ");
+  // The strategies do change the tokens (else this test would prove nothing).
+  EXPECT_NE(offline[1], absl::StrJoin(Offline(LongPrompt(1), kTokens), " "));
+  EXPECT_NE(offline[2], absl::StrJoin(Offline(LongPrompt(2), kTokens), " "));
+
+  for (const bool together : {false, true}) {
+    SCOPED_TRACE(together ? "mixed batch" : "alone");
+    ThreadPool engine_pool(2);
+    Scheduler s(*model_, engine_pool, SchedulerOptions{.prefill_chunk = 64});
+    auto id = [&](int i) { return std::string(together ? "mixed/" : "alone/") + std::to_string(i); };
+    for (int i = 0; i < kRequests; ++i) {
+      auto r = Make(id(i), LongPrompt(i), kTokens);
+      r->pruning = strategy(i);
+      ASSERT_TRUE(s.Submit(r).ok());
+      if (!together) ASSERT_TRUE(sinks_[id(i)]->Wait());
+    }
+    for (int i = 0; i < kRequests; ++i) {
+      CollectingSink& sink = *sinks_[id(i)];
+      ASSERT_TRUE(sink.Wait());
+      EXPECT_EQ(sink.finished.reason, FinishReason::kLength) << sink.finished.error;
+      EXPECT_EQ(absl::StrJoin(sink.tokens, " "), offline[i]) << "request " << i << " (" << StrategyName(strategy(i).strategy) << ")";
+    }
+    const LoadSnapshot load = s.Load();
+    EXPECT_EQ(load.kv[static_cast<int>(Tier::kDevice)].used, 0);
+  }
+}
+
+TEST_F(SchedulerTest, FinishedCarriesAccountingAndTheKeptSpans) {
+  ThreadPool engine_pool(2);
+  Scheduler s(*model_, engine_pool, SchedulerOptions{});
+  const std::vector<int32_t> prompt = LongPrompt(3);
+  const int n = static_cast<int>(prompt.size()), layers = model_->config().n_layers;
+  struct Case {
+    std::string id;
+    PruningParams pruning;
+  };
+  const Case cases[] = {{"full", Pruning(StrategyKind::kFull)},
+                        {"lazy", Pruning(StrategyKind::kLazyLlm, {"layers=1,3", "keep=0.5,0.2"})},
+                        {"gem", Pruning(StrategyKind::kGemFilter, {"top_k=30", "filter_layer=1"})}};
+  for (const Case& c : cases) {
+    auto r = Make(c.id, prompt, 4);
+    r->pruning = c.pruning;
+    r->report_pruning = true;
+    ASSERT_TRUE(s.Submit(r).ok());
+  }
+  auto spans_total = [](const RequestEvent& ev) {
+    int total = 0;
+    for (const auto& span : ev.kept_spans) total += span.end - span.begin;
+    return total;
+  };
+  const RequestEvent& full = (sinks_["full"]->Wait(), sinks_["full"]->finished);
+  EXPECT_DOUBLE_EQ(full.usage.prompt_tokens_computed, n);
+  ASSERT_EQ(full.kept_spans.size(), 1u);
+  EXPECT_EQ(full.kept_spans[0].begin, 0);
+  EXPECT_EQ(full.kept_spans[0].end, n);
+  EXPECT_EQ(full.kept_spans[0].text, model_->tokenizer()->Decode(prompt));
+  EXPECT_EQ(full.usage.kept_per_layer, (std::vector<std::pair<int, int>>{{0, n}}));
+
+  const RequestEvent& lazy = (sinks_["lazy"]->Wait(), sinks_["lazy"]->finished);
+  const int half = (n + 1) / 2, fifth = (n + 4) / 5;
+  EXPECT_EQ(lazy.usage.kept_per_layer, (std::vector<std::pair<int, int>>{{0, n}, {1, half}, {3, fifth}}));
+  EXPECT_GE(lazy.usage.prompt_tokens_computed, (n + 2.0 * half + 2.0 * fifth) / layers);  // decode revivals may add
+  EXPECT_EQ(spans_total(lazy), fifth);
+  EXPECT_EQ(lazy.kept_spans.back().end, n) << "the last prompt token is always kept";
+
+  const RequestEvent& gem = (sinks_["gem"]->Wait(), sinks_["gem"]->finished);
+  EXPECT_DOUBLE_EQ(gem.usage.prompt_tokens_computed, (2.0 * n + 30.0 * layers) / layers);
+  EXPECT_EQ(gem.usage.kept_per_layer, (std::vector<std::pair<int, int>>{{0, 30}}));
+  EXPECT_EQ(spans_total(gem), 30);
+  EXPECT_EQ(gem.kept_spans.back().end, n);
+}
+
+}  // namespace
+}  // namespace ps
