@@ -26,6 +26,8 @@ struct RequestUsage {
   // Prompt token-layer pairs computed / layers: the first pass over the prompt
   // (prefix passes included) and prompt tokens revived during decode.
   double prompt_tokens_computed = 0;
+  // KV blocks the sequence held at most (it only grows, until a recompute drops it), all layers.
+  int64_t kv_blocks = 0;
   // (layer, prompt tokens entering it) at layer 0 and wherever the count changes, first pass.
   std::vector<std::pair<int, int>> kept_per_layer;
   double queue_seconds = 0;

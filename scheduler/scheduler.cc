@@ -170,6 +170,7 @@ void Scheduler::Finish(Running& run, FinishReason reason, CancelReason cancel, s
       ev.usage.kept_per_layer.emplace_back(static_cast<int>(l), static_cast<int>(run.layer_rows[l]));
     }
   }
+  ev.usage.kv_blocks = std::max(run.peak_blocks, BlocksHeld(run));
   if (r.report_pruning) ev.kept_spans = Spans(run.kept_prompt, r.prompt, model_.tokenizer());
   ev.usage.queue_seconds = Seconds(r.arrival, run.admitted);
   ev.usage.ttft_seconds = run.prefilled ? Seconds(r.arrival, run.first_token) : 0.0;
@@ -272,7 +273,12 @@ std::vector<int> Scheduler::PlanRows(const std::vector<size_t>& order) const {
   return rows;
 }
 
+int64_t Scheduler::BlocksHeld(const Running& run) const {
+  return kv_manager_.BlocksIn(run.seq_id, Tier::kDevice) + kv_manager_.BlocksIn(run.seq_id, Tier::kHost);
+}
+
 void Scheduler::DropKv(Running& run) {
+  run.peak_blocks = std::max(run.peak_blocks, BlocksHeld(run));
   kv_.Release(run.seq_id);
   run.computed = 0;
   run.next_position = 0;

@@ -107,6 +107,7 @@ class Scheduler {
     double rows_computed = 0;           // prompt token-layer pairs (RequestUsage::prompt_tokens_computed)
     std::vector<int64_t> layer_rows;    // prompt rows entering each layer, first pass
     std::vector<int32_t> kept_prompt;   // prompt indices that reached the last layer, first pass
+    int64_t peak_blocks = 0;            // before the last time its KV was dropped
     int Remaining() const { return static_cast<int>(decoder->history().size()) - computed; }
     // Its KV sits in the host tier (a preemption that dropped the KV leaves computed = 0).
     bool Swapped() const { return preempted && computed > 0; }
@@ -128,6 +129,7 @@ class Scheduler {
   // Waits for a swap; on failure the sequence's KV is dropped (recomputed later) and false returned.
   bool CompleteSwap(PendingSwap& swap, Tier to);
   void DropKv(Running& run);
+  int64_t BlocksHeld(const Running& run) const;  // both tiers
   void Finish(Running& r, FinishReason reason, CancelReason cancel, std::string error = {});
   void FinishWaiting(const std::shared_ptr<Request>& r, CancelReason cancel, FinishReason reason = FinishReason::kCancelled,
                      std::string error = {});

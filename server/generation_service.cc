@@ -219,7 +219,7 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
   for (int32_t id : tok->Encode(in->text(), in->has_add_special_tokens() ? in->add_special_tokens() : true,
                                 in->parse_special_tokens())) {
     out->add_token_ids(id);
-    out->add_pieces(tok->TokenBytes(id));
+    out->add_pieces(tok->token_text(id));  // the vocabulary string: valid UTF-8, unlike a token's raw bytes
   }
   return Reply(ctx, grpc::Status::OK);
 }

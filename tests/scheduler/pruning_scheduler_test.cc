@@ -79,6 +79,8 @@ TEST_F(SchedulerTest, FinishedCarriesAccountingAndTheKeptSpans) {
   EXPECT_EQ(full.kept_spans[0].end, n);
   EXPECT_EQ(full.kept_spans[0].text, model_->tokenizer()->Decode(prompt));
   EXPECT_EQ(full.usage.kept_per_layer, (std::vector<std::pair<int, int>>{{0, n}}));
+  auto blocks = [&](int tokens) { return static_cast<int64_t>((tokens + 15) / 16 * layers); };  // 16-token blocks
+  EXPECT_EQ(full.usage.kv_blocks, blocks(n + 3));  // the prompt and 3 of the 4 new tokens were fed back
 
   const RequestEvent& lazy = (sinks_["lazy"]->Wait(), sinks_["lazy"]->finished);
   const int half = (n + 1) / 2, fifth = (n + 4) / 5;
@@ -86,12 +88,14 @@ TEST_F(SchedulerTest, FinishedCarriesAccountingAndTheKeptSpans) {
   EXPECT_GE(lazy.usage.prompt_tokens_computed, (n + 2.0 * half + 2.0 * fifth) / layers);  // decode revivals may add
   EXPECT_EQ(spans_total(lazy), fifth);
   EXPECT_EQ(lazy.kept_spans.back().end, n) << "the last prompt token is always kept";
+  EXPECT_LT(lazy.usage.kv_blocks, full.usage.kv_blocks);
 
   const RequestEvent& gem = (sinks_["gem"]->Wait(), sinks_["gem"]->finished);
   EXPECT_DOUBLE_EQ(gem.usage.prompt_tokens_computed, (2.0 * n + 30.0 * layers) / layers);
   EXPECT_EQ(gem.usage.kept_per_layer, (std::vector<std::pair<int, int>>{{0, 30}}));
   EXPECT_EQ(spans_total(gem), 30);
   EXPECT_EQ(gem.kept_spans.back().end, n);
+  EXPECT_EQ(gem.usage.kv_blocks, blocks(30 + 3));
 }
 
 }  // namespace

@@ -247,6 +247,11 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   pb::TokenizeResponse tresp;
   ASSERT_TRUE(stub->Tokenize(&c1, tr, &tresp).ok());
   EXPECT_EQ(absl::StrJoin(tresp.token_ids(), " "), "1 403 407 261 378");
+  // Characters outside the vocabulary become byte tokens; their pieces stay valid UTF-8 strings.
+  grpc::ClientContext c0;
+  tr.set_text("a ☃");
+  ASSERT_TRUE(stub->Tokenize(&c0, tr, &tresp).ok());
+  EXPECT_EQ(absl::StrJoin(tresp.pieces(), "|"), "<s>|▁a|▁|<0xE2>|<0x98>|<0x83>");
   grpc::ClientContext c2;
   pb::DetokenizeRequest dr;
   for (int id : {403, 407, 261, 378}) dr.add_token_ids(id);
