@@ -10,7 +10,6 @@
 
 #include <vector>
 
-#include "engine/model.h"
 #include "engine/pruning/params.h"
 #include "engine/pruning/strategy.h"
 
@@ -18,7 +17,7 @@ namespace ps {
 
 class GemFilter : public PruningStrategy {
  public:
-  GemFilter(const GemFilterParams& params, const ModelConfig& config) : params_(params) { (void)config; }
+  explicit GemFilter(const GemFilterParams& params) : params_(params) {}
 
   std::string_view name() const override { return "gemfilter"; }
   bool WholePrompt() const override { return true; }

@@ -100,7 +100,6 @@ void LazyLlm::RowsForLayer(int layer, LayerRows& rows) {
     in_aux_[p] = 1;
     ++aux_at_[j];
     ++aux_count_;
-    ++pruned_;
   }
   for (int32_t p = 0; p < context_; ++p) {
     if (!selected_[p] || !in_aux_[p] || depth_[p] != layer) continue;

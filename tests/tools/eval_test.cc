@@ -16,7 +16,8 @@ TEST(Eval, SmokeOnStories) {
   const std::string csv = ::testing::TempDir() + "/eval_smoke_" + std::to_string(::getpid()) + ".csv";
   const std::string cmd = std::string(PS_BINARY_DIR) + "/pruneserve-eval --addr " + server.address() + " --haystack " +
                           PS_TESTDATA + "/haystack/paul_graham_essays --lengths 300,500 --depths 0,50,100 --csv " + csv +
-                          " --strategy-arg gemfilter.top_k=64 --strategy-arg gemfilter.filter_layer=1 2>/dev/null";
+                          " --strategy-arg gemfilter.top_k=64 --strategy-arg gemfilter.filter_layer=1 --strategy-arg lazyllm.layers=1,3"
+                          " --strategy-arg lazyllm.keep=0.5,0.2 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string table;
@@ -46,7 +47,7 @@ TEST(Eval, SmokeOnStories) {
   // 2 lengths x 3 depths x 4 tasks, under each strategy.
   EXPECT_EQ(rows, (std::map<std::string, int>{{"full", 24}, {"gemfilter", 24}, {"lazyllm", 24}}));
   EXPECT_DOUBLE_EQ(computed["full"], 24 * 100.0);
-  EXPECT_LT(computed["lazyllm"], 24 * 70.0);
+  EXPECT_LT(computed["lazyllm"], 24 * 90.0);  // 48% in prefill, decode-time revivals on top
   EXPECT_LT(computed["gemfilter"], 24 * 100.0);
   std::remove(csv.c_str());
 }

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The long-context benchmark: every strategy on the default model through the real
+# server. Builds what it needs, fetches the model, starts pruneserve on a free
+# loopback port, runs pruneserve-eval (its table on stdout, one CSV row per request
+# in build/eval.csv or $PS_EVAL_CSV) and stops the server. Extra arguments go to
+# pruneserve-eval, e.g. `scripts/eval.sh --lengths 2048,8192 --depths 10,50,90`.
+# Without them: lengths 1024..8192, depths 0..100 by 25, all four tasks (about an hour on 2 cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/fetch_model.sh
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$(nproc)" --target pruneserve pruneserve-cli pruneserve-eval
+tmp=$(mktemp -d)
+build/pruneserve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --host 127.0.0.1 --port 0 --port-file "$tmp/ports" \
+  --metrics-port -1 --log-level warn > "$tmp/server.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$tmp"' EXIT
+for _ in $(seq 600); do
+  [ -s "$tmp/ports" ] && break
+  kill -0 $server 2>/dev/null || { cat "$tmp/server.log" >&2; exit 1; }
+  sleep 0.1
+done
+port=$(sed -n 's/^grpc=//p' "$tmp/ports")
+for _ in $(seq 600); do
+  [ "$(build/pruneserve-cli --addr "127.0.0.1:$port" health --timeout 1 2>/dev/null)" = "SERVING" ] && break
+  sleep 0.1
+done
+build/pruneserve-eval --addr "127.0.0.1:$port" --haystack ../shared/testdata/haystack/paul_graham_essays \
+  --csv "${PS_EVAL_CSV:-build/eval.csv}" "$@"
