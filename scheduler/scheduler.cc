@@ -190,6 +190,8 @@ void Scheduler::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !waiting_.empty() || !running_.empty(); });
       if (stopping_ && incoming_.empty() && waiting_.empty() && running_.empty()) return;
+      // Still waiting until the step publishes its load: Submit counts them against --max-queue.
+      load_.waiting += static_cast<int>(incoming_.size());
       for (auto& r : incoming_) waiting_.push_back(std::move(r));
       incoming_.clear();
     }
