@@ -5,10 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -52,6 +55,25 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+absl::StatusOr<std::string> ReadTextCorpus(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return ReadFileToString(path);
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+    if (e.is_regular_file()) files.push_back(e.path());
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat("cannot list ", path, ": ", ec.message()));
+  if (files.empty()) return absl::NotFoundError(absl::StrCat("no files in ", path));
+  std::sort(files.begin(), files.end());
+  std::string text;
+  for (const auto& f : files) {
+    absl::StatusOr<std::string> t = ReadFileToString(f.string());
+    if (!t.ok()) return t.status();
+    absl::StrAppend(&text, *t, "\n\n");
+  }
+  return text;
 }
 
 }  // namespace ps

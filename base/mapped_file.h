@@ -31,5 +31,8 @@ class MappedFile {
 
 // Reads a whole (small) file into a string.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+// A file's text, or for a folder its regular files' texts in name order, joined by
+// blank lines (benchmark and evaluation corpora such as the haystack essays).
+absl::StatusOr<std::string> ReadTextCorpus(const std::string& path);
 
 }  // namespace ps

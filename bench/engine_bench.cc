@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -58,19 +57,9 @@ int main(int argc, char** argv) {
   if (!model.ok()) return Fail(std::string(model.status().message()));
   const ModelConfig& c = (*model)->config();
 
-  // Prompt text: the file, or the concatenated files of the folder in name order.
-  std::string text;
-  std::vector<std::filesystem::path> files;
-  if (std::filesystem::is_directory(text_path)) {
-    for (const auto& e : std::filesystem::directory_iterator(text_path)) files.push_back(e.path());
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(text_path);
-  }
-  for (const auto& f : files) {
-    if (auto t = ReadFileToString(f.string()); t.ok()) text += *t + "\n";
-  }
-  const std::vector<int32_t> all_ids = (*model)->tokenizer()->Encode(text, true, false);
+  const absl::StatusOr<std::string> text = ReadTextCorpus(text_path);
+  if (!text.ok()) return Fail(std::string(text.status().message()));
+  const std::vector<int32_t> all_ids = (*model)->tokenizer()->Encode(*text, true, false);
 
   ThreadPool pool(static_cast<int>(threads));
   Transformer tf(**model, pool, MatMulOptions{.int8_activations = int8});

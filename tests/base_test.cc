@@ -2,9 +2,11 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "base/flags.h"
+#include "base/mapped_file.h"
 #include "base/status.h"
 #include "gtest/gtest.h"
 
@@ -75,6 +77,24 @@ absl::StatusOr<int> Quarter(int x) {
   PS_ASSIGN_OR_RETURN(int h, Half(x));
   PS_ASSIGN_OR_RETURN(int q, Half(h));
   return q;
+}
+
+TEST(ReadTextCorpus, JoinsAFoldersFilesInNameOrder) {
+  const std::string dir = ::testing::TempDir() + "/corpus_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/b.txt") << "second";
+  std::ofstream(dir + "/a.txt") << "first";
+  auto text = ps::ReadTextCorpus(dir);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, "first\n\nsecond\n\n");
+  auto one = ps::ReadTextCorpus(dir + "/b.txt");
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(*one, "second");
+  EXPECT_FALSE(ps::ReadTextCorpus(dir + "/missing").ok());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  EXPECT_FALSE(ps::ReadTextCorpus(dir).ok()) << "an empty folder is an error";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Status, MacrosPropagate) {

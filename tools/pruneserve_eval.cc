@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -135,7 +134,7 @@ int main(int argc, char** argv) {
                        "Long-context retrieval (needle, magic number, passkey, multi-key) through a running pruneserve, "
                        "every prompt under every strategy; prints a table and writes CSV.");
   flags.AddString("addr", &addr, "server address");
-  flags.AddString("haystack", &haystack_dir, "folder of .txt files concatenated as the haystack (sorted by name)");
+  flags.AddString("haystack", &haystack_dir, "text file, or folder whose files (in name order) make the haystack");
   flags.AddIntList("lengths", &lengths, "prompt lengths in tokens (default: 1024, doubling, up to the model's context)");
   flags.AddIntList("depths", &depths, "needle depths in percent of the context");
   flags.AddString("tasks", &tasks_flag, "comma-separated: needle, magic, passkey, multikey");
@@ -177,22 +176,10 @@ int main(int argc, char** argv) {
   }
 
   // Fillers: the essays (needle, magic, multikey) and the passkey sentences.
-  std::vector<std::filesystem::path> files;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(haystack_dir, ec)) {
-    if (e.path().extension() == ".txt") files.push_back(e.path());
-  }
-  if (ec) return Fail(absl::StrCat("--haystack ", haystack_dir, ": ", ec.message()));
-  std::sort(files.begin(), files.end());
-  std::string essays;
-  for (const auto& f : files) {
-    auto text = ps::ReadFileToString(f.string());
-    if (!text.ok()) return Fail(std::string(text.status().message()));
-    absl::StrAppend(&essays, *text, "\n\n");
-  }
-  if (essays.empty()) return Fail("no .txt files in " + haystack_dir);
+  const absl::StatusOr<std::string> essays = ps::ReadTextCorpus(haystack_dir);
+  if (!essays.ok()) return Fail(absl::StrCat("--haystack: ", essays.status().message()));
   pb::TokenizeResponse essay_tokens, passkey_tokens;
-  if (grpc::Status s = client.Tokenize(essays, &essay_tokens); !s.ok()) return Fail("Tokenize: " + s.error_message());
+  if (grpc::Status s = client.Tokenize(*essays, &essay_tokens); !s.ok()) return Fail("Tokenize: " + s.error_message());
   if (grpc::Status s = client.Tokenize("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ",
                                        &passkey_tokens);
       !s.ok()) {

@@ -199,7 +199,9 @@ TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
         // KV at the layers below the token's depth, none from there on; the Aux Cache
         // holds it exactly at its depth when that is not the end.
         EXPECT_EQ(in_kv.count(p) == 1, l < lazy.Depth(p)) << "step " << step << " layer " << l << " position " << p;
-        if (lazy.InAux(p) && lazy.Depth(p) == l) EXPECT_EQ(in_kv.count(p), 0u);
+        if (lazy.InAux(p) && lazy.Depth(p) == l) {
+          EXPECT_EQ(in_kv.count(p), 0u);
+        }
       }
     }
     for (int32_t p = 0; p < context; ++p) EXPECT_EQ(lazy.InAux(p), lazy.Depth(p) < c.n_layers) << p;

@@ -36,7 +36,9 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
       auto r = Make(id(i), LongPrompt(i), kTokens);
       r->pruning = strategy(i);
       ASSERT_TRUE(s.Submit(r).ok());
-      if (!together) ASSERT_TRUE(sinks_[id(i)]->Wait());
+      if (!together) {
+        ASSERT_TRUE(sinks_[id(i)]->Wait());
+      }
     }
     for (int i = 0; i < kRequests; ++i) {
       CollectingSink& sink = *sinks_[id(i)];
