@@ -12,7 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "base/flags.h"
 #include "base/mapped_file.h"
-#include "engine/forward.h"
+#include "engine/generator.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace {
 
@@ -37,7 +38,7 @@ int main(int argc, char** argv) {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string text_path = "../shared/testdata/haystack/paul_graham_essays";
   std::vector<int64_t> prefill_list = {512, 2048};
-  int64_t threads = 2, decode = 128, repeats = 2;
+  int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16;
   bool llamacpp = false, int8 = false;
   FlagParser flags("ps_bench_engine", "Prefill and decode throughput of the engine (one sequence).");
   flags.AddString("model", &model_path, "model file");
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   flags.AddInt("decode", &decode, "decode steps");
   flags.AddInt("threads", &threads, "compute threads");
   flags.AddInt("repeats", &repeats, "best of this many runs");
+  flags.AddInt("kv-block-size", &block_tokens, "tokens per KV block (the server's default: 16)");
   flags.AddBool("int8-activations", &int8, "int8 activations for quantised weights");
   flags.AddBool("llamacpp", &llamacpp, "also run llama-cpp-python on the same file and print ratios");
   if (auto s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
@@ -62,7 +64,8 @@ int main(int argc, char** argv) {
   const std::vector<int32_t> all_ids = (*model)->tokenizer()->Encode(*text, true, false);
 
   ThreadPool pool(static_cast<int>(threads));
-  Transformer tf(**model, pool, MatMulOptions{.int8_activations = int8});
+  CpuBackend backend(pool, CpuBackendOptions{.int8_activations = int8});
+  Transformer tf(**model, backend);
   std::map<std::string, double> ours;
   std::printf("model %s (%s), %lld threads, %s activations\n", c.name.c_str(), model_path.c_str(),
               static_cast<long long>(threads), int8 ? "int8" : "F32");
@@ -73,11 +76,14 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n; ++i) pos[i] = i;
     double best = 1e30;
     for (int r = 0; r < repeats; ++r) {
-      ContiguousKvStore kv(c.n_layers, c.kv_dim(), c.n_ctx);
+      auto kv = OfflineKvCache(**model, backend, n, static_cast<int>(block_tokens));
+      if (!kv.ok()) return Fail(std::string(kv.status().message()));
       SeqInput in{.seq_id = 1, .tokens = ids, .positions = pos};
       ForwardOutput out;
       const auto t0 = Clock::now();
-      if (auto st = tf.Forward({&in, 1}, kv, &out); !st.ok()) return Fail(std::string(st.message()));
+      if (auto st = tf.Forward({&in, 1}, **kv, &out); !st.ok() || !out.status[0].ok()) {
+        return Fail(std::string((st.ok() ? out.status[0] : st).message()));
+      }
       best = std::min(best, Seconds(t0, Clock::now()));
     }
     const std::string key = "prefill_" + std::to_string(n) + "_tok_per_s";
@@ -86,16 +92,17 @@ int main(int argc, char** argv) {
   }
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
-    ContiguousKvStore kv(c.n_layers, c.kv_dim(), c.n_ctx);
+    auto kv = OfflineKvCache(**model, backend, 4 + decode, static_cast<int>(block_tokens));
+    if (!kv.ok()) return Fail(std::string(kv.status().message()));
     ForwardOutput out;
     std::vector<int32_t> ids = {1, 2, 3, 4}, pos = {0, 1, 2, 3};
     SeqInput in{.seq_id = 1, .tokens = ids, .positions = pos};
-    if (auto st = tf.Forward({&in, 1}, kv, &out); !st.ok()) return Fail(std::string(st.message()));
+    if (auto st = tf.Forward({&in, 1}, **kv, &out); !st.ok()) return Fail(std::string(st.message()));
     const auto t0 = Clock::now();
     for (int i = 0; i < decode; ++i) {
       const int32_t tok = (i * 31) % 1000 + 500, p = 4 + i;
       SeqInput step{.seq_id = 1, .tokens = {&tok, 1}, .positions = {&p, 1}};
-      if (auto st = tf.Forward({&step, 1}, kv, &out); !st.ok()) return Fail(std::string(st.message()));
+      if (auto st = tf.Forward({&step, 1}, **kv, &out); !st.ok()) return Fail(std::string(st.message()));
     }
     best = std::min(best, Seconds(t0, Clock::now()));
   }

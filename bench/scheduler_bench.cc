@@ -11,8 +11,9 @@
 #include <numeric>
 
 #include "base/flags.h"
-#include "memory/swap_engine.h"
-#include "scheduler/scheduler.h"
+#include "engine/generator.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "server/serving.h"
 
 namespace {
 
@@ -72,17 +73,20 @@ class Done : public RequestSink {
 
 double DecodeThroughput(const Model& model, int threads, int streams, int prompt_tokens, int new_tokens) {
   ThreadPool pool(threads);
+  CpuBackend backend(pool);
   DecodeSteps steps(streams);
-  Scheduler s(model, pool, SchedulerOptions{.max_running = streams}, &steps);
+  auto serving = server::Serving::Create(model, backend, {.scheduler = {.max_running = streams}}, &steps);
+  if (!serving.ok()) return 0;
+  EngineLoop& s = (*serving)->loop();
   auto done = std::make_shared<Done>();
   for (int i = 0; i < streams; ++i) {
     auto r = std::make_shared<Request>();
     r->id = std::to_string(i);
-    r->prompt.push_back(1);
-    for (int k = 1; k < prompt_tokens; ++k) r->prompt.push_back(100 + (i * 131 + k * 17) % 5000);
-    r->sampling.temperature = 0;
-    r->stop.max_new_tokens = new_tokens;
-    r->stop.ignore_eos = true;
+    r->spec.prompt.push_back(1);
+    for (int k = 1; k < prompt_tokens; ++k) r->spec.prompt.push_back(100 + (i * 131 + k * 17) % 5000);
+    r->spec.sampling.temperature = 0;
+    r->spec.stop.max_new_tokens = new_tokens;
+    r->spec.stop.ignore_eos = true;
     r->sink = done;
     if (!s.Submit(r).ok()) return 0;
   }
@@ -131,16 +135,18 @@ int main(int argc, char** argv) {
   }
 
   // 2 and 3. Swap bandwidth and a preemption cycle vs recompute, per sequence length.
-  const size_t block_bytes = PagedKvStore::BlockBytes(static_cast<int>(block_tokens), c.kv_dim());
   ThreadPool pool(static_cast<int>(threads));
-  Transformer tf(**model, pool);
+  CpuBackend backend(pool);
+  Transformer tf(**model, backend);
   for (int64_t seq_len : seq_list) {
     const int len = static_cast<int>(seq_len);
-    const int32_t per_layer = (len + static_cast<int>(block_tokens) - 1) / static_cast<int>(block_tokens);
-    const int32_t blocks = per_layer * c.n_layers;
-    BlockPool device(Tier::kDevice, blocks, block_bytes), host(Tier::kHost, blocks, block_bytes);
-    KvCacheManager manager(device, host, c.n_layers, static_cast<int>(block_tokens));
-    PagedKvStore kv(manager, device, c.kv_dim());
+    const KvGeometry g{.n_layers = c.n_layers, .block_tokens = static_cast<int>(block_tokens), .kv_dim = c.kv_dim()};
+    const int64_t blocks = g.BlocksForTokens(len);
+    const size_t block_bytes = g.block_bytes();
+    auto cache = KvCache::Create({.geometry = g, .device_blocks = blocks, .host_blocks = blocks}, backend);
+    if (!cache.ok()) return Fail(std::string(cache.status().message()));
+    KvCache& kv = **cache;
+    KvCacheManager& manager = kv.manager();
     std::vector<int32_t> tokens(len), positions(len);
     for (int i = 0; i < len; ++i) {
       tokens[i] = i == 0 ? 1 : 100 + (i * 37) % 5000;
@@ -150,28 +156,25 @@ int main(int argc, char** argv) {
     ForwardOutput out;
     SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .no_logits = true};
     const auto t0 = Clock::now();
-    if (auto st = tf.Forward({&in, 1}, kv, &out); !st.ok()) return Fail(std::string(st.message()));
+    if (auto st = tf.Forward({&in, 1}, kv, &out); !st.ok() || !out.status[0].ok()) return Fail("the prefill failed");
     const double recompute = Seconds(t0, Clock::now());
     // Swap out and back in (the CPU engine: a copy thread), best of 3.
-    CpuSwapEngine swap(device, host);
     double out_s = 1e30, in_s = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
       auto t1 = Clock::now();
       std::optional<SwapPlan> plan = manager.PlanSwapOut(1);
-      if (!plan || !swap.Wait(swap.Submit(plan->copies)).ok()) return Fail("swap out failed");
-      manager.Release(plan->release_after);
+      if (!plan || !kv.Finish(kv.Submit(*plan), *plan).ok()) return Fail("swap out failed");
       auto t2 = Clock::now();
       plan = manager.PlanSwapIn(1);
-      if (!plan || !swap.Wait(swap.Submit(plan->copies)).ok()) return Fail("swap in failed");
-      manager.Release(plan->release_after);
+      if (!plan || !kv.Finish(kv.Submit(*plan), *plan).ok()) return Fail("swap in failed");
       auto t3 = Clock::now();
       out_s = std::min(out_s, Seconds(t1, t2));
       in_s = std::min(in_s, Seconds(t2, t3));
     }
     const double mib = blocks * static_cast<double>(block_bytes) / (1 << 20);
-    std::printf("seq %5d tokens: KV %.1f MiB in %d blocks; swap out %.2f ms (%.1f GB/s), in %.2f ms (%.1f GB/s); "
+    std::printf("seq %5d tokens: KV %.1f MiB in %lld blocks; swap out %.2f ms (%.1f GB/s), in %.2f ms (%.1f GB/s); "
                 "swap cycle %.2f ms vs recompute %.1f ms (%.0fx)\n",
-                len, mib, blocks, out_s * 1e3, mib / 1024 * 1.073741824 / out_s, in_s * 1e3,
+                len, mib, static_cast<long long>(blocks), out_s * 1e3, mib / 1024 * 1.073741824 / out_s, in_s * 1e3,
                 mib / 1024 * 1.073741824 / in_s, (out_s + in_s) * 1e3, recompute * 1e3, recompute / (out_s + in_s));
   }
   return 0;

@@ -10,6 +10,7 @@
 
 #include "base/flags.h"
 #include "engine/generator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "pruneserve/v1/generation.grpc.pb.h"
 
 namespace {
@@ -52,7 +53,8 @@ int main(int argc, char** argv) {
 
   Timing offline, served;
   ThreadPool pool(static_cast<int>(threads));
-  Generator gen(**model, pool);
+  CpuBackend backend(pool);
+  Generator gen(**model, backend);
   const SamplingParams greedy{.temperature = 0};
   const StopCriteria stop{.max_new_tokens = static_cast<int>(new_tokens), .ignore_eos = true};
   for (int r = 0; r < repeats; ++r) {

@@ -1,6 +1,8 @@
 // The forward pass over a ragged batch: each sequence contributes its own rows
 // (token ids with position ids); matmuls run over all rows together, attention
-// per sequence over that sequence's cached KV. Call from one thread at a time.
+// per sequence over the KV its strategy selects. Every operation goes through the
+// Backend. A failure belongs to one sequence (its rows leave the batch, the others
+// go on), never to the batch. Call from one thread at a time.
 #pragma once
 
 #include <cstdint>
@@ -8,24 +10,27 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "base/thread_pool.h"
 #include "engine/model.h"
 #include "engine/pruning/strategy.h"
-#include "memory/kv_store.h"
+#include "kernels/backend.h"
+#include "memory/kv_cache.h"
 
 namespace ps {
 
 struct SeqInput {
   int64_t seq_id = 0;
-  std::span<const int32_t> tokens;     // new rows of this step
-  std::span<const int32_t> positions;  // their positions, same length
-  bool all_logits = false;             // logits for every row, else for the last row only
-  bool no_logits = false;              // e.g. a prefill chunk that does not end the prompt
-  PruningStrategy* strategy = nullptr; // null: full attention
-  bool report_kept = false;            // fill ForwardOutput::kept_rows for this sequence
+  std::span<const int32_t> tokens;      // new rows of this step
+  std::span<const int32_t> positions;   // their positions, same length
+  bool all_logits = false;              // logits for every row, else for the last row only
+  bool no_logits = false;               // e.g. a prefill chunk that does not end the prompt
+  PruningStrategy* strategy = nullptr;  // null: full attention
+  bool report_kept = false;             // fill ForwardOutput::kept_rows for this sequence
 };
 
 struct ForwardOutput {
+  // Per sequence: OK, or why it failed (ResourceExhausted: its KV reservation was
+  // short). A failed sequence's KV is partly written: the caller frees it.
+  std::vector<absl::Status> status;
   // [n_logit_rows, n_vocab]; sequence i's rows start at row_offset[i] (row_count[i] rows).
   std::vector<float> logits;
   std::vector<int64_t> row_offset, row_count;
@@ -45,23 +50,29 @@ struct ForwardOutput {
 
 class Transformer {
  public:
-  Transformer(const Model& model, ThreadPool& pool, const MatMulOptions& matmul = {})
-      : model_(model), pool_(pool), matmul_(matmul) {}
-  absl::Status Forward(std::span<const SeqInput> batch, KvStore& kv, ForwardOutput* out);
+  Transformer(const Model& model, Backend& backend) : model_(model), backend_(backend) {}
+  // Runs one step. The returned status is the batch's (a device error); each
+  // sequence's own is in out->status.
+  absl::Status Forward(std::span<const SeqInput> batch, KvCache& kv, ForwardOutput* out);
 
  private:
-  class PrefixContext;
+  class Context;
   // Runs layers 0..last_layer (< n_layers: no logits; only the last row's
   // attention at last_layer) over the given rows.
-  absl::Status Run(std::span<const SeqInput> batch, std::span<const StepRows* const> rows, int last_layer, KvStore& kv,
-                   ForwardOutput* out);
-  // Applies the strategies' RowsForLayer edits before `layer`, compacting the activations.
-  void EditRows(int layer, std::span<const SeqInput> batch);
-  int64_t n_rows_ = 0;  // active rows of the current pass
+  absl::Status Run(std::span<const SeqInput> batch, std::span<const StepRows* const> rows,
+                   std::span<Context* const> contexts, int last_layer, KvCache& kv, ForwardOutput* out);
+  // One sequence's attention at `layer` (appends its K/V first); its error fails it alone.
+  absl::Status Attend(int layer, int stop_layer, const SeqInput& in, Context& ctx, int64_t offset, int64_t n,
+                      KvCache& kv);
+  // Applies the strategies' RowsForLayer edits before `layer` and drops the rows of
+  // failed sequences, compacting the activations.
+  void EditRows(int layer, std::span<const SeqInput> batch, std::span<Context* const> contexts,
+                const std::vector<absl::Status>& status);
   void EnsureCapacity(int64_t rows);
+
   const Model& model_;
-  ThreadPool& pool_;
-  MatMulOptions matmul_;
+  Backend& backend_;
+  int64_t n_rows_ = 0;  // active rows of the current pass
   // Rows of one sequence inside the compacted activation buffers.
   struct Segment {
     int64_t offset = 0;  // first row in the activation buffers
@@ -73,6 +84,7 @@ class Transformer {
   std::vector<int32_t> tokens_, positions_, origins_, new_positions_, new_origins_;
   std::vector<Segment> segments_;
   std::vector<float> stat_;
+  KvSelection selection_;
   std::vector<StepRows> step_rows_;  // per sequence, as BeginStep left them
   struct RowEdit {
     std::vector<char> keep;

@@ -6,16 +6,27 @@
 
 namespace ps {
 
-Generator::Generator(const Model& model, ThreadPool& pool, const MatMulOptions& matmul)
-    : model_(model), transformer_(model, pool, matmul) {}
+absl::StatusOr<std::unique_ptr<KvCache>> OfflineKvCache(const Model& model, Backend& backend, int64_t max_tokens,
+                                                        int block_tokens, DType dtype) {
+  const ModelConfig& c = model.config();
+  KvCacheOptions o{.geometry = {.n_layers = c.n_layers, .block_tokens = block_tokens, .kv_dim = c.kv_dim(), .dtype = dtype},
+                   .aux_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float)};
+  // Twice the sequence: a prefix pass's scratch KV next to the sequence's own.
+  o.device_blocks = 2 * o.geometry.BlocksForTokens(max_tokens);
+  const int64_t aux_blocks =
+      static_cast<int64_t>((max_tokens * o.aux_row_bytes + o.geometry.block_bytes() - 1) / o.geometry.block_bytes());
+  o.host_blocks = o.device_blocks + aux_blocks + 1;
+  return KvCache::Create(o, backend);
+}
 
 absl::StatusOr<GenerationResult> Generator::Generate(std::span<const int32_t> prompt, const SamplingParams& sampling,
                                                      const StopCriteria& stop, const TokenCallback& on_token,
                                                      PruningStrategy* strategy) {
   const ModelConfig& c = model_.config();
   PS_RETURN_IF_ERROR(ValidateGeneration(c, prompt.size(), sampling, stop));
-  ContiguousKvStore kv(c.n_layers, c.kv_dim(), c.n_ctx);
-  const int64_t seq = next_seq_id_++;
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv,
+                      OfflineKvCache(model_, backend_, static_cast<int64_t>(prompt.size()) + stop.max_new_tokens));
+  constexpr int64_t kSeq = 1;
   SequenceDecoder decoder(model_.tokenizer(), sampling, stop, prompt);
   GenerationResult result;
   std::vector<int32_t> step_tokens(prompt.begin(), prompt.end());
@@ -24,8 +35,10 @@ absl::StatusOr<GenerationResult> Generator::Generate(std::span<const int32_t> pr
   ForwardOutput fo;
   auto t0 = std::chrono::steady_clock::now();
   while (true) {
-    SeqInput in{.seq_id = seq, .tokens = step_tokens, .positions = step_pos, .strategy = strategy};
-    PS_RETURN_IF_ERROR(transformer_.Forward(std::span<const SeqInput>(&in, 1), kv, &fo));
+    SeqInput in{.seq_id = kSeq, .tokens = step_tokens, .positions = step_pos, .strategy = strategy};
+    PS_RETURN_IF_ERROR(transformer_.Forward(std::span<const SeqInput>(&in, 1), *kv, &fo));
+    PS_RETURN_IF_ERROR(fo.status[0]);
+    PS_RETURN_IF_ERROR(kv->WaitAllMoves());
     if (result.tokens.empty()) result.prompt_rows_computed = fo.rows_computed[0];
     const auto t1 = std::chrono::steady_clock::now();
     (result.tokens.empty() ? result.prefill_seconds : result.decode_seconds) +=
@@ -48,7 +61,6 @@ absl::StatusOr<GenerationResult> Generator::Generate(std::span<const int32_t> pr
     step_tokens.assign(1, step.sampled.token);
     step_pos.assign(1, fo.next_position[0]);
   }
-  kv.Release(seq);
   return result;
 }
 

@@ -1,9 +1,11 @@
-// Single-sequence generation loop (prompt, then one token per step). Used by
-// pruneserve-run, the tests and benchmarks; the server's scheduler drives the
-// Transformer directly for batches.
+// Single-sequence generation loop (prompt, then one token per step) over a
+// private, unmetered KV cache sized for the request. Used by pruneserve-run, the
+// tests (the reference the server's tokens are compared with) and benchmarks;
+// the server's engine runs batches of plans instead.
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "engine/forward.h"
 #include "engine/sequence.h"
+#include "memory/kv_cache.h"
 
 namespace ps {
 
@@ -28,9 +31,15 @@ struct GenerationResult {
 // Called for each generated token with the newly completed text; return false to cancel.
 using TokenCallback = std::function<bool(const SampledToken&, std::string_view text_delta)>;
 
+// A KV cache for one sequence of up to max_tokens tokens of `model` (prefix passes,
+// revivals, the Aux Cache and moves to the host tier included), allocating on
+// demand (unmetered), in 16-token F32 blocks unless told otherwise.
+absl::StatusOr<std::unique_ptr<KvCache>> OfflineKvCache(const Model& model, Backend& backend, int64_t max_tokens,
+                                                        int block_tokens = 16, DType dtype = DType::kF32);
+
 class Generator {
  public:
-  Generator(const Model& model, ThreadPool& pool, const MatMulOptions& matmul = {});
+  Generator(const Model& model, Backend& backend) : model_(model), backend_(backend), transformer_(model, backend) {}
   // `strategy` (null: full) serves this one generation.
   absl::StatusOr<GenerationResult> Generate(std::span<const int32_t> prompt, const SamplingParams& sampling,
                                             const StopCriteria& stop, const TokenCallback& on_token = nullptr,
@@ -38,8 +47,8 @@ class Generator {
 
  private:
   const Model& model_;
+  Backend& backend_;
   Transformer transformer_;
-  int64_t next_seq_id_ = 1;
 };
 
 }  // namespace ps

@@ -12,8 +12,7 @@
 #include "base/mapped_file.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer/tokenizer.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/rope.h"
+#include "kernels/types.h"
 
 namespace ps {
 

@@ -12,11 +12,11 @@ std::string_view TierName(Tier t) { return t == Tier::kDevice ? "device" : "host
 
 BlockPool::BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes)
     : BlockPool(tier, num_blocks, block_bytes,
-                BlockMemory{.base = static_cast<uint8_t*>(::operator new[](
+                MemoryRegion{.base = static_cast<uint8_t*>(::operator new[](
                                 static_cast<size_t>(std::max(num_blocks, 0)) * block_bytes + 1, std::align_val_t(64))),
                             .release = [](uint8_t* p) { ::operator delete[](p, std::align_val_t(64)); }}) {}
 
-BlockPool::BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes, BlockMemory memory)
+BlockPool::BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes, MemoryRegion memory)
     : tier_(tier), block_bytes_(block_bytes), blocks_(static_cast<size_t>(std::max(num_blocks, 0))),
       memory_(std::move(memory)) {
   PS_CHECK(num_blocks >= 0 && block_bytes > 0) << "bad pool size";

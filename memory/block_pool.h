@@ -14,26 +14,21 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/memory_region.h"
 
 namespace ps {
 
 enum class Tier : uint8_t { kDevice = 0, kHost = 1 };
 std::string_view TierName(Tier t);
 
-// The bytes behind a pool, and how to give them back. The CUDA backend supplies
-// device memory for the device tier and pinned host memory for the host tier.
-struct BlockMemory {
-  uint8_t* base = nullptr;
-  std::function<void(uint8_t*)> release;
-};
-
 class BlockPool {
  public:
   // num_blocks blocks of block_bytes each in ordinary memory allocated here (64-byte
   // aligned): both tiers on the CPU backend.
   BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes);
-  // The same over memory from elsewhere (num_blocks * block_bytes bytes at least).
-  BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes, BlockMemory memory);
+  // The same over memory from a backend (num_blocks * block_bytes bytes at least):
+  // device memory for the device tier and pinned host memory for the host tier on a GPU.
+  BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes, MemoryRegion memory);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -74,7 +69,7 @@ class BlockPool {
   size_t block_bytes_;
   std::vector<Block> blocks_;
   int32_t head_ = -1, tail_ = -1, num_free_ = 0;
-  BlockMemory memory_;
+  MemoryRegion memory_;
 };
 
 }  // namespace ps

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -23,18 +24,6 @@ cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
 cudaEvent_t Event(void* e) { return static_cast<cudaEvent_t>(e); }
 
 }  // namespace
-
-absl::StatusOr<BlockMemory> DeviceBlockMemory(size_t bytes) {
-  void* p = nullptr;
-  PS_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
-  return BlockMemory{.base = static_cast<uint8_t*>(p), .release = [](uint8_t* q) { cudaFree(q); }};
-}
-
-absl::StatusOr<BlockMemory> PinnedBlockMemory(size_t bytes) {
-  void* p = nullptr;
-  PS_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
-  return BlockMemory{.base = static_cast<uint8_t*>(p), .release = [](uint8_t* q) { cudaFreeHost(q); }};
-}
 
 absl::StatusOr<std::unique_ptr<CudaSwapEngine>> CudaSwapEngine::Create(BlockPool& device, BlockPool& host,
                                                                        void* compute_stream) {
@@ -130,3 +119,11 @@ uint64_t CudaSwapEngine::bytes_to_device() const {
 }
 
 }  // namespace ps::cuda
+
+extern "C" ps::SwapEngine* ps_cuda_create_swap_engine(ps::BlockPool* device, ps::BlockPool* host, char* error,
+                                                      size_t error_size) {
+  absl::StatusOr<std::unique_ptr<ps::cuda::CudaSwapEngine>> e = ps::cuda::CudaSwapEngine::Create(*device, *host);
+  if (e.ok()) return e->release();
+  std::snprintf(error, error_size, "%s", std::string(e.status().message()).c_str());
+  return nullptr;
+}

@@ -6,8 +6,8 @@
 // between the two (no staging buffer needed) and overlap with compute. Runs of
 // consecutive block ids become one copy. Every CUDA return code is checked.
 //
-// Compiled whenever nvcc is present (PS_HAVE_CUDA); the tests skip without a GPU.
-// CUDA types are kept out of this header so that C++ code can include it.
+// Part of the CUDA plug-in (libps_cuda.so, kernels/plugin.h); the tests skip
+// without a GPU. CUDA types are kept out of this header so that C++ code can include it.
 #pragma once
 
 #include <map>
@@ -19,13 +19,9 @@
 
 namespace ps::cuda {
 
-// Device memory for the device tier and pinned host memory for the host tier.
-absl::StatusOr<BlockMemory> DeviceBlockMemory(size_t bytes);
-absl::StatusOr<BlockMemory> PinnedBlockMemory(size_t bytes);
-
 class CudaSwapEngine final : public SwapEngine {
  public:
-  // `device` and `host` must use DeviceBlockMemory / PinnedBlockMemory. `compute_stream`
+  // `device` and `host` must use cuda::AllocateDevice / AllocatePinned memory. `compute_stream`
   // (a cudaStream_t; null = the legacy default stream) is the stream writing the KV.
   static absl::StatusOr<std::unique_ptr<CudaSwapEngine>> Create(BlockPool& device, BlockPool& host,
                                                                 void* compute_stream = nullptr);
@@ -58,3 +54,8 @@ class CudaSwapEngine final : public SwapEngine {
 };
 
 }  // namespace ps::cuda
+
+// The plug-in's entry point (kernels/plugin.h): a CudaSwapEngine over the two tiers,
+// or null with the reason in `error`.
+extern "C" ps::SwapEngine* ps_cuda_create_swap_engine(ps::BlockPool* device, ps::BlockPool* host, char* error,
+                                                      size_t error_size);

@@ -1,58 +1,129 @@
 #include "memory/kv_cache_manager.h"
 
+#include <algorithm>
+#include <functional>
+
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
 namespace ps {
 
-KvCacheManager::KvCacheManager(BlockPool& device, BlockPool& host, int n_layers, int block_tokens)
-    : device_(device), host_(host), n_layers_(n_layers), block_tokens_(block_tokens) {
-  PS_CHECK(n_layers > 0 && block_tokens > 0) << "bad KV geometry";
+KvCacheManager::KvCacheManager(BlockPool& device, BlockPool& host, const Options& o)
+    : device_(device),
+      host_(host),
+      n_layers_(o.n_layers),
+      block_tokens_(o.block_tokens),
+      metered_(o.metered),
+      aux_(host, o.aux_row_bytes) {
+  PS_CHECK(n_layers_ > 0 && block_tokens_ > 0) << "bad KV geometry";
+  PS_CHECK(device.tier() == Tier::kDevice && host.tier() == Tier::kHost) << "pools in the wrong tiers";
+}
+
+KvCacheManager::SeqKv& KvCacheManager::Seq(int64_t seq) {
+  SeqKv& s = seqs_[seq];
+  if (s.layers.empty()) s.layers.resize(n_layers_);
+  return s;
 }
 
 const LayerTable& KvCacheManager::Table(int64_t seq, int layer) const {
   static const LayerTable kEmpty;
   auto it = seqs_.find(seq);
-  return it == seqs_.end() ? kEmpty : it->second.at(layer);
+  return it == seqs_.end() ? kEmpty : it->second.layers.at(layer);
 }
 
-int32_t KvCacheManager::BlocksNeeded(int64_t seq, int n_tokens) const {
-  int32_t need = 0;
+int64_t KvCacheManager::BlocksNeeded(int64_t seq, int64_t n_tokens) const {
+  int64_t need = 0;
   for (int l = 0; l < n_layers_; ++l) {
     const LayerTable& t = Table(seq, l);
     const int64_t capacity = static_cast<int64_t>(t.blocks.size()) * block_tokens_;
     const int64_t after = static_cast<int64_t>(t.positions.size()) + n_tokens;
-    if (after > capacity) need += static_cast<int32_t>((after - capacity + block_tokens_ - 1) / block_tokens_);
+    if (after > capacity) need += (after - capacity + block_tokens_ - 1) / block_tokens_;
   }
   return need;
 }
 
-bool KvCacheManager::Append(int64_t seq, int layer, std::span<const int32_t> positions) {
-  PS_CHECK(layer >= 0 && layer < n_layers_) << "layer " << layer;
-  auto& layers = seqs_[seq];
-  if (layers.empty()) layers.resize(n_layers_);
-  LayerTable& t = layers[layer];
-  const int64_t capacity = static_cast<int64_t>(t.blocks.size()) * block_tokens_;
-  const int64_t filled = static_cast<int64_t>(t.positions.size());
-  const int64_t after = filled + static_cast<int64_t>(positions.size());
-  if (filled < capacity && t.blocks.back().tier != Tier::kDevice) return false;  // swapped out
-  const int32_t need = after > capacity ? static_cast<int32_t>((after - capacity + block_tokens_ - 1) / block_tokens_) : 0;
-  auto ids = device_.Allocate(need);
-  if (!ids) return false;
-  for (int32_t id : *ids) t.blocks.push_back({Tier::kDevice, id});
-  t.positions.insert(t.positions.end(), positions.begin(), positions.end());
+int64_t KvCacheManager::BlocksIn(int64_t seq, Tier tier) const {
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? 0 : it->second.held[static_cast<int>(tier)];
+}
+
+int64_t KvCacheManager::Available(Tier tier) const {
+  if (tier == Tier::kHost) return host_.num_free();
+  return device_.num_free() + releasing_ - reserved_total_;
+}
+
+bool KvCacheManager::Reserve(int64_t seq, int64_t n) {
+  PS_CHECK(n >= 0 && seq >= 0) << "reserve " << n << " blocks for sequence " << seq;
+  if (!metered_) return true;
+  if (n > Available(Tier::kDevice)) return false;
+  reserved_[seq] += n;
+  reserved_total_ += n;
   return true;
 }
 
-std::optional<SwapPlan> KvCacheManager::PlanMove(int64_t seq, Tier from, Tier to) {
+int64_t KvCacheManager::Reserved(int64_t seq) const {
+  auto it = reserved_.find(seq);
+  return it == reserved_.end() ? 0 : it->second;
+}
+
+void KvCacheManager::EndStep() {
+  reserved_.clear();
+  reserved_total_ = 0;
+}
+
+void KvCacheManager::Credit(int64_t seq, int64_t n) {
+  if (!metered_ || n == 0) return;
+  reserved_[seq] += n;
+  reserved_total_ += n;
+}
+
+std::optional<std::vector<int32_t>> KvCacheManager::TakeDevice(int64_t seq, int64_t n) {
+  if (n == 0) return std::vector<int32_t>{};
+  if (metered_) {
+    auto it = reserved_.find(ScratchOwner(seq));
+    if (it == reserved_.end() || it->second < n) return std::nullopt;
+    std::optional<std::vector<int32_t>> ids = device_.Allocate(static_cast<int32_t>(n));
+    if (ids) {
+      it->second -= n;
+      reserved_total_ -= n;
+    }
+    return ids;
+  }
+  return device_.Allocate(static_cast<int32_t>(n));
+}
+
+bool KvCacheManager::Append(int64_t seq, int layer, std::span<const int32_t> positions) {
+  PS_CHECK(layer >= 0 && layer < n_layers_) << "layer " << layer;
+  SeqKv& s = Seq(seq);
+  LayerTable& t = s.layers[layer];
+  const int64_t capacity = static_cast<int64_t>(t.blocks.size()) * block_tokens_;
+  const int64_t filled = static_cast<int64_t>(t.positions.size());
+  const int64_t after = filled + static_cast<int64_t>(positions.size());
+  if (filled < capacity && t.blocks.back().tier != Tier::kDevice) return false;  // the tail block was moved out
+  const int64_t need = after > capacity ? (after - capacity + block_tokens_ - 1) / block_tokens_ : 0;
+  std::optional<std::vector<int32_t>> ids = TakeDevice(seq, need);
+  if (!ids) return false;
+  for (int32_t id : *ids) t.blocks.push_back({Tier::kDevice, id});
+  s.held[static_cast<int>(Tier::kDevice)] += need;
+  for (int32_t p : positions) {
+    if (!t.positions.empty() && p <= t.positions.back()) t.ascending = false;
+    t.positions.push_back(p);
+  }
+  return true;
+}
+
+std::optional<SwapPlan> KvCacheManager::PlanMoveAll(int64_t seq, Tier from, Tier to) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return SwapPlan{};
   const int64_t n = BlocksIn(seq, from);
-  auto ids = pool(to).Allocate(static_cast<int32_t>(n));
+  std::optional<std::vector<int32_t>> ids =
+      to == Tier::kDevice ? TakeDevice(seq, n) : host_.Allocate(static_cast<int32_t>(n));
   if (!ids) return std::nullopt;
   SwapPlan plan;
   size_t k = 0;
-  for (LayerTable& t : it->second) {
+  it->second.held[static_cast<int>(from)] -= n;
+  it->second.held[static_cast<int>(to)] += n;
+  for (LayerTable& t : it->second.layers) {
     for (BlockLoc& b : t.blocks) {
       if (b.tier != from) continue;
       const BlockLoc dst{to, (*ids)[k++]};
@@ -61,57 +132,105 @@ std::optional<SwapPlan> KvCacheManager::PlanMove(int64_t seq, Tier from, Tier to
       b = dst;
     }
   }
+  if (from == Tier::kDevice) releasing_ += n;
   return plan;
 }
 
-std::optional<SwapPlan> KvCacheManager::PlanSwapOut(int64_t seq) { return PlanMove(seq, Tier::kDevice, Tier::kHost); }
-std::optional<SwapPlan> KvCacheManager::PlanSwapIn(int64_t seq) { return PlanMove(seq, Tier::kHost, Tier::kDevice); }
+std::optional<SwapPlan> KvCacheManager::PlanSwapOut(int64_t seq) { return PlanMoveAll(seq, Tier::kDevice, Tier::kHost); }
+std::optional<SwapPlan> KvCacheManager::PlanSwapIn(int64_t seq) { return PlanMoveAll(seq, Tier::kHost, Tier::kDevice); }
 
-void KvCacheManager::Release(const std::vector<BlockLoc>& blocks) {
-  for (const BlockLoc& b : blocks) pool(b.tier).Release(b.id);
+std::optional<SwapPlan> KvCacheManager::PlanMove(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end() || layer < 0 || layer >= n_layers_) return std::nullopt;
+  LayerTable& t = it->second.layers[layer];
+  std::vector<int32_t> moving;
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= static_cast<int32_t>(t.blocks.size())) return std::nullopt;
+    if (t.blocks[b].tier != to && std::find(moving.begin(), moving.end(), b) == moving.end()) moving.push_back(b);
+  }
+  const auto n = static_cast<int64_t>(moving.size());
+  std::optional<std::vector<int32_t>> ids =
+      to == Tier::kDevice ? TakeDevice(seq, n) : host_.Allocate(static_cast<int32_t>(n));
+  if (!ids) return std::nullopt;
+  SwapPlan plan{.credit_seq = seq};
+  const Tier from = to == Tier::kDevice ? Tier::kHost : Tier::kDevice;
+  it->second.held[static_cast<int>(from)] -= n;
+  it->second.held[static_cast<int>(to)] += n;
+  for (size_t k = 0; k < moving.size(); ++k) {
+    BlockLoc& b = t.blocks[moving[k]];
+    const BlockLoc dst{to, (*ids)[k]};
+    plan.copies.push_back({b.tier, b.id, dst.tier, dst.id});
+    plan.release_after.push_back(b);
+    b = dst;
+  }
+  if (to == Tier::kHost) releasing_ += n;
+  return plan;
+}
+
+void KvCacheManager::Complete(const SwapPlan& plan) {
+  int64_t device_released = 0;
+  for (const BlockLoc& b : plan.release_after) {
+    pool(b.tier).Release(b.id);
+    device_released += b.tier == Tier::kDevice;
+  }
+  releasing_ -= device_released;
+  PS_CHECK(releasing_ >= 0) << "more device blocks released than planned";
+  if (plan.credit_seq >= 0) Credit(plan.credit_seq, device_released);
 }
 
 void KvCacheManager::Free(int64_t seq) {
+  aux_.Release(seq);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
-  for (const LayerTable& t : it->second) Release(t.blocks);
+  int64_t device_freed = 0;
+  for (const LayerTable& t : it->second.layers) {
+    for (const BlockLoc& b : t.blocks) {
+      pool(b.tier).Release(b.id);
+      device_freed += b.tier == Tier::kDevice;
+    }
+  }
   seqs_.erase(it);
-}
-
-int64_t KvCacheManager::BlocksIn(int64_t seq, Tier tier) const {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return 0;
-  int64_t n = 0;
-  for (const LayerTable& t : it->second)
-    for (const BlockLoc& b : t.blocks) n += b.tier == tier;
-  return n;
+  if (seq < 0) Credit(ScratchOwner(seq), device_freed);
 }
 
 absl::Status KvCacheManager::VerifyIntegrity() const {
   PS_RETURN_IF_ERROR(device_.VerifyIntegrity());
   PS_RETURN_IF_ERROR(host_.VerifyIntegrity());
   std::map<std::pair<Tier, int32_t>, int> refs;
-  for (const auto& [seq, layers] : seqs_) {
-    for (size_t l = 0; l < layers.size(); ++l) {
-      const LayerTable& t = layers[l];
+  for (const auto& [seq, s] : seqs_) {
+    int64_t held[2] = {0, 0};
+    for (size_t l = 0; l < s.layers.size(); ++l) {
+      const LayerTable& t = s.layers[l];
       // Blocks are taken only as slots need them: exactly ceil(tokens / block_tokens).
       if (t.blocks.size() != (t.positions.size() + block_tokens_ - 1) / block_tokens_) {
         return absl::InternalError(absl::StrCat("sequence ", seq, " layer ", l, ": ", t.blocks.size(), " blocks for ",
                                                 t.positions.size(), " tokens"));
       }
-      for (const BlockLoc& b : t.blocks) ++refs[{b.tier, b.id}];
+      if (t.ascending != std::is_sorted(t.positions.begin(), t.positions.end(), std::less_equal<int32_t>())) {
+        return absl::InternalError(absl::StrCat("sequence ", seq, " layer ", l, ": stale ascending flag"));
+      }
+      for (const BlockLoc& b : t.blocks) {
+        ++refs[{b.tier, b.id}];
+        ++held[static_cast<int>(b.tier)];
+      }
+    }
+    if (held[0] != s.held[0] || held[1] != s.held[1]) {
+      return absl::InternalError(absl::StrCat("sequence ", seq, ": block counts ", s.held[0], "/", s.held[1],
+                                              " for tables holding ", held[0], "/", held[1]));
     }
   }
   int64_t owned[2] = {0, 0};
   for (const auto& [loc, n] : refs) {
-    const BlockPool& p = loc.first == Tier::kDevice ? device_ : host_;
+    const BlockPool& p = pool(loc.first);
     if (p.ref_count(loc.second) != n) {
       return absl::InternalError(absl::StrCat(std::string(TierName(loc.first)), " block ", loc.second, " has ",
                                               p.ref_count(loc.second), " references but ", n, " table entries"));
     }
     ++owned[static_cast<int>(loc.first)];
   }
-  if (owned[0] + device_.num_free() != device_.num_blocks() || owned[1] + host_.num_free() != host_.num_blocks()) {
+  owned[static_cast<int>(Tier::kHost)] += aux_.TotalBlocks();
+  if (owned[0] + releasing_ + device_.num_free() != device_.num_blocks() ||
+      owned[1] + host_.num_free() != host_.num_blocks()) {
     return absl::InternalError("tier accounting: blocks owned outside the tables, or lost");
   }
   return absl::OkStatus();

@@ -1,9 +1,19 @@
-// Which KV blocks hold what: for each sequence and layer, a block table (blocks in
-// slot order, each in the device or host tier) and the token position of every
-// filled slot. Layers may hold different token subsets (pruning). Owns no KV bytes:
-// those live in the two BlockPools. Running out of device blocks is a value
-// (false / nullopt), never an exception: the scheduler decides what to do.
-// Engine thread only.
+// KV accounting and block tables: for each sequence and layer, a block table
+// (blocks in slot order, each in the device or host tier) and the token position
+// of every filled slot; layers may hold different token subsets (pruning). Owns no
+// KV bytes: those live in the two BlockPools. Also holds the Aux Cache, so that
+// freeing a sequence frees everything it holds.
+//
+// Reservations: in metered mode (the serving path) the scheduler reserves device
+// blocks for each sequence before a step (Reserve) and the step's appends and
+// swap-ins draw on that reservation only, so a step never runs out of blocks half
+// way; a shortfall is that one sequence's error. Blocks a sequence gives back
+// during the step (a scratch pass released, a block moved to the host tier) are
+// credited to its reservation. Unused reservations lapse at EndStep. Unmetered
+// mode (offline generation, tests) allocates on demand.
+//
+// Running out of blocks is a value (false / nullopt), never an exception. Engine
+// thread only.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "memory/aux_cache.h"
 #include "memory/block_pool.h"
 #include "memory/swap_engine.h"
 
@@ -27,6 +38,7 @@ struct BlockLoc {
 struct LayerTable {
   std::vector<BlockLoc> blocks;    // slot s lives in blocks[s / block_tokens] at offset s % block_tokens
   std::vector<int32_t> positions;  // [filled slots]
+  bool ascending = true;           // positions strictly ascending in slot order
 };
 
 // Copies to run and blocks to release once the copies are done (their data is
@@ -34,44 +46,105 @@ struct LayerTable {
 struct SwapPlan {
   std::vector<BlockCopy> copies;
   std::vector<BlockLoc> release_after;
+  // A sequence whose reservation is credited with the device blocks released
+  // (a strategy's move to the host tier during a step), or -1.
+  int64_t credit_seq = -1;
 };
 
 class KvCacheManager {
  public:
-  KvCacheManager(BlockPool& device, BlockPool& host, int n_layers, int block_tokens);
+  struct Options {
+    int n_layers = 0;
+    int block_tokens = 16;
+    bool metered = false;      // appends and swap-ins draw on reservations
+    size_t aux_row_bytes = 0;  // bytes of one Aux Cache row (0: no Aux Cache)
+  };
+  KvCacheManager(BlockPool& device, BlockPool& host, const Options& options);
+  KvCacheManager(BlockPool& device, BlockPool& host, int n_layers, int block_tokens)
+      : KvCacheManager(device, host, Options{.n_layers = n_layers, .block_tokens = block_tokens}) {}
 
   int block_tokens() const { return block_tokens_; }
+  int n_layers() const { return n_layers_; }
+  bool metered() const { return metered_; }
+
+  // ---- Accounting: what the scheduler plans with, before a step.
   // Device blocks that appending n tokens at every layer of `seq` would take.
-  int32_t BlocksNeeded(int64_t seq, int n_tokens) const;
+  int64_t BlocksNeeded(int64_t seq, int64_t n_tokens) const;
+  // Blocks of the sequence's tables in `tier` (the Aux Cache not included); O(1).
+  int64_t BlocksIn(int64_t seq, Tier tier) const;
+  int64_t TotalBlocks(Tier tier) const { return pool(tier).num_blocks(); }
+  int64_t UsedBlocks(Tier tier) const { return pool(tier).num_blocks() - pool(tier).num_free(); }
+  // Blocks a reservation (device) or a swap-out (host) can still take: device
+  // blocks free or being released by planned swap-outs, less what is reserved.
+  int64_t Available(Tier tier) const;
+  // Reserves n device blocks for `seq` in this step; false (nothing reserved) when
+  // fewer are available. Always true when unmetered.
+  bool Reserve(int64_t seq, int64_t n);
+  int64_t Reserved(int64_t seq) const;
+  // Unused reservations lapse (call after the step).
+  void EndStep();
+
+  // ---- Moves between tiers. The plans take destination blocks now and re-point
+  // the tables; the caller runs the copies, then Complete(plan).
+  // Every device block of `seq` to the host tier (nullopt: host tier full); the
+  // device blocks count as available from now on.
+  std::optional<SwapPlan> PlanSwapOut(int64_t seq);
+  // Every host block of `seq` back to the device tier, on its reservation
+  // (nullopt: not enough reserved / free).
+  std::optional<SwapPlan> PlanSwapIn(int64_t seq);
+  // Blocks `blocks` (indices into the layer's table) of (seq, layer) to `to`; those
+  // already there are skipped. Device blocks come from the sequence's reservation.
+  std::optional<SwapPlan> PlanMove(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to);
+  // The copies of `plan` are done: its source blocks are released.
+  void Complete(const SwapPlan& plan);
+
+  // ---- Execution.
   // Adds slots for `positions` at one layer, taking device blocks as needed. False
-  // (and nothing changed) when the device tier is short of blocks or when the
-  // sequence's last block for this layer is not in the device tier.
+  // (and nothing changed) when the device blocks are not there (not reserved, or
+  // the tier is full) or when the layer's last, partly filled block is not in the
+  // device tier.
   bool Append(int64_t seq, int layer, std::span<const int32_t> positions);
   // The table of (seq, layer); empty if the sequence holds nothing there.
   const LayerTable& Table(int64_t seq, int layer) const;
   bool Contains(int64_t seq) const { return seqs_.count(seq) != 0; }
-
-  // Moves every device block of `seq` to the host tier (nullopt: host tier full).
-  std::optional<SwapPlan> PlanSwapOut(int64_t seq);
-  // Brings every host block of `seq` back to the device tier (nullopt: device tier full).
-  std::optional<SwapPlan> PlanSwapIn(int64_t seq);
-  void Release(const std::vector<BlockLoc>& blocks);
-  // Frees every block of the sequence, in both tiers, at once.
+  // Frees every block of the sequence, in both tiers and the Aux Cache, at once.
+  // A scratch sequence (id < 0, see ScratchOwner) credits its owner's reservation.
   void Free(int64_t seq);
+  AuxCache& aux() { return aux_; }
+  const AuxCache& aux() const { return aux_; }
 
-  int64_t BlocksIn(int64_t seq, Tier tier) const;
-  // Pools intact, and every block referenced by a table is owned exactly once.
+  // Pools intact, every block referenced by a table owned exactly once, the rest
+  // free, in the Aux Cache or being released. Valid between steps (no copy from the
+  // host tier in flight).
   absl::Status VerifyIntegrity() const;
+
+  // Scratch sequences (a strategy's prefix pass) use ~owner as their id and draw on
+  // the owner's reservation.
+  static int64_t ScratchOwner(int64_t seq) { return seq < 0 ? ~seq : seq; }
 
  private:
   BlockPool& pool(Tier t) { return t == Tier::kDevice ? device_ : host_; }
-  std::optional<SwapPlan> PlanMove(int64_t seq, Tier from, Tier to);
+  const BlockPool& pool(Tier t) const { return t == Tier::kDevice ? device_ : host_; }
+  // n device blocks for `seq`: from its reservation when metered.
+  std::optional<std::vector<int32_t>> TakeDevice(int64_t seq, int64_t n);
+  void Credit(int64_t seq, int64_t n);
+  std::optional<SwapPlan> PlanMoveAll(int64_t seq, Tier from, Tier to);
 
   BlockPool& device_;
   BlockPool& host_;
   int n_layers_;
   int block_tokens_;
-  std::map<int64_t, std::vector<LayerTable>> seqs_;  // ordered: deterministic iteration
+  bool metered_;
+  struct SeqKv {
+    std::vector<LayerTable> layers;
+    int64_t held[2] = {0, 0};  // table blocks per tier
+  };
+  SeqKv& Seq(int64_t seq);  // created on first use
+  std::map<int64_t, SeqKv> seqs_;  // ordered: deterministic iteration
+  std::map<int64_t, int64_t> reserved_;              // seq -> device blocks it may still take this step
+  int64_t reserved_total_ = 0;
+  int64_t releasing_ = 0;  // device blocks of planned moves to the host tier, not yet released
+  AuxCache aux_;
 };
 
 }  // namespace ps

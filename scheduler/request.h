@@ -1,6 +1,6 @@
 // A generation request as the scheduler sees it, and the events it produces.
 // Created by the server (thread-safe parts: the cancel flag); everything else is
-// touched only by the engine thread once submitted.
+// touched only by the engine loop's thread once submitted.
 #pragma once
 
 #include <atomic>
@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/pruning/params.h"
-#include "engine/sequence.h"
+#include "engine/step.h"
 
 namespace ps {
 
@@ -19,21 +18,6 @@ using Clock = std::chrono::steady_clock;
 
 enum class CancelReason : int { kNone = 0, kClient, kDeadline, kAbort, kShutdown };
 std::string_view CancelReasonName(CancelReason r);
-
-struct RequestUsage {
-  int prompt_tokens = 0;
-  int completion_tokens = 0;
-  // Prompt token-layer pairs computed / layers: the first pass over the prompt
-  // (prefix passes included) and prompt tokens revived during decode.
-  double prompt_tokens_computed = 0;
-  // KV blocks the sequence held at most (it only grows, until a recompute drops it), all layers.
-  int64_t kv_blocks = 0;
-  // (layer, prompt tokens entering it) at layer 0 and wherever the count changes, first pass.
-  std::vector<std::pair<int, int>> kept_per_layer;
-  double queue_seconds = 0;
-  double ttft_seconds = 0;
-  double total_seconds = 0;
-};
 
 struct RequestEvent {
   enum class Kind { kTokens, kFinished } kind = Kind::kTokens;
@@ -44,13 +28,9 @@ struct RequestEvent {
   CancelReason cancel = CancelReason::kNone;
   std::string matched_stop;
   std::string error;
-  RequestUsage usage;
-  // With Request::report_pruning: the prompt token spans that reached the last
-  // layer in the first pass.
-  struct KeptSpan {
-    int begin = 0, end = 0;  // [begin, end) prompt indices
-    std::string text;
-  };
+  Usage usage;
+  // With GenerationSpec::report_pruning: the prompt token spans that reached the
+  // last layer in the first pass.
   std::vector<KeptSpan> kept_spans;
 };
 
@@ -63,13 +43,9 @@ class RequestSink {
 
 struct Request {
   std::string id;
-  std::vector<int32_t> prompt;
-  SamplingParams sampling;
-  StopCriteria stop;
+  GenerationSpec spec;  // prompt, sampling, stop rules, strategy (validated by the submitter)
   int priority = 0;
-  PruningParams pruning;        // validated by the submitter
-  bool report_pruning = false;  // return kept_spans in the Finished event
-  std::string_view strategy() const { return StrategyName(pruning.strategy); }
+  std::string_view strategy() const { return spec.pruning.name(); }
   std::optional<Clock::time_point> deadline;
   std::shared_ptr<RequestSink> sink;
 
@@ -80,7 +56,7 @@ struct Request {
   }
   CancelReason cancel_reason() const { return static_cast<CancelReason>(cancel_.load()); }
 
-  Clock::time_point arrival{};  // set by Scheduler::Submit
+  Clock::time_point arrival{};  // set on submission
 
  private:
   std::atomic<int> cancel_{0};

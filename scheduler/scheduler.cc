@@ -20,192 +20,102 @@ std::string_view CancelReasonName(CancelReason r) {
   return "unknown";
 }
 
-std::string_view PreemptionModeName(PreemptionMode m) {
-  return m == PreemptionMode::kSwap ? "swap" : "recompute";
-}
+std::string_view PreemptionModeName(PreemptionMode m) { return m == PreemptionMode::kSwap ? "swap" : "recompute"; }
 
 namespace {
+
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// Prompt rows a sequence may take in one step: strategies that score from the
-// last prompt token take the whole prompt at once.
-int StepLimit(const PruningStrategy* strategy, int prefill_chunk) {
-  return strategy != nullptr && strategy->WholePrompt() ? std::numeric_limits<int>::max() : prefill_chunk;
+bool ByPriority(const Request& a, const Request& b) {
+  return a.priority > b.priority || (a.priority == b.priority && a.arrival < b.arrival);
 }
 
-// Runs of ascending prompt indices, with their text.
-std::vector<RequestEvent::KeptSpan> Spans(const std::vector<int32_t>& sorted, std::span<const int32_t> prompt,
-                                          const Tokenizer* tok) {
-  std::vector<RequestEvent::KeptSpan> spans;
-  for (int32_t i : sorted) {
-    if (!spans.empty() && spans.back().end == i) {
-      ++spans.back().end;
-    } else {
-      spans.push_back({.begin = i, .end = i + 1});
-    }
-  }
-  if (tok != nullptr) {
-    for (auto& s : spans) s.text = tok->Decode(prompt.subspan(s.begin, s.end - s.begin));
-  }
-  return spans;
-}
-
-int32_t DeviceBlocks(const SchedulerOptions& o, const ModelConfig& c) {
-  if (o.kv_device_blocks > 0) return static_cast<int32_t>(std::min<int64_t>(o.kv_device_blocks, INT32_MAX));
-  // Enough for max_running full-context sequences, up to 1 GiB.
-  const int64_t per_seq = static_cast<int64_t>(c.n_layers) * ((c.n_ctx + o.kv_block_tokens - 1) / o.kv_block_tokens);
-  const int64_t cap = (int64_t{1} << 30) / static_cast<int64_t>(PagedKvStore::BlockBytes(o.kv_block_tokens, c.kv_dim(), o.kv_dtype));
-  return static_cast<int32_t>(std::min<int64_t>({per_seq * o.max_running, cap, INT32_MAX}));
-}
-}  // namespace
-
-Scheduler::Scheduler(const Model& model, ThreadPool& pool, const SchedulerOptions& options,
-                     SchedulerObserver* observer)
-    : model_(model),
-      options_(options),
-      observer_(observer),
-      transformer_(model, pool, options.matmul),
-      device_blocks_(Tier::kDevice, DeviceBlocks(options, model.config()),
-                     PagedKvStore::BlockBytes(options.kv_block_tokens, model.config().kv_dim(), options.kv_dtype)),
-      host_blocks_(Tier::kHost, static_cast<int32_t>(std::min<int64_t>(options.kv_host_blocks, INT32_MAX)),
-                   device_blocks_.block_bytes()),
-      kv_manager_(device_blocks_, host_blocks_, model.config().n_layers, options.kv_block_tokens),
-      kv_(kv_manager_, device_blocks_, model.config().kv_dim(), options.kv_dtype),
-      swap_(device_blocks_, host_blocks_, options.swap_copy) {
-  PS_CHECK(options.max_running > 0 && options.max_batch_tokens > 0 && options.prefill_chunk > 0)
-      << "scheduler limits must be positive";
-  load_.kv[static_cast<int>(Tier::kDevice)].total = device_blocks_.num_blocks();
-  load_.kv[static_cast<int>(Tier::kHost)].total = host_blocks_.num_blocks();
-  thread_ = std::thread([this] { Loop(); });
-}
-
-Scheduler::~Scheduler() { Stop(); }
-
-absl::Status Scheduler::Submit(std::shared_ptr<Request> request) {
-  PS_CHECK(request->sink != nullptr) << "request without a sink";
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopping_) return absl::UnavailableError("the server is shutting down");
-  if (auto it = active_.find(request->id); it != active_.end() && !it->second.expired()) {
-    return absl::AlreadyExistsError(absl::StrCat("request_id '", request->id, "' is already active"));
-  }
-  if (load_.waiting + static_cast<int>(incoming_.size()) >= options_.max_queue) {
-    return absl::ResourceExhaustedError(absl::StrCat("the queue is full (", options_.max_queue, " waiting requests)"));
-  }
-  request->arrival = Clock::now();
-  active_[request->id] = request;
-  incoming_.push_back(std::move(request));
-  wake_.notify_one();
-  return absl::OkStatus();
-}
-
-bool Scheduler::Abort(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = active_.find(id);
-  if (it == active_.end()) return false;
-  auto r = it->second.lock();
-  if (r == nullptr) return false;
-  r->Cancel(CancelReason::kAbort);
-  wake_.notify_one();
-  return true;
-}
-
-void Scheduler::CancelAll(CancelReason reason) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [id, weak] : active_) {
-    if (auto r = weak.lock()) r->Cancel(reason);
-  }
-  wake_.notify_one();
-}
-
-LoadSnapshot Scheduler::Load() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  LoadSnapshot s = load_;
-  s.waiting += static_cast<int>(incoming_.size());
-  s.in_flight = static_cast<int>(active_.size());
-  return s;
-}
-
-void Scheduler::Stop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ && !thread_.joinable()) return;
-    stopping_ = true;
-    for (auto& [id, weak] : active_) {
-      if (auto r = weak.lock()) r->Cancel(CancelReason::kShutdown);
-    }
-    wake_.notify_one();
-  }
-  if (thread_.joinable()) thread_.join();
-}
-
-void Scheduler::Forget(const std::string& id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  active_.erase(id);
-}
-
-CancelReason Scheduler::CheckCancel(const Request& r, Clock::time_point now) const {
+CancelReason CheckCancel(const Request& r, Clock::time_point now) {
   if (CancelReason c = r.cancel_reason(); c != CancelReason::kNone) return c;
   if (r.deadline && now >= *r.deadline) return CancelReason::kDeadline;
   return CancelReason::kNone;
 }
 
-void Scheduler::FinishWaiting(const std::shared_ptr<Request>& r, CancelReason cancel, FinishReason reason,
-                              std::string error) {
-  RequestEvent ev{.kind = RequestEvent::Kind::kFinished, .reason = reason, .cancel = cancel, .error = std::move(error)};
-  ev.usage.prompt_tokens = static_cast<int>(r->prompt.size());
-  ev.usage.queue_seconds = ev.usage.total_seconds = Seconds(r->arrival, Clock::now());
-  Forget(r->id);
-  outbox_.emplace_back(r->sink, std::move(ev));
+// Prompt rows a sequence may take in one step: strategies that score from the
+// last prompt token take the whole prompt at once.
+int StepLimit(const Request& r, int prefill_chunk) {
+  return r.spec.pruning.WholePrompt() ? std::numeric_limits<int>::max() : prefill_chunk;
 }
 
-void Scheduler::Finish(Running& run, FinishReason reason, CancelReason cancel, std::string error) {
-  Request& r = *run.request;
-  const auto now = Clock::now();
-  RequestEvent ev{.kind = RequestEvent::Kind::kFinished, .reason = reason, .cancel = cancel, .error = std::move(error)};
-  ev.usage.prompt_tokens = static_cast<int>(r.prompt.size());
-  ev.usage.completion_tokens = run.decoder->num_generated();
-  ev.usage.prompt_tokens_computed = run.rows_computed / model_.config().n_layers;
-  for (size_t l = 0; l < run.layer_rows.size(); ++l) {
-    if (l == 0 || run.layer_rows[l] != run.layer_rows[l - 1]) {
-      ev.usage.kept_per_layer.emplace_back(static_cast<int>(l), static_cast<int>(run.layer_rows[l]));
-    }
-  }
-  ev.usage.kv_blocks = std::max(run.peak_blocks, BlocksHeld(run));
-  if (r.report_pruning) ev.kept_spans = Spans(run.kept_prompt, r.prompt, model_.tokenizer());
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager& kv, SchedulerObserver* observer)
+    : options_(options),
+      kv_(kv),
+      observer_(observer),
+      device_blocks_(kv.TotalBlocks(Tier::kDevice)),
+      n_layers_(kv.n_layers()),
+      block_tokens_(kv.block_tokens()) {
+  PS_CHECK(options.max_running > 0 && options.max_batch_tokens > 0 && options.prefill_chunk > 0 &&
+           options.max_queue > 0)
+      << "scheduler limits must be positive";
+  PS_CHECK(kv.metered()) << "the scheduler reserves blocks: the KV cache must be metered";
+}
+
+absl::Status Scheduler::CheckFits(const Request& r) const {
+  const int64_t tokens = static_cast<int64_t>(r.spec.prompt.size());
+  const int64_t per_layer = (tokens + block_tokens_ - 1) / block_tokens_;
+  const int64_t need = per_layer * n_layers_;
+  if (need <= device_blocks_) return absl::OkStatus();
+  const int64_t room = device_blocks_ / n_layers_;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the KV cache cannot hold this request's prompt: ", tokens, " tokens need ", need, " blocks (", per_layer,
+      " per layer x ", n_layers_, " layers, ", block_tokens_, " tokens per block), but the device tier has ",
+      device_blocks_, " blocks in all (", room, " per layer: ", room * block_tokens_, " tokens)"));
+}
+
+void Scheduler::Add(std::shared_ptr<Request> request) { waiting_.push_back(std::move(request)); }
+
+int Scheduler::swapped() const {
+  int n = 0;
+  for (const Running& run : running_) n += run.Swapped();
+  return n;
+}
+
+std::vector<Outgoing> Scheduler::TakeEvents() {
+  std::vector<Outgoing> out;
+  out.swap(events_);
+  return out;
+}
+
+void Scheduler::FinishWaiting(const std::shared_ptr<Request>& r, CancelReason cancel, Clock::time_point now) {
+  RequestEvent ev{.kind = RequestEvent::Kind::kFinished, .reason = FinishReason::kCancelled, .cancel = cancel};
+  ev.usage.prompt_tokens = static_cast<int>(r->spec.prompt.size());
+  ev.usage.queue_seconds = ev.usage.total_seconds = Seconds(r->arrival, now);
+  Emit(r, std::move(ev));
+}
+
+RequestEvent Scheduler::Finished(const Running& run, const SeqOutcome& o, FinishReason reason, CancelReason cancel,
+                                 std::string error, Clock::time_point now) const {
+  const Request& r = *run.request;
+  RequestEvent ev{.kind = RequestEvent::Kind::kFinished,
+                  .text = o.held_text,
+                  .reason = reason,
+                  .cancel = cancel,
+                  .error = std::move(error),
+                  .usage = o.usage,
+                  .kept_spans = o.kept_spans};
+  if (o.token) ev.matched_stop = o.token->matched_stop;
   ev.usage.queue_seconds = Seconds(r.arrival, run.admitted);
   ev.usage.ttft_seconds = run.prefilled ? Seconds(r.arrival, run.first_token) : 0.0;
   ev.usage.total_seconds = Seconds(r.arrival, now);
-  if (reason == FinishReason::kCancelled || reason == FinishReason::kError) {
-    ev.text = run.decoder->Flush();  // text held back (partial characters) is not lost
-  }
-  kv_.Release(run.seq_id);
-  Forget(r.id);
-  outbox_.emplace_back(r.sink, std::move(ev));
-  run.request.reset();
+  return ev;
 }
 
-void Scheduler::Loop() {
-  while (true) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !waiting_.empty() || !running_.empty(); });
-      if (stopping_ && incoming_.empty() && waiting_.empty() && running_.empty()) return;
-      // Still waiting until the step publishes its load: Submit counts them against --max-queue.
-      load_.waiting += static_cast<int>(incoming_.size());
-      for (auto& r : incoming_) waiting_.push_back(std::move(r));
-      incoming_.clear();
-    }
-    Step();
-  }
+void Scheduler::EndRunning(size_t i, FinishReason reason, CancelReason cancel, std::string error, StepPlan* plan) {
+  Running& run = running_[i];
+  kv_.Free(run.seq_id);
+  plan->finish.push_back(run.seq_id);
+  ending_[run.seq_id] = Ending{.run = std::move(run), .reason = reason, .cancel = cancel, .error = std::move(error)};
+  running_[i].request.reset();  // erased by the caller
 }
 
-namespace {
-bool ByPriority(const Request& a, const Request& b) {
-  return a.priority > b.priority || (a.priority == b.priority && a.arrival < b.arrival);
-}
-}  // namespace
-
-void Scheduler::Admit(Clock::time_point now) {
+void Scheduler::Admit(Clock::time_point now, StepPlan* plan) {
   // Highest priority first, then first come. A request joins the running set when
   // the device tier can hold its whole prompt next to what the running sequences
   // need this step; admission stops at the first request that does not fit, so a
@@ -218,30 +128,19 @@ void Scheduler::Admit(Clock::time_point now) {
     if (run.preempted) {
       if (first_preempted == nullptr || ByPriority(*run.request, *first_preempted)) first_preempted = run.request.get();
     } else {
-      reserved += kv_manager_.BlocksNeeded(run.seq_id, std::min(run.Remaining(), StepLimit(run.strategy.get(), options_.prefill_chunk)));
+      reserved += kv_.BlocksNeeded(run.seq_id, std::min(run.Remaining(), StepLimit(*run.request, options_.prefill_chunk)));
     }
   }
   size_t taken = 0;
   while (taken < waiting_.size() && static_cast<int>(running_.size()) < options_.max_running) {
     const std::shared_ptr<Request>& r = waiting_[taken];
     if (first_preempted != nullptr && !ByPriority(*r, *first_preempted)) break;
-    const int64_t need = kv_manager_.BlocksNeeded(next_seq_id_, static_cast<int>(r->prompt.size()));
-    if (need > device_blocks_.num_blocks()) {  // could never run: fail it now rather than block the queue
-      FinishWaiting(r, CancelReason::kNone, FinishReason::kError,
-                    absl::StrCat("the KV cache (", device_blocks_.num_blocks(), " blocks of ", options_.kv_block_tokens,
-                                 " tokens per layer) cannot hold this request's prompt (", need, " blocks)"));
-      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(taken));
-      continue;
-    }
-    if (!running_.empty() && reserved + need > device_blocks_.num_free()) break;
+    const int64_t need = kv_.BlocksNeeded(next_seq_id_, static_cast<int64_t>(r->spec.prompt.size()));
+    if (!running_.empty() && reserved + need > kv_.Available(Tier::kDevice)) break;
     reserved += need;
-    Running run;
-    run.request = r;
-    run.seq_id = next_seq_id_++;
-    run.decoder = std::make_unique<SequenceDecoder>(model_.tokenizer(), r->sampling, r->stop, r->prompt);
-    run.strategy = MakeStrategy(r->pruning, model_.config());
-    run.layer_rows.assign(model_.config().n_layers, 0);
-    run.admitted = now;
+    Running run{.request = r, .seq_id = next_seq_id_++, .history = static_cast<int>(r->spec.prompt.size()),
+                .admitted = now};
+    plan->start.push_back({.seq_id = run.seq_id, .spec = &r->spec});
     running_.push_back(std::move(run));
     ++taken;
   }
@@ -261,13 +160,13 @@ std::vector<int> Scheduler::PlanRows(const std::vector<size_t>& order) const {
   for (size_t i : order) {
     const int remaining = running_[i].Remaining();
     if (remaining <= 1 || budget <= 0) continue;
-    const PruningStrategy* strategy = running_[i].strategy.get();
-    if (strategy != nullptr && strategy->WholePrompt() && remaining > budget) {
+    const Request& r = *running_[i].request;
+    if (r.spec.pruning.WholePrompt() && remaining > budget) {
       // The prompt cannot be split: it takes a step's prefill share alone, over budget if need be.
       if (prefill_planned) continue;
       rows[i] = remaining;
     } else {
-      rows[i] = std::min({remaining, StepLimit(strategy, options_.prefill_chunk), budget});
+      rows[i] = std::min({remaining, StepLimit(r, options_.prefill_chunk), budget});
     }
     budget -= rows[i];
     prefill_planned = true;
@@ -275,79 +174,49 @@ std::vector<int> Scheduler::PlanRows(const std::vector<size_t>& order) const {
   return rows;
 }
 
-int64_t Scheduler::BlocksHeld(const Running& run) const {
-  return kv_manager_.BlocksIn(run.seq_id, Tier::kDevice) + kv_manager_.BlocksIn(run.seq_id, Tier::kHost);
-}
-
-void Scheduler::DropKv(Running& run) {
-  run.peak_blocks = std::max(run.peak_blocks, BlocksHeld(run));
-  kv_.Release(run.seq_id);
-  run.computed = 0;
-  run.next_position = 0;
-  run.strategy = MakeStrategy(run.request->pruning, model_.config());  // its state described the dropped KV
-  if (!run.prefilled) {  // the first pass starts over
-    run.rows_computed = 0;
-    std::fill(run.layer_rows.begin(), run.layer_rows.end(), 0);
-    run.kept_prompt.clear();
+void Scheduler::Preempt(size_t i, StepPlan* plan) {
+  Running& run = running_[i];
+  run.preempted = true;
+  const int64_t held = kv_.BlocksIn(run.seq_id, Tier::kDevice);
+  std::optional<SwapPlan> swap;
+  if (options_.preemption == PreemptionMode::kSwap && kv_.Available(Tier::kHost) >= held) {
+    swap = kv_.PlanSwapOut(run.seq_id);
   }
-}
-
-bool Scheduler::CompleteSwap(PendingSwap& swap, Tier to) {
-  Running& run = running_[swap.run];
-  const absl::Status st = swap_.Wait(swap.ticket);
-  kv_manager_.Release(swap.plan.release_after);  // the source blocks: read by the copy until now
-  if (!st.ok()) {
-    // The destination holds no valid data: recompute this sequence instead.
-    spdlog::warn("request {}: swap to the {} tier failed ({}); its KV will be recomputed", run.request->id,
-                std::string(TierName(to)), std::string(st.message()));
-    DropKv(run);
-    run.preempted = true;
-    return false;
+  if (swap) {
+    plan->swap_out.push_back({.seq_id = run.seq_id, .plan = std::move(*swap)});
+  } else {  // recompute mode, or no room in the host tier
+    kv_.Free(run.seq_id);
+    plan->drop.push_back(run.seq_id);
+    run.computed = 0;
   }
-  const uint64_t bytes = swap.plan.copies.size() * device_blocks_.block_bytes();
-  if (observer_ != nullptr) observer_->OnSwap(to, bytes, Seconds(swap.submitted, Clock::now()));
-  return true;
+  const PreemptionMode mode = swap ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
+  spdlog::debug("request {} preempted ({}): {} device blocks available", run.request->id,
+                std::string(PreemptionModeName(mode)), kv_.Available(Tier::kDevice));
+  ++preemptions_[static_cast<int>(mode)];
+  if (observer_ != nullptr) observer_->OnPreemption(mode);
 }
 
-void Scheduler::Preempt(const std::vector<size_t>& victims) {
-  std::vector<PendingSwap> swaps;
-  for (size_t v : victims) {
-    Running& run = running_[v];
-    run.preempted = true;
-    std::optional<SwapPlan> plan;
-    if (options_.preemption == PreemptionMode::kSwap) plan = kv_manager_.PlanSwapOut(run.seq_id);
-    if (plan.has_value()) {
-      swaps.push_back({.ticket = swap_.Submit(plan->copies), .run = v, .plan = std::move(*plan), .submitted = Clock::now()});
-    } else {  // recompute mode, or no room in the host tier
-      DropKv(run);
-    }
-    const PreemptionMode mode = plan.has_value() ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
-    spdlog::debug("request {} preempted ({}): {} device blocks free", run.request->id,
-                 std::string(PreemptionModeName(mode)), device_blocks_.num_free());
-    ++preemptions_[static_cast<int>(mode)];
-    if (observer_ != nullptr) observer_->OnPreemption(mode);
-  }
-  for (PendingSwap& s : swaps) CompleteSwap(s, Tier::kHost);
-}
-
-void Scheduler::Step() {
-  const auto now = Clock::now();
-  // 1. Cancellations and deadlines, waiting and running.
+StepPlan Scheduler::Schedule(Clock::time_point now) {
+  StepPlan plan;
+  // 1. Cancellations and deadlines, waiting and running; sequences failed by Update.
   std::erase_if(waiting_, [&](const std::shared_ptr<Request>& r) {
     const CancelReason c = CheckCancel(*r, now);
     if (c == CancelReason::kNone) return false;
-    FinishWaiting(r, c);
+    FinishWaiting(r, c, now);
     return true;
   });
-  for (Running& run : running_) {
-    if (const CancelReason c = CheckCancel(*run.request, now); c != CancelReason::kNone) {
-      Finish(run, FinishReason::kCancelled, c);
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (!running_[i].failure.empty()) {
+      std::string error = std::move(running_[i].failure);
+      EndRunning(i, FinishReason::kError, CancelReason::kNone, std::move(error), &plan);
+    } else if (const CancelReason c = CheckCancel(*running_[i].request, now); c != CancelReason::kNone) {
+      EndRunning(i, FinishReason::kCancelled, c, "", &plan);
     }
   }
   std::erase_if(running_, [](const Running& r) { return r.request == nullptr; });
 
   // 2. Admission.
-  Admit(now);
+  Admit(now, &plan);
 
   // 3. The plan, in priority order: each sequence with rows this step needs device
   // blocks for them (and for its swapped-out blocks); when they do not fit, the
@@ -356,20 +225,20 @@ void Scheduler::Step() {
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return ByPriority(*running_[a].request, *running_[b].request); });
-  std::vector<int> rows = PlanRows(order);
+  const std::vector<int> rows = PlanRows(order);
   std::vector<char> victim(running_.size(), 0);
-  std::vector<size_t> in_step, victims;
-  int64_t free_blocks = device_blocks_.num_free();
+  std::vector<size_t> victims;
+  std::vector<std::pair<size_t, int64_t>> in_step;  // (index, blocks to reserve)
+  int64_t free_blocks = kv_.Available(Tier::kDevice);
   for (size_t k = 0; k < order.size(); ++k) {
     const size_t i = order[k];
     if (rows[i] == 0 || victim[i]) continue;
     const Running& run = running_[i];
-    const int64_t added = run.strategy != nullptr ? run.strategy->MaxAddedRows() : 0;  // revivals
-    const int64_t need = kv_manager_.BlocksNeeded(run.seq_id, static_cast<int>(std::min<int64_t>(rows[i] + added, INT32_MAX))) +
-                         (run.Swapped() ? kv_manager_.BlocksIn(run.seq_id, Tier::kHost) : 0);
+    const int64_t need = kv_.BlocksNeeded(run.seq_id, rows[i] + run.added_rows) + run.margin +
+                         (run.Swapped() ? kv_.BlocksIn(run.seq_id, Tier::kHost) : 0);
     for (size_t v = order.size(); need > free_blocks && v-- > k + 1;) {
       const size_t j = order[v];
-      const int64_t held = kv_manager_.BlocksIn(running_[j].seq_id, Tier::kDevice);
+      const int64_t held = kv_.BlocksIn(running_[j].seq_id, Tier::kDevice);
       if (victim[j] || held == 0) continue;
       victim[j] = 1;
       victims.push_back(j);
@@ -377,110 +246,90 @@ void Scheduler::Step() {
     }
     if (need <= free_blocks) {
       free_blocks -= need;
-      in_step.push_back(i);
+      in_step.emplace_back(i, need);
     } else if (k == 0) {  // first in line and alone in the cache: it can never fit
-      Finish(running_[i], FinishReason::kError, CancelReason::kNone,
-             absl::StrCat("the KV cache (", device_blocks_.num_blocks(), " blocks) cannot hold this request"));
+      EndRunning(i, FinishReason::kError, CancelReason::kNone,
+                 absl::StrCat("the KV cache (", device_blocks_, " blocks of ", block_tokens_,
+                              " tokens in all layers) cannot hold this request (", need, " blocks)"),
+                 &plan);
     }
   }
-  Preempt(victims);
+  for (size_t v : victims) Preempt(v, &plan);
 
-  // 4. Bring swapped-out participants back, then one forward step over them.
-  std::vector<PendingSwap> swap_ins;
-  for (size_t i : in_step) {
+  // 4. Reservations and rows: swapped-out participants come back first.
+  for (const auto& [i, need] : in_step) {
     Running& run = running_[i];
-    if (!run.Swapped()) continue;
-    std::optional<SwapPlan> plan = kv_manager_.PlanSwapIn(run.seq_id);
-    PS_CHECK(plan.has_value()) << "device blocks were reserved for the swap-in";
-    swap_ins.push_back({.ticket = swap_.Submit(plan->copies), .run = i, .plan = std::move(*plan), .submitted = Clock::now()});
-  }
-  std::vector<char> skip(running_.size(), 0);
-  for (PendingSwap& s : swap_ins) skip[s.run] = !CompleteSwap(s, Tier::kDevice);  // failed: recomputes next step
-  std::vector<SeqInput> batch;
-  std::vector<size_t> batch_runs;
-  std::vector<std::vector<int32_t>> positions;
-  positions.reserve(in_step.size());
-  int batch_tokens = 0;
-  for (size_t i : in_step) {
-    Running& run = running_[i];
-    if (run.request == nullptr || skip[i]) continue;  // finished above, or its swap-in failed
+    PS_CHECK(kv_.Reserve(run.seq_id, need)) << "the plan reserves " << need << " blocks with "
+                                            << kv_.Available(Tier::kDevice) << " available";
+    if (run.Swapped()) plan.swap_in.push_back(run.seq_id);
     run.preempted = false;
-    const int n = std::min(rows[i], run.Remaining());
-    const std::span<const int32_t> history = run.decoder->history();
-    positions.emplace_back(n);
-    for (int p = 0; p < n; ++p) positions.back()[p] = run.next_position + p;
-    batch.push_back(SeqInput{.seq_id = run.seq_id,
-                             .tokens = history.subspan(run.computed, n),
-                             .positions = positions.back(),
-                             .no_logits = run.computed + n < static_cast<int>(history.size()),
-                             .strategy = run.strategy.get(),
-                             .report_kept = run.request->report_pruning && !run.prefilled});
-    batch_runs.push_back(i);
-    batch_tokens += n;
-  }
-  if (!batch.empty()) {
-    if (absl::Status st = transformer_.Forward(batch, kv_, &out_); !st.ok()) {
-      for (size_t i : batch_runs) Finish(running_[i], FinishReason::kError, CancelReason::kNone, std::string(st.message()));
-      batch_runs.clear();
-    }
-  }
-
-  // 5. Sample where a chunk reached the end of the history; stream; finish.
-  const int vocab = model_.config().n_vocab;
-  const auto after = Clock::now();
-  for (size_t b = 0; b < batch_runs.size(); ++b) {
-    Running& run = running_[batch_runs[b]];
-    const int n = static_cast<int>(batch[b].tokens.size());
-    const int n_layers = model_.config().n_layers;
-    if (!run.prefilled) {  // the first pass over the prompt
-      run.rows_computed += static_cast<double>(out_.rows_computed[b]);
-      for (int l = 0; l < n_layers; ++l) run.layer_rows[l] += out_.layer_rows[b * n_layers + l];
-      for (int32_t k : out_.kept_rows[b]) run.kept_prompt.push_back(run.computed + k);
-    } else if (n == 1) {  // a decode step: rows beyond the new token's are revived prompt tokens
-      run.rows_computed += static_cast<double>(std::max<int64_t>(0, out_.rows_computed[b] - n_layers));
-    }
-    run.computed += n;
-    run.next_position = out_.next_position[b];
-    if (batch[b].no_logits) continue;
-    if (!run.prefilled) {
-      run.prefilled = true;
-      run.first_token = after;
-    }
-    StepOutcome step = run.decoder->Next(std::span<float>(out_.logits.data() + out_.row_offset[b] * vocab, vocab));
-    RequestEvent ev{.kind = RequestEvent::Kind::kTokens};
-    ev.tokens.push_back(step.sampled);
-    ev.text = std::move(step.text);
-    outbox_.emplace_back(run.request->sink, std::move(ev));
-    if (step.finished) Finish(run, step.reason, CancelReason::kNone);
+    const int count = std::min(rows[i], run.Remaining());
+    plan.run.push_back({.seq_id = run.seq_id,
+                        .begin = run.computed,
+                        .count = count,
+                        .sample = run.computed + count == run.history});
   }
   std::erase_if(running_, [](const Running& r) { return r.request == nullptr; });
-  PublishLoad(batch_tokens);
-  // Events go out after the load is published: a client that sees its request
-  // finish also sees its blocks free in Load().
-  for (auto& [sink, ev] : outbox_) sink->OnEvent(std::move(ev));
-  outbox_.clear();
+  return plan;
 }
 
-void Scheduler::PublishLoad(int batch_tokens) {
-  LoadSnapshot snapshot;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    load_.running = static_cast<int>(running_.size());
-    load_.waiting = static_cast<int>(waiting_.size());
-    load_.swapped = 0;
-    for (const Running& run : running_) load_.swapped += run.Swapped();
-    for (const BlockPool* p : {&device_blocks_, &host_blocks_}) {
-      load_.kv[static_cast<int>(p->tier())].used = p->num_blocks() - p->num_free();
+void Scheduler::Update(const StepResult& result, Clock::time_point now) {
+  kv_.EndStep();
+  std::map<int64_t, size_t> index;
+  for (size_t i = 0; i < running_.size(); ++i) index[running_[i].seq_id] = i;
+  for (const SeqOutcome& o : result.seqs) {
+    if (auto e = ending_.find(o.seq_id); e != ending_.end()) {  // ended by the plan
+      Ending& end = e->second;
+      Emit(end.run.request, Finished(end.run, o, end.reason, end.cancel, std::move(end.error), now));
+      ending_.erase(e);
+      continue;
     }
-    load_.preemptions[0] = preemptions_[0];
-    load_.preemptions[1] = preemptions_[1];
-    load_.swap_bytes_to_host = swap_.bytes_to_host();
-    load_.swap_bytes_to_device = swap_.bytes_to_device();
-    snapshot = load_;
-    snapshot.waiting += static_cast<int>(incoming_.size());
-    snapshot.in_flight = static_cast<int>(active_.size());
+    auto it = index.find(o.seq_id);
+    PS_CHECK(it != index.end()) << "the engine reports sequence " << o.seq_id << ", which is not running";
+    Running& run = running_[it->second];
+    switch (o.status) {
+      case SeqStatus::kOk:
+        run.computed = o.computed;
+        run.added_rows = o.added_rows;
+        break;
+      case SeqStatus::kKvLost:  // a failed swap: its KV was dropped and is recomputed
+        spdlog::warn("request {}: {}; its KV will be recomputed", run.request->id, o.error);
+        run.computed = 0;
+        run.preempted = true;
+        break;
+      case SeqStatus::kKvShort:  // more blocks than reserved: recomputed with a margin, or failed alone
+        run.computed = 0;
+        run.preempted = true;
+        run.margin += n_layers_;
+        ++preemptions_[static_cast<int>(PreemptionMode::kRecompute)];
+        if (observer_ != nullptr) observer_->OnPreemption(PreemptionMode::kRecompute);
+        if (++run.shortfalls > kMaxShortfalls) {
+          run.failure = absl::StrCat("the request needed more KV blocks than reserved ", run.shortfalls,
+                                     " times: ", o.error);
+        }
+        spdlog::warn("request {}: {}; preempted for recomputation ({} blocks of margin)", run.request->id, o.error,
+                     run.margin);
+        break;
+      case SeqStatus::kFailed:
+        break;
+    }
+    if (o.token) {
+      ++run.history;
+      if (!run.prefilled) {
+        run.prefilled = true;
+        run.first_token = now;
+      }
+      RequestEvent ev{.kind = RequestEvent::Kind::kTokens, .text = o.token->text};
+      ev.tokens.push_back(o.token->sampled);
+      Emit(run.request, std::move(ev));
+    }
+    if (o.ended) {
+      const FinishReason reason = o.status == SeqStatus::kOk && o.token ? o.token->reason : FinishReason::kError;
+      Emit(run.request, Finished(run, o, reason, CancelReason::kNone, o.error, now));
+      run.request.reset();
+    }
   }
-  if (observer_ != nullptr) observer_->OnStep(snapshot, batch_tokens);
+  std::erase_if(running_, [](const Running& r) { return r.request == nullptr; });
 }
 
 }  // namespace ps

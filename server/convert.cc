@@ -11,10 +11,11 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
   const Tokenizer* tok = model.tokenizer();
   const ModelConfig& c = model.config();
   auto r = std::make_shared<Request>();
+  std::vector<int32_t>& prompt = r->spec.prompt;
   switch (in.input_case()) {
     case pb::GenerateRequest::kText:
       if (in.text().empty()) return absl::InvalidArgumentError("text: the input text is empty");
-      r->prompt = tok->Encode(in.text(), in.has_add_special_tokens() ? in.add_special_tokens() : true,
+      prompt = tok->Encode(in.text(), in.has_add_special_tokens() ? in.add_special_tokens() : true,
                               in.parse_special_tokens());
       break;
     case pb::GenerateRequest::kTokenIds:
@@ -23,7 +24,7 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
         if (id < 0 || id >= c.n_vocab) {
           return absl::InvalidArgumentError(absl::StrCat("token_ids: id ", id, " is outside the vocabulary [0, ", c.n_vocab, ")"));
         }
-        r->prompt.push_back(id);
+        prompt.push_back(id);
       }
       break;
     case pb::GenerateRequest::kMessages: {
@@ -35,19 +36,19 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
         return absl::FailedPreconditionError("messages: the model's chat template is not supported; send text");
       }
       PS_ASSIGN_OR_RETURN(std::string text, ApplyChatTemplate(t, msgs));
-      r->prompt = tok->Encode(text, /*add_special=*/true, /*parse_special=*/true);
+      prompt = tok->Encode(text, /*add_special=*/true, /*parse_special=*/true);
       break;
     }
     case pb::GenerateRequest::INPUT_NOT_SET:
       return absl::InvalidArgumentError("input: one of text, token_ids or messages is required");
   }
-  if (r->prompt.empty()) return absl::InvalidArgumentError("input: the prompt has no tokens");
-  if (r->prompt.size() >= static_cast<size_t>(c.n_ctx)) {
+  if (prompt.empty()) return absl::InvalidArgumentError("input: the prompt has no tokens");
+  if (prompt.size() >= static_cast<size_t>(c.n_ctx)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("input: the prompt has ", r->prompt.size(), " tokens; the context holds ", c.n_ctx));
+        absl::StrCat("input: the prompt has ", prompt.size(), " tokens; the context holds ", c.n_ctx));
   }
 
-  SamplingParams& sp = r->sampling;
+  SamplingParams& sp = r->spec.sampling;
   sp = defaults.sampling;
   const pb::SamplingParams& s = in.sampling();
   if (s.has_temperature()) sp.temperature = s.temperature();
@@ -61,9 +62,9 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
   if (in.top_logprobs() > 20) return absl::InvalidArgumentError("top_logprobs must be <= 20");
   sp.top_logprobs = static_cast<int>(in.top_logprobs());
 
-  StopCriteria& st = r->stop;
+  StopCriteria& st = r->spec.stop;
   const pb::StoppingCriteria& p = in.stopping();
-  const int room = c.n_ctx - static_cast<int>(r->prompt.size());
+  const int room = c.n_ctx - static_cast<int>(prompt.size());
   if (p.has_max_new_tokens()) {
     if (p.max_new_tokens() > static_cast<uint32_t>(c.n_ctx)) {
       return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: ", p.max_new_tokens(), " exceeds the context length ", c.n_ctx));
@@ -79,88 +80,12 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
   st.stop_strings.assign(p.stop().begin(), p.stop().end());
   st.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   st.ignore_eos = p.ignore_eos();
-  PS_RETURN_IF_ERROR(ValidateGeneration(c, r->prompt.size(), sp, st));
+  PS_RETURN_IF_ERROR(ValidateGeneration(c, prompt.size(), sp, st));
 
   r->priority = in.priority();
-  PS_ASSIGN_OR_RETURN(r->pruning, PruningFromProto(in.pruning(), defaults.pruning, c));
-  r->report_pruning = in.return_pruning_report();
+  PS_ASSIGN_OR_RETURN(r->spec.pruning, defaults.strategies->FromProto(in.pruning()));
+  r->spec.report_pruning = in.return_pruning_report();
   return r;
-}
-
-namespace {
-// Unsigned wire values that fit the engine's int parameters (ValidatePruning checks the ranges).
-absl::Status Representable(const std::string& field, uint32_t v) {
-  if (v > static_cast<uint32_t>(INT32_MAX)) return absl::InvalidArgumentError(absl::StrCat("pruning.", field, ": ", v, " is too large"));
-  return absl::OkStatus();
-}
-}  // namespace
-
-absl::StatusOr<PruningParams> PruningFromProto(const pb::PruningConfig& in, const PruningParams& defaults,
-                                               const ModelConfig& config) {
-  PruningParams p = defaults;
-  switch (in.strategy_case()) {
-    case pb::PruningConfig::kFull:
-    case pb::PruningConfig::STRATEGY_NOT_SET:
-      p.strategy = StrategyKind::kFull;
-      break;
-    case pb::PruningConfig::kLazyllm: {
-      const pb::LazyLLM& m = in.lazyllm();
-      p.strategy = StrategyKind::kLazyLlm;
-      if (m.layers_size() > 0 || m.keep_size() > 0) {
-        if (m.layers_size() == 0) return absl::InvalidArgumentError("pruning.lazyllm.layers: required with keep");
-        for (int i = 0; i < m.layers_size(); ++i) PS_RETURN_IF_ERROR(Representable(absl::StrCat("lazyllm.layers[", i, "]"), m.layers(i)));
-        p.lazyllm.layers.assign(m.layers().begin(), m.layers().end());
-        p.lazyllm.keep.assign(m.keep().begin(), m.keep().end());
-      }
-      break;
-    }
-    case pb::PruningConfig::kGemfilter: {
-      const pb::GemFilter& m = in.gemfilter();
-      p.strategy = StrategyKind::kGemFilter;
-      if (m.has_filter_layer()) {
-        PS_RETURN_IF_ERROR(Representable("gemfilter.filter_layer", m.filter_layer()));
-        p.gemfilter.filter_layer = static_cast<int>(m.filter_layer());
-      }
-      if (m.has_top_k()) {
-        PS_RETURN_IF_ERROR(Representable("gemfilter.top_k", m.top_k()));
-        p.gemfilter.top_k = static_cast<int>(m.top_k());
-      }
-      if (m.has_pool_kernel()) {
-        PS_RETURN_IF_ERROR(Representable("gemfilter.pool_kernel", m.pool_kernel()));
-        p.gemfilter.pool_kernel = static_cast<int>(m.pool_kernel());
-      }
-      if (m.has_original_positions()) p.gemfilter.original_positions = m.original_positions();
-      break;
-    }
-    default:
-      return absl::InvalidArgumentError("pruning: unknown strategy");
-  }
-  PS_RETURN_IF_ERROR(ValidatePruning(p, config, "pruning"));
-  return p;
-}
-
-pb::PruningConfig PruningToProto(StrategyKind kind, const PruningParams& p) {
-  pb::PruningConfig out;
-  switch (kind) {
-    case StrategyKind::kFull:
-      out.mutable_full();
-      break;
-    case StrategyKind::kLazyLlm: {
-      pb::LazyLLM* m = out.mutable_lazyllm();
-      for (int l : p.lazyllm.layers) m->add_layers(static_cast<uint32_t>(l));
-      for (float k : p.lazyllm.keep) m->add_keep(k);
-      break;
-    }
-    case StrategyKind::kGemFilter: {
-      pb::GemFilter* g = out.mutable_gemfilter();
-      g->set_filter_layer(static_cast<uint32_t>(p.gemfilter.filter_layer));
-      g->set_top_k(static_cast<uint32_t>(p.gemfilter.top_k));
-      g->set_pool_kernel(static_cast<uint32_t>(p.gemfilter.pool_kernel));
-      g->set_original_positions(p.gemfilter.original_positions);
-      break;
-    }
-  }
-  return out;
 }
 
 pb::FinishReason ToProto(FinishReason r) {
@@ -214,7 +139,7 @@ pb::GenerateResponse ToProto(const RequestEvent& ev, bool want_logprobs) {
   if (!ev.kept_spans.empty()) {
     pb::PruningReport* report = f->mutable_pruning_report();
     uint32_t kept = 0;
-    for (const RequestEvent::KeptSpan& span : ev.kept_spans) {
+    for (const KeptSpan& span : ev.kept_spans) {
       pb::TokenSpan* t = report->add_kept();
       t->set_begin(static_cast<uint32_t>(span.begin));
       t->set_end(static_cast<uint32_t>(span.end));

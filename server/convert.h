@@ -20,7 +20,7 @@ namespace pb = ::pruneserve::v1;
 struct RequestDefaults {
   SamplingParams sampling;   // temperature 1, top_p 1, ... unless configured
   int max_new_tokens = 256;  // capped to the room left in the context
-  PruningParams pruning;     // every strategy's parameters (DefaultPruningParams + flags)
+  std::shared_ptr<const StrategyDefaults> strategies;  // every strategy's parameters (defaults + flags)
 };
 
 // Builds a scheduler request (without id, sink or deadline). Errors are
@@ -28,12 +28,6 @@ struct RequestDefaults {
 // to a model whose template is not supported.
 absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequest& in, const Model& model,
                                                           const RequestDefaults& defaults);
-
-// The request's strategy: its message's set fields over the server's defaults.
-absl::StatusOr<PruningParams> PruningFromProto(const pb::PruningConfig& in, const PruningParams& defaults,
-                                               const ModelConfig& config);
-// `kind` with every parameter from `params`.
-pb::PruningConfig PruningToProto(StrategyKind kind, const PruningParams& params);
 
 pb::FinishReason ToProto(FinishReason r);
 // The streamed message for an engine event.

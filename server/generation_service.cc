@@ -171,7 +171,7 @@ void GenerateStream::OnDone() {
 grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc::CallbackServerContext* ctx,
                                                                             const pb::GenerateRequest* in) {
   auto* stream = new GenerateStream();
-  const Backend* b = backend_or_null();
+  const ServiceState* b = state_or_null();
   if (b == nullptr) {
     stream->Reject(Loading());
     return stream;
@@ -196,24 +196,24 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc
   stream->set_request(r, ctx);
   pb::GenerateResponse info;
   info.mutable_prompt_info()->set_request_id(r->id);
-  info.mutable_prompt_info()->set_prompt_tokens(static_cast<uint32_t>(r->prompt.size()));
+  info.mutable_prompt_info()->set_prompt_tokens(static_cast<uint32_t>(r->spec.prompt.size()));
   info.mutable_prompt_info()->set_strategy(std::string(r->strategy()));
-  stream->Start(std::move(info), [&] { return b->scheduler->Submit(r); });
+  stream->Start(std::move(info), [&] { return b->loop->Submit(r); });
   return stream;
 }
 
 grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* ctx, const pb::AbortRequest* in,
                                                    pb::AbortResponse* out) {
-  const Backend* b = backend_or_null();
+  const ServiceState* b = state_or_null();
   if (b == nullptr) return Reply(ctx, Loading());
   if (in->request_id().empty()) return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id is empty"));
-  out->set_found(b->scheduler->Abort(in->request_id()));
+  out->set_found(b->loop->Abort(in->request_id()));
   return Reply(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* ctx,
                                                       const pb::TokenizeRequest* in, pb::TokenizeResponse* out) {
-  const Backend* b = backend_or_null();
+  const ServiceState* b = state_or_null();
   if (b == nullptr) return Reply(ctx, Loading());
   const Tokenizer* tok = b->model->tokenizer();
   for (int32_t id : tok->Encode(in->text(), in->has_add_special_tokens() ? in->add_special_tokens() : true,
@@ -226,7 +226,7 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
 
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* ctx,
                                                         const pb::DetokenizeRequest* in, pb::DetokenizeResponse* out) {
-  const Backend* b = backend_or_null();
+  const ServiceState* b = state_or_null();
   if (b == nullptr) return Reply(ctx, Loading());
   const Tokenizer* tok = b->model->tokenizer();
   std::vector<int32_t> ids(in->token_ids().begin(), in->token_ids().end());
@@ -241,7 +241,7 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
 
 grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* ctx,
                                                           const pb::GetModelInfoRequest*, pb::ModelInfo* out) {
-  const Backend* b = backend_or_null();
+  const ServiceState* b = state_or_null();
   if (b == nullptr) return Reply(ctx, Loading());
   const ModelConfig& c = b->model->config();
   const Tokenizer* tok = b->model->tokenizer();
@@ -263,26 +263,27 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
     if (id != tok->eos_id()) add("eog", id);
   }
   out->set_chat_template(std::string(ChatFormatName(DetectChatTemplate(tok->chat_template()).format)));
-  for (StrategyKind k : kAllStrategies) {
-    out->add_strategies(std::string(StrategyName(k)));
-    *out->add_strategy_defaults() = PruningToProto(k, b->defaults.pruning);
+  for (const StrategyInfo* s : Strategies()) {
+    out->add_strategies(s->name);
+    const absl::StatusOr<PruningParams> p = b->defaults.strategies->Get(s->name);
+    if (p.ok()) PruningToProto(*p, out->add_strategy_defaults());
   }
   return Reply(ctx, grpc::Status::OK);
 }
 
 grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext* ctx, const pb::GetLoadRequest*,
                                                      pb::LoadInfo* out) {
-  const Backend* b = backend_or_null();
+  const ServiceState* b = state_or_null();
   if (b == nullptr) return Reply(ctx, Loading());
-  const LoadSnapshot load = b->scheduler->Load();
+  const LoadSnapshot load = b->loop->Load();
   out->set_running(load.running);
   out->set_waiting(load.waiting);
   for (Tier t : {Tier::kDevice, Tier::kHost}) {
     const KvTierLoad& tier = load.kv[static_cast<int>(t)];
     pb::KvTierUsage* kv = out->add_kv();
     kv->set_tier(std::string(TierName(t)));
-    kv->set_used_tokens(static_cast<uint64_t>(tier.used) * b->scheduler->kv_block_tokens());
-    kv->set_capacity_tokens(static_cast<uint64_t>(tier.total) * b->scheduler->kv_block_tokens());
+    kv->set_used_tokens(static_cast<uint64_t>(tier.used) * b->kv_block_tokens);
+    kv->set_capacity_tokens(static_cast<uint64_t>(tier.total) * b->kv_block_tokens);
   }
   out->set_swapped(load.swapped);
   out->set_preemptions_swap(load.preemptions[static_cast<int>(PreemptionMode::kSwap)]);

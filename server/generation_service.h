@@ -1,30 +1,31 @@
 // The pruneserve.v1.Generation service on gRPC's callback API. Reactors never
-// block: Generate hands the request to the scheduler and streams the events the
-// engine thread pushes back.
+// block: Generate hands the request to the engine loop and streams the events the
+// loop's thread pushes back.
 #pragma once
 
 #include <atomic>
 #include <memory>
 
 #include "pruneserve/v1/generation.grpc.pb.h"
-#include "scheduler/scheduler.h"
+#include "scheduler/engine_loop.h"
 #include "server/convert.h"
 #include "server/metrics.h"
 
 namespace ps::server {
 
 // What the service needs once the model is loaded.
-struct Backend {
+struct ServiceState {
   const Model* model = nullptr;
-  Scheduler* scheduler = nullptr;
+  EngineLoop* loop = nullptr;
   Metrics* metrics = nullptr;
+  int kv_block_tokens = 16;
   RequestDefaults defaults;
 };
 
 class GenerationService final : public pb::Generation::CallbackService {
  public:
-  // Until SetBackend, every call answers UNAVAILABLE ("loading").
-  void SetBackend(const Backend* backend) { backend_.store(backend); }
+  // Until SetState, every call answers UNAVAILABLE ("loading").
+  void SetState(const ServiceState* state) { state_.store(state); }
   // While draining, new Generate calls answer UNAVAILABLE.
   void SetDraining(bool draining) { draining_.store(draining); }
 
@@ -42,8 +43,8 @@ class GenerationService final : public pb::Generation::CallbackService {
                                     pb::LoadInfo* response) override;
 
  private:
-  const Backend* backend_or_null() const { return backend_.load(); }
-  std::atomic<const Backend*> backend_{nullptr};
+  const ServiceState* state_or_null() const { return state_.load(); }
+  std::atomic<const ServiceState*> state_{nullptr};
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
 };

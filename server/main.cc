@@ -19,14 +19,16 @@
 #include "absl/strings/str_cat.h"
 #include "base/flags.h"
 #include "base/status.h"
-#include "engine/pruning/params.h"
+#include "base/thread_pool.h"
+#include "engine/pruning/registry.h"
 #include "server/generation_service.h"
+#include "server/serving.h"
 
 namespace {
 
 struct Options {
   std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap",
-              kv_dtype = "f32";
+              kv_dtype = "f32", device = "auto";
   std::vector<std::string> strategy_args;
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64,
           max_batch_tokens = 2048, prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16,
@@ -42,6 +44,7 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddInt("port", &o.port, "gRPC port (0 = pick a free one)");
   f.AddInt("metrics-port", &o.metrics_port, "Prometheus /metrics port (0 = pick a free one, -1 = off)");
   f.AddString("port-file", &o.port_file, "write the bound ports here (lines grpc=N, metrics=N)");
+  f.AddString("device", &o.device, "cpu | cuda | auto: the backend (auto = cuda when a usable device is present)");
   f.AddInt("threads", &o.threads, "compute threads (0 = number of cores)");
   f.AddInt("max-queue", &o.max_queue, "waiting requests at most (RESOURCE_EXHAUSTED beyond)");
   f.AddInt("max-running", &o.max_running, "requests in the running batch at most");
@@ -82,30 +85,6 @@ absl::StatusOr<int64_t> AvailableMemoryBytes() {
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "pruneserve: %s\n", msg.c_str());
   return 1;
-}
-
-// The model's strategy defaults with --strategy-arg STRATEGY.key=value on top, each strategy validated.
-absl::StatusOr<ps::PruningParams> StrategyDefaults(const ps::ModelConfig& c, const std::vector<std::string>& args) {
-  using namespace ps;
-  PruningParams p = DefaultPruningParams(c);
-  for (const std::string& a : args) {
-    const size_t dot = a.find('.'), eq = a.find('=');
-    if (dot == std::string::npos || eq == std::string::npos || eq < dot) {
-      return absl::InvalidArgumentError(absl::StrCat("'", a, "' is not STRATEGY.key=value"));
-    }
-    PS_ASSIGN_OR_RETURN(const StrategyKind kind, ParseStrategyName(std::string_view(a).substr(0, dot)));
-    PS_RETURN_IF_ERROR(SetStrategyArg(kind, std::string_view(a).substr(dot + 1, eq - dot - 1), std::string_view(a).substr(eq + 1), &p));
-  }
-  for (StrategyKind k : kAllStrategies) {
-    PruningParams check = p;
-    check.strategy = k;
-    PS_RETURN_IF_ERROR(ValidatePruning(check, c, "defaults"));
-    std::string line;
-    for (const auto& [key, value] : StrategyArgs(k, p)) absl::StrAppend(&line, " ", key, "=", value);
-    spdlog::info("strategy {} defaults:{}", std::string(StrategyName(k)), line.empty() ? " (none)" : line);
-  }
-  p.strategy = StrategyKind::kFull;
-  return p;
 }
 
 }  // namespace
@@ -161,6 +140,15 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  // The backend before anything listens: a --device that cannot run is one line and a non-zero exit.
+  ThreadPool pool(static_cast<int>(o.threads));
+  std::string device_note;
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      CreateBackend(o.device, pool, CpuBackendOptions{.int8_activations = o.int8_activations}, &device_note);
+  if (!backend.ok()) return Fail(std::string(backend.status().message()));
+  spdlog::info("device: {}", device_note);
+
+
   server::GenerationService service;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -202,48 +190,58 @@ int main(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& c = (*model)->config();
-  ThreadPool pool(static_cast<int>(o.threads));
-  const size_t block_bytes = PagedKvStore::BlockBytes(static_cast<int>(o.kv_block_size), c.kv_dim(), kv_dtype);
-  const int64_t kv_blocks = o.kv_device_bytes / static_cast<int64_t>(block_bytes);
+  const KvGeometry geometry{.n_layers = c.n_layers, .block_tokens = static_cast<int>(o.kv_block_size),
+                            .kv_dim = c.kv_dim(), .dtype = kv_dtype};
+  const int64_t kv_blocks = geometry.BlocksInBytes(o.kv_device_bytes);
   if (kv_blocks < c.n_layers) {
     spdlog::error("--kv-device-bytes {} holds {} blocks of {} bytes; one token needs {} (one per layer)",
-                  o.kv_device_bytes, kv_blocks, block_bytes, c.n_layers);
+                  o.kv_device_bytes, kv_blocks, geometry.block_bytes(), c.n_layers);
     return 1;
   }
-  const int64_t host_blocks = o.kv_host_bytes / static_cast<int64_t>(block_bytes);
+  const int64_t host_blocks = geometry.BlocksInBytes(o.kv_host_bytes);
   const PreemptionMode preemption = o.preemption == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
-  Scheduler scheduler(**model, pool,
-                      SchedulerOptions{.max_running = static_cast<int>(o.max_running),
-                                       .max_queue = static_cast<int>(o.max_queue),
-                                       .max_batch_tokens = static_cast<int>(o.max_batch_tokens),
-                                       .prefill_chunk = static_cast<int>(o.prefill_chunk),
-                                       .kv_block_tokens = static_cast<int>(o.kv_block_size),
-                                       .kv_dtype = kv_dtype,
-                                       .kv_device_blocks = kv_blocks,
-                                       .kv_host_blocks = host_blocks,
-                                       .preemption = preemption,
-                                       .matmul = {.int8_activations = o.int8_activations}},
-                      &metrics);
+  server::ServiceState state{.model = model->get(), .metrics = &metrics, .kv_block_tokens = geometry.block_tokens};
+  if (absl::StatusOr<StrategyDefaults> d = StrategyDefaults::ForModel(c, o.strategy_args); d.ok()) {
+    state.defaults.strategies = std::make_shared<const StrategyDefaults>(*std::move(d));
+  } else {
+    return Fail(absl::StrCat("--strategy-arg: ", d.status().message()));
+  }
+  for (const StrategyInfo* s : Strategies()) {
+    const std::string args = PruningArgsText(*state.defaults.strategies->Get(s->name));
+    spdlog::info("strategy {} defaults: {}", s->name, args.empty() ? "(none)" : args);
+  }
+  absl::StatusOr<std::unique_ptr<server::Serving>> serving = server::Serving::Create(
+      **model, **backend,
+      server::ServingOptions{.engine = {.kv_block_tokens = geometry.block_tokens,
+                                        .kv_dtype = kv_dtype,
+                                        .kv_device_blocks = kv_blocks,
+                                        .kv_host_blocks = host_blocks},
+                             .scheduler = {.max_running = static_cast<int>(o.max_running),
+                                           .max_queue = static_cast<int>(o.max_queue),
+                                           .max_batch_tokens = static_cast<int>(o.max_batch_tokens),
+                                           .prefill_chunk = static_cast<int>(o.prefill_chunk),
+                                           .preemption = preemption}},
+      &metrics);
+  if (!serving.ok()) {
+    grpc_server->Shutdown();
+    return Fail(std::string(serving.status().message()));
+  }
   for (auto [tier, blocks] : {std::pair{"device", kv_blocks}, std::pair{"host", host_blocks}}) {
     spdlog::info("KV cache: {} tier {} blocks of {} tokens, {} ({:.0f} MiB, {} tokens per layer)", tier, blocks,
-                 o.kv_block_size, o.kv_dtype, blocks * static_cast<double>(block_bytes) / (1 << 20),
+                 o.kv_block_size, o.kv_dtype, blocks * static_cast<double>(geometry.block_bytes()) / (1 << 20),
                  blocks / c.n_layers * o.kv_block_size);
   }
   spdlog::info("preemption: {}{}", o.preemption,
                preemption == PreemptionMode::kSwap && host_blocks < c.n_layers ? " (no host tier: recompute)" : "");
-  server::Backend backend{.model = model->get(), .scheduler = &scheduler, .metrics = &metrics};
-  if (absl::StatusOr<PruningParams> p = StrategyDefaults(c, o.strategy_args); p.ok()) {
-    backend.defaults.pruning = *p;
-  } else {
-    return Fail(absl::StrCat("--strategy-arg: ", p.status().message()));
-  }
-  backend.defaults.sampling.temperature = static_cast<float>(o.default_temperature);
-  backend.defaults.sampling.top_p = static_cast<float>(o.default_top_p);
-  backend.defaults.max_new_tokens = static_cast<int>(o.default_max_new_tokens);
-  if (absl::Status s = ValidateSamplingParams(backend.defaults.sampling); !s.ok()) {
+  EngineLoop& loop = (*serving)->loop();
+  state.loop = &loop;
+  state.defaults.sampling.temperature = static_cast<float>(o.default_temperature);
+  state.defaults.sampling.top_p = static_cast<float>(o.default_top_p);
+  state.defaults.max_new_tokens = static_cast<int>(o.default_max_new_tokens);
+  if (absl::Status s = ValidateSamplingParams(state.defaults.sampling); !s.ok()) {
     return Fail(absl::StrCat("default sampling: ", s.message()));
   }
-  service.SetBackend(&backend);
+  service.SetState(&state);
   health->SetServingStatus(true);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -259,15 +257,15 @@ int main(int argc, char** argv) {
   health->SetServingStatus(false);
   service.SetDraining(true);
   const auto drain_deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.drain_timeout);
-  auto busy = [&] { return scheduler.Load().in_flight > 0; };
+  auto busy = [&] { return loop.Load().in_flight > 0; };
   while (busy() && std::chrono::steady_clock::now() < drain_deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a gauge, not synchronising
   }
   if (busy()) {
     spdlog::warn("drain timeout: cancelling the remaining requests");
-    scheduler.CancelAll(CancelReason::kShutdown);
+    loop.CancelAll(CancelReason::kShutdown);
   }
-  scheduler.Stop();  // finishes anything left with UNAVAILABLE
+  loop.Stop();  // finishes anything left with UNAVAILABLE
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   spdlog::info("stopped");
   return 0;

@@ -134,7 +134,7 @@ void Metrics::OnInterToken(const std::string& strategy, double seconds) {
   itl_.Add({{"strategy", strategy}}, LatencyBuckets()).Observe(seconds);
 }
 
-void Metrics::OnFinished(const std::string& strategy, FinishReason reason, const RequestUsage& u) {
+void Metrics::OnFinished(const std::string& strategy, FinishReason reason, const Usage& u) {
   e2e_.Add({{"strategy", strategy}}, LatencyBuckets()).Observe(u.total_seconds);
   queue_.Add({{"strategy", strategy}}, LatencyBuckets()).Observe(u.queue_seconds);
   prompt_tokens_.Add({{"strategy", strategy}}).Increment(u.prompt_tokens);

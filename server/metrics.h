@@ -25,7 +25,7 @@ class Metrics final : public SchedulerObserver {
   void OnSwap(Tier to, uint64_t bytes, double seconds) override;
   void OnFirstToken(const std::string& strategy, double ttft_seconds);
   void OnInterToken(const std::string& strategy, double seconds);
-  void OnFinished(const std::string& strategy, FinishReason reason, const RequestUsage& usage);
+  void OnFinished(const std::string& strategy, FinishReason reason, const Usage& usage);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;

@@ -11,7 +11,7 @@
 #include "base/flags.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "pruneserve/v1/generation.grpc.pb.h"
-#include "tools/pruning_args.h"
+#include "proto/field_args.h"
 
 namespace {
 
@@ -92,7 +92,9 @@ int main(int argc, char** argv) {
   f.AddFloat("timeout", &timeout, "deadline in seconds (0 = none)");
   f.AddBool("stats", &stats, "print usage and timings to stderr");
   f.AddBool("ids", &ids, "print token ids instead of text (generate, chat)");
-  f.AddString("strategy", &strategy, "token pruning strategy: full | lazyllm | gemfilter (`info` lists the defaults)");
+  f.AddString("strategy", &strategy,
+              absl::StrCat("token pruning strategy: ", absl::StrJoin(ps::StrategyMessageNames(), " | "),
+                           " (`info` lists the defaults)"));
   f.AddStringList("strategy-arg", &strategy_args,
                   "strategy parameter key=value, lists comma-separated (e.g. top_k=512, keep=0.5,0.3)");
   f.AddBool("report", &report, "print the prompt spans the model kept to stderr (return_pruning_report)");
@@ -137,7 +139,7 @@ int main(int argc, char** argv) {
     if (seed >= 0) req.mutable_sampling()->set_seed(static_cast<uint64_t>(seed));
     req.set_top_logprobs(static_cast<uint32_t>(logprobs));
     req.set_priority(static_cast<int32_t>(priority));
-    if (absl::Status s = ps::tools::SetPruning(strategy, strategy_args, req.mutable_pruning()); !s.ok()) {
+    if (absl::Status s = ps::SetStrategyArgs(strategy, strategy_args, req.mutable_pruning()); !s.ok()) {
       std::fprintf(stderr, "pruneserve-cli: %s\n", std::string(s.message()).c_str());
       return 2;
     }

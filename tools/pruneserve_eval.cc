@@ -28,7 +28,7 @@
 #include "base/flags.h"
 #include "base/mapped_file.h"
 #include "pruneserve/v1/generation.grpc.pb.h"
-#include "tools/pruning_args.h"
+#include "proto/field_args.h"
 
 namespace {
 
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   }
   std::map<std::string, pb::PruningConfig> configs;
   for (const std::string& s : strategies) {
-    if (absl::Status st = ps::tools::SetPruning(s, args_of[s], &configs[s]); !st.ok()) return Fail(std::string(st.message()));
+    if (absl::Status st = ps::SetStrategyArgs(s, args_of[s], &configs[s]); !st.ok()) return Fail(std::string(st.message()));
   }
 
   Client client(addr);

@@ -8,7 +8,8 @@
 #include "base/flags.h"
 #include "base/mapped_file.h"
 #include "engine/generator.h"
-#include "engine/pruning/params.h"
+#include "engine/pruning/registry.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "engine/tokenizer/chat_template.h"
 
 namespace {
@@ -55,10 +56,12 @@ int main(int argc, char** argv) {
   flags.AddBool("stats", &stats, "print timings to stderr");
   flags.AddBool("int8-activations", &int8_act,
                 "quantise activations to int8 for quantised weights (faster decode, llama.cpp's numerics)");
-  flags.AddString("strategy", &strategy, "token pruning strategy: full | lazyllm | gemfilter");
+  std::string strategy_help = "token pruning strategy:";
+  for (const StrategyInfo* s : Strategies()) absl::StrAppend(&strategy_help, "\n      ", s->name, ": ", s->summary);
+  flags.AddString("strategy", &strategy, strategy_help);
   flags.AddStringList("strategy-arg", &strategy_args,
-                      "strategy parameter key=value, lists comma-separated (lazyllm: layers=, keep=; gemfilter: "
-                      "filter_layer=, top_k=, pool_kernel=, original_positions=); unset ones take the model's defaults");
+                      "strategy parameter key=value (the fields of the strategy's message in the API), lists "
+                      "comma-separated (e.g. top_k=512, keep=0.5,0.3); unset ones take the model's defaults");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
   if (flags.help_requested()) {
     std::cout << flags.Help();
@@ -103,18 +106,14 @@ int main(int argc, char** argv) {
                     .top_logprobs = static_cast<int>(logprobs)};
   StopCriteria sc{.max_new_tokens = static_cast<int>(max_new), .min_new_tokens = static_cast<int>(min_new),
                   .stop_strings = stops, .ignore_eos = ignore_eos};
-  const absl::StatusOr<StrategyKind> kind = ParseStrategyName(strategy);
-  if (!kind.ok()) return Fail(absl::StrCat("--strategy: ", kind.status().message()));
-  PruningParams pruning = DefaultPruningParams((*model)->config());
-  if (absl::Status s = ApplyStrategyArgs(*kind, strategy_args, &pruning); !s.ok()) {
-    return Fail(absl::StrCat("--strategy-arg: ", s.message()));
-  }
-  if (absl::Status s = ValidatePruning(pruning, (*model)->config(), "--strategy-arg"); !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
-  const std::unique_ptr<PruningStrategy> pruner = MakeStrategy(pruning, (*model)->config());
+  const absl::StatusOr<StrategyDefaults> defaults = StrategyDefaults::ForModel((*model)->config());
+  if (!defaults.ok()) return Fail(std::string(defaults.status().message()));
+  const absl::StatusOr<PruningParams> pruning = defaults->WithArgs(strategy, strategy_args, "--strategy-arg");
+  if (!pruning.ok()) return Fail(std::string(pruning.status().message()));
+  const std::unique_ptr<PruningStrategy> pruner = pruning->Make((*model)->config());
   ThreadPool pool(static_cast<int>(threads));
-  Generator gen(**model, pool, MatMulOptions{.int8_activations = int8_act});
+  CpuBackend backend(pool, CpuBackendOptions{.int8_activations = int8_act});
+  Generator gen(**model, backend);
   auto result = gen.Generate(ids, sp, sc, [&](const SampledToken& t, std::string_view delta) {
     if (!print_ids) {
       std::cout << delta << std::flush;

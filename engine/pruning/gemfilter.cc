@@ -1,13 +1,81 @@
 #include "engine/pruning/gemfilter.h"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "engine/pruning/selection.h"
+#include "pruneserve/v1/generation.pb.h"
 
 namespace ps {
+namespace {
 
-absl::Status GemFilter::BeginStep(StepRows* rows, StrategyContext& ctx) {
+class Params final : public StrategyParams {
+ public:
+  explicit Params(const GemFilterParams& p) : p_(p) {}
+  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
+
+  absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
+    const auto& m = static_cast<const pruneserve::v1::GemFilter&>(msg);
+    auto set = [&](bool has, uint32_t v, const char* key, int* out) -> absl::Status {
+      if (!has) return absl::OkStatus();
+      if (v > static_cast<uint32_t>(INT32_MAX)) {
+        return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".", key, ": ", v, " is too large"));
+      }
+      *out = static_cast<int>(v);
+      return absl::OkStatus();
+    };
+    PS_RETURN_IF_ERROR(set(m.has_filter_layer(), m.filter_layer(), "filter_layer", &p_.filter_layer));
+    PS_RETURN_IF_ERROR(set(m.has_top_k(), m.top_k(), "top_k", &p_.top_k));
+    PS_RETURN_IF_ERROR(set(m.has_pool_kernel(), m.pool_kernel(), "pool_kernel", &p_.pool_kernel));
+    if (m.has_original_positions()) p_.original_positions = m.original_positions();
+    return absl::OkStatus();
+  }
+
+  void ToProto(google::protobuf::Message* msg) const override {
+    auto* m = static_cast<pruneserve::v1::GemFilter*>(msg);
+    m->set_filter_layer(static_cast<uint32_t>(p_.filter_layer));
+    m->set_top_k(static_cast<uint32_t>(p_.top_k));
+    m->set_pool_kernel(static_cast<uint32_t>(p_.pool_kernel));
+    m->set_original_positions(p_.original_positions);
+  }
+
+  absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
+    auto bad = [&](std::string_view key, auto&&... what) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".", std::string(key), ": ", what...));
+    };
+    const int n = config.n_layers;
+    if (p_.filter_layer < 0 || p_.filter_layer >= n) {
+      return bad("filter_layer", p_.filter_layer, " is outside [0, ", n - 1, "] (the model has ", n, " layers)");
+    }
+    if (p_.top_k < 1) return bad("top_k", p_.top_k, " must be at least 1");
+    if (p_.pool_kernel < 1 || p_.pool_kernel % 2 == 0 || p_.pool_kernel > 1025) {
+      return bad("pool_kernel", p_.pool_kernel, " must be odd, in [1, 1025]");
+    }
+    return absl::OkStatus();
+  }
+
+  bool WholePrompt() const override { return true; }
+  std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
+    (void)config;
+    return std::make_unique<GemFilter>(p_);
+  }
+
+ private:
+  GemFilterParams p_;
+};
+
+}  // namespace
+
+std::unique_ptr<StrategyParams> GemFilterDefaults(const ModelConfig& config) {
+  const int n = config.n_layers;
+  return std::make_unique<Params>(
+      GemFilterParams{.filter_layer = std::clamp(static_cast<int>(std::lround(0.4 * n)), 0, std::max(0, n - 1))});
+}
+
+absl::Status GemFilter::BeginStep(StepRows* rows, SeqContext& ctx) {
   if (filtered_) return absl::OkStatus();  // decode steps run as they come
   filtered_ = true;
   const auto n = static_cast<int64_t>(rows->tokens.size());
@@ -25,7 +93,8 @@ absl::Status GemFilter::BeginStep(StepRows* rows, StrategyContext& ctx) {
   for (size_t i = 0; i < selected_.size(); ++i) {
     const int32_t r = selected_[i];
     kept.tokens.push_back(rows->tokens[r]);
-    kept.positions.push_back(params_.original_positions ? rows->positions[r] : rows->positions[0] + static_cast<int32_t>(i));
+    kept.positions.push_back(params_.original_positions ? rows->positions[r]
+                                                        : rows->positions[0] + static_cast<int32_t>(i));
     kept.origin.push_back(rows->origin[r]);
   }
   *rows = std::move(kept);
@@ -36,8 +105,9 @@ LastQueryStat GemFilter::WantsLastQuery(int layer) const {
   return scoring_ && layer == params_.filter_layer ? LastQueryStat::kLogits : LastQueryStat::kNone;
 }
 
-void GemFilter::AfterAttention(int layer, std::span<const float> logits, std::span<const int32_t> kv_positions) {
-  (void)layer, (void)kv_positions;
+void GemFilter::AfterAttention(int layer, std::span<const float> logits, std::span<const int32_t> kv_positions,
+                               SeqContext& ctx) {
+  (void)layer, (void)kv_positions, (void)ctx;
   // The scratch KV holds exactly the prompt rows, in order.
   scores_.assign(logits.begin(), logits.end());
 }

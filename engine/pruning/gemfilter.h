@@ -8,22 +8,35 @@
 // with original_positions, their own. Prompts of k tokens or fewer run unchanged.
 #pragma once
 
+#include <memory>
 #include <vector>
 
-#include "engine/pruning/params.h"
+#include "engine/model.h"
+#include "engine/pruning/registry.h"
 #include "engine/pruning/strategy.h"
 
 namespace ps {
+
+struct GemFilterParams {
+  int filter_layer = 0;             // layers 0..filter_layer score the prompt
+  int top_k = 1024;                 // prompt tokens kept (prompts of top_k or fewer run unchanged)
+  int pool_kernel = 5;              // average pooling of the scores (odd)
+  bool original_positions = false;  // kept tokens keep their positions (default: fresh, contiguous)
+};
+
+// The registry's defaults: filter_layer at 40% of the depth (the paper's 13 of 32
+// layers for LLaMA-3.1-8B), top_k 1024, pool_kernel 5.
+std::unique_ptr<StrategyParams> GemFilterDefaults(const ModelConfig& config);
 
 class GemFilter : public PruningStrategy {
  public:
   explicit GemFilter(const GemFilterParams& params) : params_(params) {}
 
   std::string_view name() const override { return "gemfilter"; }
-  bool WholePrompt() const override { return true; }
-  absl::Status BeginStep(StepRows* rows, StrategyContext& ctx) override;
+  absl::Status BeginStep(StepRows* rows, SeqContext& ctx) override;
   LastQueryStat WantsLastQuery(int layer) const override;
-  void AfterAttention(int layer, std::span<const float> logits, std::span<const int32_t> kv_positions) override;
+  void AfterAttention(int layer, std::span<const float> logits, std::span<const int32_t> kv_positions,
+                      SeqContext& ctx) override;
 
   // Which of the first step's rows were kept (indices into them), in order.
   const std::vector<int32_t>& selected() const { return selected_; }

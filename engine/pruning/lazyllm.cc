@@ -1,13 +1,91 @@
 #include "engine/pruning/lazyllm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "engine/pruning/selection.h"
+#include "pruneserve/v1/generation.pb.h"
 
 namespace ps {
+namespace {
+
+class Params final : public StrategyParams {
+ public:
+  explicit Params(LazyLlmParams p) : p_(std::move(p)) {}
+  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
+
+  absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
+    const auto& m = static_cast<const pruneserve::v1::LazyLLM&>(msg);
+    if (m.layers_size() == 0 && m.keep_size() == 0) return absl::OkStatus();  // the defaults stay
+    // The schedule is given whole: both lists (Validate checks they match).
+    if (m.layers_size() == 0) return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".layers: required with keep"));
+    p_.layers.clear();
+    for (int i = 0; i < m.layers_size(); ++i) {
+      if (m.layers(i) > static_cast<uint32_t>(INT32_MAX)) {
+        return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".layers[", i, "]: ", m.layers(i), " is too large"));
+      }
+      p_.layers.push_back(static_cast<int>(m.layers(i)));
+    }
+    p_.keep.assign(m.keep().begin(), m.keep().end());
+    return absl::OkStatus();
+  }
+
+  void ToProto(google::protobuf::Message* msg) const override {
+    auto* m = static_cast<pruneserve::v1::LazyLLM*>(msg);
+    m->Clear();
+    for (int l : p_.layers) m->add_layers(static_cast<uint32_t>(l));
+    for (float k : p_.keep) m->add_keep(k);
+  }
+
+  absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
+    auto bad = [&](std::string_view key, auto&&... what) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".", std::string(key), ": ", what...));
+    };
+    const int n = config.n_layers;
+    if (p_.layers.size() != p_.keep.size()) {
+      return bad("keep", "has ", p_.keep.size(), " entries for ", p_.layers.size(),
+                 " layers (one keep fraction per layer)");
+    }
+    for (size_t i = 0; i < p_.layers.size(); ++i) {
+      const std::string li = absl::StrCat("layers[", i, "]"), ki = absl::StrCat("keep[", i, "]");
+      if (p_.layers[i] < 1 || p_.layers[i] >= n) {
+        return bad(li, p_.layers[i], " is outside [1, ", n - 1, "] (the model has ", n, " layers)");
+      }
+      if (i > 0 && p_.layers[i] <= p_.layers[i - 1]) return bad(li, "layers must be ascending");
+      if (!(p_.keep[i] > 0.0f && p_.keep[i] <= 1.0f)) return bad(ki, p_.keep[i], " is outside (0, 1]");
+      if (i > 0 && p_.keep[i] > p_.keep[i - 1]) return bad(ki, "keep fractions must not increase (progressive pruning)");
+    }
+    return absl::OkStatus();
+  }
+
+  bool WholePrompt() const override { return !p_.layers.empty(); }
+  std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
+    return std::make_unique<LazyLlm>(p_, config);
+  }
+
+ private:
+  LazyLlmParams p_;
+};
+
+}  // namespace
+
+std::unique_ptr<StrategyParams> LazyLlmDefaults(const ModelConfig& config) {
+  // Chosen on SmolLM2-135M with pruneserve-eval (README "Pruning strategies"):
+  // pruning before ~60% of the depth cost that model its retrieval.
+  const int n = config.n_layers;
+  LazyLlmParams p;
+  for (auto [depth, keep] : {std::pair{0.6, 0.3f}, {0.8, 0.1f}}) {
+    const int layer = std::clamp(static_cast<int>(std::lround(depth * n)), 1, std::max(1, n - 1));
+    if (n < 2 || (!p.layers.empty() && layer <= p.layers.back())) continue;
+    p.layers.push_back(layer);
+    p.keep.push_back(keep);
+  }
+  return std::make_unique<Params>(std::move(p));
+}
 
 LazyLlm::LazyLlm(const LazyLlmParams& params, const ModelConfig& config)
     : layers_(params.layers),
@@ -23,9 +101,7 @@ int LazyLlm::PruneIndex(int layer) const {
   return it != layers_.end() && *it == layer ? static_cast<int>(it - layers_.begin()) : -1;
 }
 
-int LazyLlm::DepthAfter(int j) const {
-  return j + 1 < static_cast<int>(layers_.size()) ? layers_[j + 1] : n_layers_;
-}
+int LazyLlm::DepthAfter(int j) const { return j + 1 < static_cast<int>(layers_.size()) ? layers_[j + 1] : n_layers_; }
 
 int64_t LazyLlm::MaxAddedRows() const {
   int64_t most = 0;  // revivals at L_j: Aux Cache entries there, and at most the selection
@@ -35,7 +111,7 @@ int64_t LazyLlm::MaxAddedRows() const {
   return most;
 }
 
-absl::Status LazyLlm::BeginStep(StepRows* rows, StrategyContext& ctx) {
+absl::Status LazyLlm::BeginStep(StepRows* rows, SeqContext& ctx) {
   (void)ctx;
   int32_t end = context_;
   for (int32_t p : rows->positions) end = std::max(end, p + 1);
@@ -58,7 +134,9 @@ LastQueryStat LazyLlm::WantsLastQuery(int layer) const {
   return PruneIndex(layer + 1) >= 0 ? LastQueryStat::kProbs : LastQueryStat::kNone;
 }
 
-void LazyLlm::AfterAttention(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions) {
+void LazyLlm::AfterAttention(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions,
+                             SeqContext& ctx) {
+  (void)ctx;
   Score(layer + 1, probs, kv_positions);
 }
 
@@ -67,45 +145,44 @@ void LazyLlm::Score(int layer, std::span<const float> probs, std::span<const int
   for (size_t i = 0; i < probs.size(); ++i) scores_[kv_positions[i]] = probs[i];
 }
 
-void LazyLlm::RowsForLayer(int layer, LayerRows& rows) {
+void LazyLlm::RowsForLayer(int layer, LayerRows& rows, SeqContext& ctx) {
   const int j = PruneIndex(layer);
   if (j < 0) return;
   const int32_t newest = rows.positions.back();
   // Candidates: the previous selection (every one of them has KV at layer-1, so a score).
-  std::vector<int32_t> cand;
-  std::vector<float> score;
-  cand.reserve(context_);
-  score.reserve(context_);
+  cand_.clear();
+  score_.clear();
   for (int32_t p = 0; p < context_; ++p) {
     if (!selected_[p] || scores_[p] < 0.0f) continue;
-    cand.push_back(p);
-    score.push_back(p == newest ? std::numeric_limits<float>::infinity() : scores_[p]);
+    cand_.push_back(p);
+    score_.push_back(p == newest ? std::numeric_limits<float>::infinity() : scores_[p]);
   }
   std::fill(selected_.begin(), selected_.end(), 0);
-  for (int32_t i : TopKInOrder(score, KeepCount(keep_[j], context_))) selected_[cand[i]] = 1;
+  for (int32_t i : TopKInOrder(score_, KeepCount(keep_[j], context_))) selected_[cand_[i]] = 1;
   std::fill(scores_.begin(), scores_.end(), -1.0f);
 
   const int after = DepthAfter(j);
   const size_t d = static_cast<size_t>(n_embd_);
-  if (aux_.size() < static_cast<size_t>(context_) * d) aux_.resize(static_cast<size_t>(context_) * d);
   for (size_t i = 0; i < rows.positions.size(); ++i) {
     const int32_t p = rows.positions[i];
     PS_CHECK(depth_[p] == layer && !in_aux_[p]) << "lazyllm: row " << p << " reached layer " << layer << " out of turn";
-    if (selected_[p]) {
+    // Pruned here: its hidden state waits in the Aux Cache (kept when there is no room).
+    if (!selected_[p] && ctx.AuxPut(p, rows.hidden + i * d)) {
+      (*rows.keep)[i] = 0;
+      in_aux_[p] = 1;
+      ++aux_at_[j];
+      ++aux_count_;
+    } else {
       depth_[p] = static_cast<uint16_t>(after);
-      continue;
     }
-    (*rows.keep)[i] = 0;  // pruned here: its hidden state waits in the Aux Cache
-    std::memcpy(aux_.data() + p * d, rows.hidden + i * d, d * sizeof(float));
-    in_aux_[p] = 1;
-    ++aux_at_[j];
-    ++aux_count_;
   }
   for (int32_t p = 0; p < context_; ++p) {
     if (!selected_[p] || !in_aux_[p] || depth_[p] != layer) continue;
     // Revived: continues from this layer with its original position.
     rows.add_positions->push_back(p);
-    rows.add_hidden->insert(rows.add_hidden->end(), aux_.begin() + p * d, aux_.begin() + (p + 1) * d);
+    rows.add_hidden->resize(rows.add_hidden->size() + d);
+    PS_CHECK(ctx.AuxTake(p, rows.add_hidden->data() + rows.add_hidden->size() - d))
+        << "lazyllm: position " << p << " missing from the Aux Cache";
     in_aux_[p] = 0;
     depth_[p] = static_cast<uint16_t>(after);
     --aux_at_[j];

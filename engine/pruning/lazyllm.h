@@ -4,34 +4,46 @@
 // L_j - 1, and the top keep_j fraction of the context is selected, within the
 // previous layer's selection (so selections shrink through a step). Selected
 // tokens flow through L_j; the others are pruned there: a pruned row's hidden
-// state goes to the Aux Cache and its KV is not computed from L_j on. A later
-// step that selects it again at L_j revives it from the Aux Cache (with its
-// original position) instead of recomputing layers 0..L_j-1. The newest token is
-// always kept. Each token is computed at most once per layer over the whole
-// generation; at any layer its entry is in the KV cache or the Aux Cache, never
-// both.
+// state goes to the Aux Cache (host-tier blocks, memory/aux_cache.h) and its KV
+// is not computed from L_j on. A later step that selects it again at L_j revives
+// it from the Aux Cache (with its original position) instead of recomputing
+// layers 0..L_j-1. When the host tier has no room for a pruned row, the row stays
+// (it is computed through, as `full` would). The newest token is always kept.
+// Each token is computed at most once per layer over the whole generation; at any
+// layer its entry is in the KV cache or the Aux Cache, never both.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "engine/model.h"
-#include "engine/pruning/params.h"
+#include "engine/pruning/registry.h"
 #include "engine/pruning/strategy.h"
 
 namespace ps {
+
+struct LazyLlmParams {
+  // Progressive schedule: before layers[i], keep the keep[i] fraction of the
+  // context (layers ascending in [1, n_layers), keep non-increasing in (0, 1]).
+  std::vector<int> layers;
+  std::vector<float> keep;
+};
+
+// The registry's defaults: layers at 60% and 80% of the depth, keep 0.3 and 0.1.
+std::unique_ptr<StrategyParams> LazyLlmDefaults(const ModelConfig& config);
 
 class LazyLlm : public PruningStrategy {
  public:
   LazyLlm(const LazyLlmParams& params, const ModelConfig& config);
 
   std::string_view name() const override { return "lazyllm"; }
-  bool WholePrompt() const override { return !layers_.empty(); }
   int64_t MaxAddedRows() const override;
-  absl::Status BeginStep(StepRows* rows, StrategyContext& ctx) override;
-  void RowsForLayer(int layer, LayerRows& rows) override;
+  absl::Status BeginStep(StepRows* rows, SeqContext& ctx) override;
+  void RowsForLayer(int layer, LayerRows& rows, SeqContext& ctx) override;
   LastQueryStat WantsLastQuery(int layer) const override;
-  void AfterAttention(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions) override;
+  void AfterAttention(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions,
+                      SeqContext& ctx) override;
 
   // State, for tests and accounting: a token's KV exists at layers < Depth(pos);
   // when Depth(pos) < n_layers its hidden state at that layer is in the Aux Cache.
@@ -54,13 +66,14 @@ class LazyLlm : public PruningStrategy {
   std::vector<float> keep_;
   int n_layers_;
   int n_embd_;
-  int32_t context_ = 0;        // positions 0..context_-1 exist after BeginStep
-  std::vector<uint16_t> depth_;   // per position
-  std::vector<char> in_aux_;      // per position
-  std::vector<char> selected_;    // per position: in this step's current selection
-  std::vector<float> aux_;        // [positions, n_embd]: hidden states of pruned tokens
-  std::vector<int64_t> aux_at_;   // Aux Cache entries per pruning layer
+  int32_t context_ = 0;         // positions 0..context_-1 exist after BeginStep
+  std::vector<uint16_t> depth_;  // per position
+  std::vector<char> in_aux_;     // per position
+  std::vector<char> selected_;   // per position: in this step's current selection
+  std::vector<int64_t> aux_at_;  // Aux Cache entries per pruning layer
   int64_t aux_count_ = 0, revived_ = 0;
+  std::vector<int32_t> cand_;    // RowsForLayer's scratch
+  std::vector<float> score_;
 };
 
 }  // namespace ps

@@ -1,8 +1,10 @@
 // Per-request token pruning policy, called by the forward pass at fixed hooks.
-// A sequence without a strategy (`full`) keeps every row at every layer.
-// Strategies (LazyLLM, GemFilter, ...) subclass this; the engine never
-// special-cases one. One instance serves one sequence for its whole life; the
-// engine calls it on the engine thread only.
+// A sequence without a strategy (`full`) keeps every row at every layer and
+// attends to every cached row. Strategies (LazyLLM, GemFilter, ...) subclass this,
+// one file each with their parameters (registry.h); the engine never
+// special-cases one. One instance serves one sequence for the life of its KV (a
+// recompute preemption starts a fresh one); the engine calls it on the engine
+// thread only.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/types.h"
+#include "memory/kv_cache_manager.h"
 
 namespace ps {
 
@@ -22,15 +26,25 @@ struct StepRows {
   std::vector<int32_t> origin;
 };
 
-// Engine services for BeginStep.
-class StrategyContext {
+// Engine services for one sequence during a step.
+class SeqContext {
  public:
-  virtual ~StrategyContext() = default;
+  virtual ~SeqContext() = default;
   // Runs layers 0..last_layer over `tokens` at `positions` on scratch KV that is
   // released before this returns. The strategy's hooks see the pass as usual; at
   // `last_layer` only the last row's attention is computed (for AfterAttention).
   virtual absl::Status RunPrefix(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                                  int last_layer) = 0;
+  // The sequence's Aux Cache (host-tier blocks): one hidden-state row (n_embd
+  // floats) per position. Put is false when the host tier is full.
+  virtual bool AuxPut(int32_t position, const float* hidden) = 0;
+  virtual bool AuxTake(int32_t position, float* hidden) = 0;
+  // The sequence's KV at `layer`: blocks (with their tiers) and positions.
+  virtual const LayerTable& Kv(int layer) const = 0;
+  // Moves blocks (indices into Kv(layer).blocks) of `layer` to `to`; the next
+  // attention over that layer waits for the copies. ResourceExhausted when the
+  // destination has no room (nothing moved).
+  virtual absl::Status MoveBlocks(int layer, std::span<const int32_t> blocks, Tier to) = 0;
 };
 
 // One sequence's rows entering a layer, as RowsForLayer may edit them.
@@ -38,7 +52,7 @@ struct LayerRows {
   std::span<const int32_t> positions;  // the rows still active; the last one is the newest token
   const float* hidden = nullptr;       // [positions.size(), n_embd]: hidden states at this layer's input
   int n_embd = 0;
-  std::vector<char>* keep = nullptr;            // keep[i] = 0 prunes row i (all 1 on entry; the last must stay)
+  std::vector<char>* keep = nullptr;              // keep[i] = 0 prunes row i (all 1 on entry; the last must stay)
   std::vector<int32_t>* add_positions = nullptr;  // rows to add (revived), placed before the kept rows
   std::vector<float>* add_hidden = nullptr;       // their hidden states at this layer's input, n_embd each
 };
@@ -55,25 +69,36 @@ class PruningStrategy {
   virtual ~PruningStrategy() = default;
   virtual std::string_view name() const = 0;
 
-  // The prompt must be computed in a single step (the strategy scores tokens
-  // from the last prompt token), not in chunks.
-  virtual bool WholePrompt() const { return false; }
   // Upper bound on the rows RowsForLayer may add at one layer in the next step
-  // (KV space the scheduler reserves).
+  // (KV blocks the scheduler reserves).
   virtual int64_t MaxAddedRows() const { return 0; }
 
   // Before the step. The strategy may rewrite the rows (e.g. replace the prompt
   // by a selection of it) and run a prefix pass through `ctx`.
-  virtual absl::Status BeginStep(StepRows* rows, StrategyContext& ctx) { (void)rows, (void)ctx; return absl::OkStatus(); }
+  virtual absl::Status BeginStep(StepRows* rows, SeqContext& ctx) {
+    (void)rows, (void)ctx;
+    return absl::OkStatus();
+  }
 
   // Before layer `layer` (>= 1): prune rows (saving their hidden states where
   // the strategy wants them back later) and add revived ones.
-  virtual void RowsForLayer(int layer, LayerRows& rows) { (void)layer, (void)rows; }
+  virtual void RowsForLayer(int layer, LayerRows& rows, SeqContext& ctx) { (void)layer, (void)rows, (void)ctx; }
 
-  virtual LastQueryStat WantsLastQuery(int layer) const { (void)layer; return LastQueryStat::kNone; }
+  // After the step's rows were appended to `layer`'s KV: which cached rows (indices
+  // into ctx.Kv(layer)) the query rows at q_positions attend to. Leaving `selection`
+  // empty means all of them (and costs nothing).
+  virtual void SelectKv(int layer, std::span<const int32_t> q_positions, SeqContext& ctx, KvSelection* selection) {
+    (void)layer, (void)q_positions, (void)ctx, (void)selection;
+  }
+
+  virtual LastQueryStat WantsLastQuery(int layer) const {
+    (void)layer;
+    return LastQueryStat::kNone;
+  }
   // values[i] belongs to the cached KV row at position kv_positions[i].
-  virtual void AfterAttention(int layer, std::span<const float> values, std::span<const int32_t> kv_positions) {
-    (void)layer, (void)values, (void)kv_positions;
+  virtual void AfterAttention(int layer, std::span<const float> values, std::span<const int32_t> kv_positions,
+                              SeqContext& ctx) {
+    (void)layer, (void)values, (void)kv_positions, (void)ctx;
   }
 };
 

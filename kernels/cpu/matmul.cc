@@ -121,10 +121,8 @@ void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, Th
   }
 }
 
-void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool,
-            const MatMulOptions& options) {
-  MatMulWithPath(w, x, m, y, pool, options.int8_activations ? MatMulPath::kGemv : MatMulPath::kAuto,
-                 options.int8_activations);
+void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool, bool int8_activations) {
+  MatMulWithPath(w, x, m, y, pool, int8_activations ? MatMulPath::kGemv : MatMulPath::kAuto, int8_activations);
 }
 
 }  // namespace ps

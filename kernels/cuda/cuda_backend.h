@@ -1,25 +1,21 @@
-// CUDA backend (first pieces): device discovery, cuBLAS GEMM and the elementwise
-// kernels of the forward pass. Compiled whenever nvcc is present; every call
-// checks its CUDA/cuBLAS return code. The host-side API takes host pointers so
-// tests can compare with the CPU kernels directly.
+// CudaBackend: the Backend of a GPU. Today it owns the tier memory (device memory
+// and pinned host memory) and runs the cuBLAS GEMM of F32 weights, RMSNorm and
+// SwiGLU; the other operations (MissingOps) follow with the CUDA issue, and the
+// engine refuses to start on a backend that lacks any. Errors of the operations it
+// runs are kept until Synchronize().
 #pragma once
 
-#include <cstdint>
+#include <memory>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
 
 namespace ps::cuda {
 
-// Number of usable CUDA devices (0 when there is no driver or no GPU).
-int DeviceCount();
-
-// y[m, n] = x[m, k] * w[n, k]^T on the GPU (cuBLAS SGEMM); host pointers.
-absl::Status Gemm(const float* x, const float* w, float* y, int m, int n, int k);
-
-// out[r] = x[r] / rms(x[r]) * w for each of `rows` rows of n floats; host pointers.
-absl::Status RmsNorm(const float* x, const float* w, float* out, int rows, int n, float eps);
-
-// gate = silu(gate) * up over n floats; host pointers.
-absl::Status SiluMul(float* gate, const float* up, int64_t n);
+// An error when no CUDA device is usable.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend();
 
 }  // namespace ps::cuda
+
+// The plug-in's entry point (kernels/plugin.h): a new CudaBackend, or null with the reason in `error`.
+extern "C" ps::Backend* ps_cuda_create_backend(char* error, size_t error_size);

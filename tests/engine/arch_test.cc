@@ -190,15 +190,17 @@ void CheckAgainstReference(const ModelConfig& c) {
   const auto prompt = Prompt(40, c.n_vocab);  // > one attention query tile
   const auto ref = Reference(*t, prompt);
   ThreadPool pool(2);
-  Transformer tf(*t->model, pool);
+  CpuBackend backend(pool);
+  Transformer tf(*t->model, backend);
   std::vector<int32_t> pos(prompt.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
 
   // (a) whole prompt in one batch, logits at every position
-  ContiguousKvStore kv(c.n_layers, c.kv_dim(), c.n_ctx);
+  std::unique_ptr<KvCache> kv = *OfflineKvCache(*t->model, backend, c.n_ctx);
   SeqInput in{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
   ForwardOutput batch;
-  ASSERT_TRUE(tf.Forward({&in, 1}, kv, &batch).ok());
+  ASSERT_TRUE(tf.Forward({&in, 1}, *kv, &batch).ok());
+  ASSERT_TRUE(batch.status[0].ok()) << batch.status[0];
   double worst = 0;
   for (size_t i = 0; i < prompt.size(); ++i) {
     double scale = 1e-6;
@@ -209,11 +211,12 @@ void CheckAgainstReference(const ModelConfig& c) {
   EXPECT_LT(worst, 1e-4) << "relative logit error vs the double reference";
 
   // (b) one token at a time
-  ContiguousKvStore kv2(c.n_layers, c.kv_dim(), c.n_ctx);
+  std::unique_ptr<KvCache> kv2 = *OfflineKvCache(*t->model, backend, c.n_ctx);
   ForwardOutput step;
   for (size_t i = 0; i < prompt.size(); ++i) {
     SeqInput s{.seq_id = 2, .tokens = {&prompt[i], 1}, .positions = {&pos[i], 1}};
-    ASSERT_TRUE(tf.Forward({&s, 1}, kv2, &step).ok());
+    ASSERT_TRUE(tf.Forward({&s, 1}, *kv2, &step).ok());
+    ASSERT_TRUE(step.status[0].ok()) << step.status[0];
     const auto a = step.Row(0, 0, c.n_vocab);
     const auto b = batch.Row(0, static_cast<int64_t>(i), c.n_vocab);
     for (int v = 0; v < c.n_vocab; ++v) EXPECT_NEAR(a[v], b[v], 1e-4 * (1 + std::fabs(b[v]))) << "pos " << i;

@@ -8,7 +8,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
 #include "base/mapped_file.h"
-#include "engine/pruning/params.h"
 #include "engine/tokenizer/chat_template.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/quant.h"
@@ -60,6 +59,7 @@ class DefaultModelTest : public ::testing::Test {
   static Model* model_;
   std::map<std::string, std::vector<float>> f32_;
   ThreadPool pool_{2};
+  CpuBackend backend_{pool_};
 };
 GgufFile* DefaultModelTest::file_ = nullptr;
 Model* DefaultModelTest::model_ = nullptr;
@@ -80,7 +80,7 @@ TEST_F(DefaultModelTest, QuantisedKernelsAgreeWithDequantisedWeights) {
   const int vocab = model_->config().n_vocab;
   auto argmax = [&](const float* l) { return static_cast<int32_t>(std::max_element(l, l + vocab) - l); };
   for (bool int8 : {false, true}) {
-    const MatMulOptions opts{.int8_activations = int8};
+    CpuBackend quantised(pool_, CpuBackendOptions{.int8_activations = int8});
     double worst = 0, sum = 0;
     int64_t count = 0;
     int equal_prompts = 0;
@@ -91,14 +91,14 @@ TEST_F(DefaultModelTest, QuantisedKernelsAgreeWithDequantisedWeights) {
       // Both models decode 32 tokens along the F32 model's greedy path; the quantised
       // model's greedy choice is compared at every step (equal choices all along ==
       // equal greedy generations) and so are the full logits.
-      Transformer tq(*model_, pool_, opts), tf(*f32, pool_);
-      ContiguousKvStore kq(30, model_->config().kv_dim(), 128), kf(30, model_->config().kv_dim(), 128);
+      Transformer tq(*model_, quantised), tf(*f32, backend_);
+      std::unique_ptr<KvCache> kq = testing::KvFor(*model_, quantised, 128), kf = testing::KvFor(*f32, backend_, 128);
       std::vector<int32_t> pos(prompt.size());
       for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
       SeqInput in{.seq_id = 1, .tokens = prompt, .positions = pos};
       ForwardOutput oq, of;
-      ASSERT_TRUE(tq.Forward({&in, 1}, kq, &oq).ok());
-      ASSERT_TRUE(tf.Forward({&in, 1}, kf, &of).ok());
+      ASSERT_TRUE(tq.Forward({&in, 1}, *kq, &oq).ok() && oq.status[0].ok());
+      ASSERT_TRUE(tf.Forward({&in, 1}, *kf, &of).ok() && of.status[0].ok());
       bool same = true;
       for (int step = 0; step < 32; ++step) {
         const int32_t next = argmax(of.logits.data());
@@ -111,8 +111,8 @@ TEST_F(DefaultModelTest, QuantisedKernelsAgreeWithDequantisedWeights) {
         }
         const int32_t p = static_cast<int32_t>(prompt.size()) + step;
         SeqInput a{.seq_id = 1, .tokens = {&next, 1}, .positions = {&p, 1}};
-        ASSERT_TRUE(tq.Forward({&a, 1}, kq, &oq).ok());
-        ASSERT_TRUE(tf.Forward({&a, 1}, kf, &of).ok());
+        ASSERT_TRUE(tq.Forward({&a, 1}, *kq, &oq).ok() && oq.status[0].ok());
+        ASSERT_TRUE(tf.Forward({&a, 1}, *kf, &of).ok() && of.status[0].ok());
       }
       equal_prompts += same;
       if (!int8) {
@@ -157,7 +157,7 @@ TEST_F(DefaultModelTest, GreedyMatchesLlamaCppGolden) {
     const auto want = ParseIds(row[2]);
     const auto margins = ParseFloats(row[3]);
     EXPECT_EQ(model_->tokenizer()->Encode(Unescape(row[0]), false, true), prompt) << "tokenisation of " << row[0];
-    Generator gen(*model_, pool_);
+    Generator gen(*model_, backend_);
     auto r = gen.Generate(prompt, SamplingParams{.temperature = 0, .top_logprobs = 2},
                           StopCriteria{.max_new_tokens = static_cast<int>(want.size()), .ignore_eos = true});
     ASSERT_TRUE(r.ok());
@@ -184,7 +184,7 @@ TEST_F(DefaultModelTest, AnswersChatSensibly) {
   std::vector<ChatMessage> msgs = {{"user", "What is the capital of France? Answer in one sentence."}};
   auto text = ApplyChatTemplate(t, msgs);
   ASSERT_TRUE(text.ok());
-  Generator gen(*model_, pool_);
+  Generator gen(*model_, backend_);
   auto r = gen.Generate(tok->Encode(*text, true, true), SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = 32});
   ASSERT_TRUE(r.ok());
   EXPECT_NE(r->text.find("Paris"), std::string::npos) << r->text;
@@ -198,21 +198,18 @@ TEST_F(DefaultModelTest, NoOpPruningGivesExactlyFullTokens) {
   std::vector<int32_t> prompt = model_->tokenizer()->Encode(text.substr(0, 1200), true, false);
   const int n = static_cast<int>(prompt.size());
   ASSERT_GT(n, 200);
-  auto run = [&](StrategyKind kind, std::vector<std::string> args) {
-    PruningParams p = DefaultPruningParams(model_->config());
-    EXPECT_TRUE(ApplyStrategyArgs(kind, args, &p).ok());
-    EXPECT_TRUE(ValidatePruning(p, model_->config()).ok());
-    const std::unique_ptr<PruningStrategy> strategy = MakeStrategy(p, model_->config());
-    Generator gen(*model_, pool_);
+  auto run = [&](const std::string& name, std::vector<std::string> args) {
+    const std::unique_ptr<PruningStrategy> strategy = testing::Strategy(model_->config(), name, args).Make(model_->config());
+    Generator gen(*model_, backend_);
     return gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = 24, .ignore_eos = true},
                         nullptr, strategy.get())
         ->tokens;
   };
-  const std::vector<int32_t> full = run(StrategyKind::kFull, {});
-  EXPECT_EQ(run(StrategyKind::kLazyLlm, {"layers=6,12,18,24", "keep=1,1,1,1"}), full);
-  EXPECT_EQ(run(StrategyKind::kGemFilter, {absl::StrCat("top_k=", n)}), full);
+  const std::vector<int32_t> full = run("full", {});
+  EXPECT_EQ(run("lazyllm", {"layers=6,12,18,24", "keep=1,1,1,1"}), full);
+  EXPECT_EQ(run("gemfilter", {absl::StrCat("top_k=", n)}), full);
   // And the defaults do prune: the tokens differ at least somewhere.
-  EXPECT_NE(run(StrategyKind::kGemFilter, {"top_k=64"}), full);
+  EXPECT_NE(run("gemfilter", {"top_k=64"}), full);
 }
 
 }  // namespace

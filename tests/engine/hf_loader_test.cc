@@ -11,6 +11,8 @@
 
 #include "base/fp16.h"
 #include "engine/forward.h"
+#include "engine/generator.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/tokenizer/byte_level.h"
@@ -131,13 +133,15 @@ class HfLoaderTest : public ::testing::Test {
 
 std::vector<float> Logits(const Model& m, const std::vector<int32_t>& tokens) {
   ThreadPool pool(2);
-  Transformer tf(m, pool);
-  ContiguousKvStore kv(m.config().n_layers, m.config().kv_dim(), 128);
+  CpuBackend backend(pool);
+  Transformer tf(m, backend);
+  std::unique_ptr<KvCache> kv = *OfflineKvCache(m, backend, 128);
   std::vector<int32_t> pos(tokens.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
   SeqInput in{.seq_id = 1, .tokens = tokens, .positions = pos, .all_logits = true};
   ForwardOutput out;
-  EXPECT_TRUE(tf.Forward({&in, 1}, kv, &out).ok());
+  EXPECT_TRUE(tf.Forward({&in, 1}, *kv, &out).ok());
+  EXPECT_TRUE(out.status[0].ok()) << out.status[0];
   return out.logits;
 }
 

@@ -8,7 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "engine/pruning/gemfilter.h"
 #include "engine/pruning/lazyllm.h"
-#include "engine/pruning/params.h"
+#include "engine/pruning/registry.h"
+#include "pruneserve/v1/generation.pb.h"
 #include "engine/pruning/selection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -59,42 +60,58 @@ ModelConfig Layers(int n) {
   return c;
 }
 
+// A strategy's parameters as the API's message.
+pruneserve::v1::PruningConfig AsProto(const absl::StatusOr<PruningParams>& p) {
+  pruneserve::v1::PruningConfig out;
+  EXPECT_TRUE(p.ok()) << p.status();
+  if (p.ok()) PruningToProto(*p, &out);
+  return out;
+}
+
 TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   const ModelConfig c = Layers(30);
-  PruningParams p = DefaultPruningParams(c);
-  EXPECT_THAT(p.lazyllm.layers, ElementsAre(18, 24));
-  EXPECT_THAT(p.lazyllm.keep, ElementsAre(0.3f, 0.1f));
-  EXPECT_EQ(p.gemfilter.filter_layer, 12);
-  EXPECT_EQ(p.gemfilter.top_k, 1024);
-  EXPECT_EQ(DefaultPruningParams(Layers(32)).gemfilter.filter_layer, 13);  // the paper's LLaMA-3.1-8B setting
-  for (StrategyKind k : kAllStrategies) {
-    PruningParams q = p;
-    q.strategy = k;
-    EXPECT_TRUE(ValidatePruning(q, c).ok()) << StrategyName(k);
+  const absl::StatusOr<StrategyDefaults> d = StrategyDefaults::ForModel(c);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const pruneserve::v1::LazyLLM lazy = AsProto(d->Get("lazyllm")).lazyllm();
+  EXPECT_THAT(lazy.layers(), ElementsAre(18, 24));
+  EXPECT_THAT(lazy.keep(), ElementsAre(0.3f, 0.1f));
+  const pruneserve::v1::GemFilter gem = AsProto(d->Get("gemfilter")).gemfilter();
+  EXPECT_EQ(gem.filter_layer(), 12u);
+  EXPECT_EQ(gem.top_k(), 1024u);
+  // The paper's LLaMA-3.1-8B setting.
+  EXPECT_EQ(AsProto(StrategyDefaults::ForModel(Layers(32))->Get("gemfilter")).gemfilter().filter_layer(), 13u);
+  for (const StrategyInfo* s : Strategies()) {
+    const absl::StatusOr<PruningParams> p = d->Get(s->name);
+    ASSERT_TRUE(p.ok()) << s->name;
+    EXPECT_EQ(p->name(), s->name);
+    if (p->params != nullptr) {
+      EXPECT_TRUE(p->params->Validate(c, "pruning").ok()) << s->name;
+    }
   }
 
-  ASSERT_TRUE(ApplyStrategyArgs(StrategyKind::kGemFilter, {"top_k=64", "original_positions=true"}, &p).ok());
-  EXPECT_EQ(p.strategy, StrategyKind::kGemFilter);
-  EXPECT_EQ(p.gemfilter.top_k, 64);
-  EXPECT_TRUE(p.gemfilter.original_positions);
-  EXPECT_THAT(std::string(ApplyStrategyArgs(StrategyKind::kGemFilter, {"topk=3"}, &p).message()),
+  const absl::StatusOr<PruningParams> g = d->WithArgs("gemfilter", {"top_k=64", "original_positions=true"}, "pruning");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->name(), "gemfilter");
+  EXPECT_EQ(AsProto(g).gemfilter().top_k(), 64u);
+  EXPECT_TRUE(AsProto(g).gemfilter().original_positions());
+  EXPECT_EQ(AsProto(g).gemfilter().filter_layer(), 12u) << "unset parameters keep their defaults";
+  EXPECT_THAT(std::string(d->WithArgs("gemfilter", {"topk=3"}, "pruning").status().message()),
               HasSubstr("no parameter 'topk' (known: filter_layer, top_k"));
-  EXPECT_THAT(std::string(ApplyStrategyArgs(StrategyKind::kLazyLlm, {"keep=a,b"}, &p).message()), HasSubstr("keep"));
+  EXPECT_THAT(std::string(d->WithArgs("lazyllm", {"keep=a,b"}, "pruning").status().message()), HasSubstr("keep"));
 
-  auto error = [&](StrategyKind k, std::vector<std::string> args) {
-    PruningParams q = DefaultPruningParams(c);
-    EXPECT_TRUE(ApplyStrategyArgs(k, args, &q).ok());
-    return std::string(ValidatePruning(q, c).message());
+  auto error = [&](const std::string& name, std::vector<std::string> args) {
+    return std::string(d->WithArgs(name, args, "pruning").status().message());
   };
-  EXPECT_THAT(error(StrategyKind::kLazyLlm, {"layers=4,8", "keep=0.5"}), HasSubstr("pruning.lazyllm.keep: has 1 entries for 2"));
-  EXPECT_THAT(error(StrategyKind::kLazyLlm, {"layers=4,30", "keep=0.5,0.4"}), HasSubstr("pruning.lazyllm.layers[1]"));
-  EXPECT_THAT(error(StrategyKind::kLazyLlm, {"layers=8,4", "keep=0.5,0.4"}), HasSubstr("ascending"));
-  EXPECT_THAT(error(StrategyKind::kLazyLlm, {"layers=4,8", "keep=0.4,0.5"}), HasSubstr("pruning.lazyllm.keep[1]"));
-  EXPECT_THAT(error(StrategyKind::kLazyLlm, {"layers=4", "keep=0"}), HasSubstr("pruning.lazyllm.keep[0]"));
-  EXPECT_THAT(error(StrategyKind::kGemFilter, {"filter_layer=30"}), HasSubstr("pruning.gemfilter.filter_layer"));
-  EXPECT_THAT(error(StrategyKind::kGemFilter, {"top_k=0"}), HasSubstr("pruning.gemfilter.top_k"));
-  EXPECT_THAT(error(StrategyKind::kGemFilter, {"pool_kernel=4"}), HasSubstr("pruning.gemfilter.pool_kernel"));
-  EXPECT_FALSE(ParseStrategyName("h2o").ok());
+  EXPECT_THAT(error("lazyllm", {"layers=4,8", "keep=0.5"}), HasSubstr("pruning.lazyllm.keep: has 1 entries for 2"));
+  EXPECT_THAT(error("lazyllm", {"layers=4,30", "keep=0.5,0.4"}), HasSubstr("pruning.lazyllm.layers[1]"));
+  EXPECT_THAT(error("lazyllm", {"layers=8,4", "keep=0.5,0.4"}), HasSubstr("ascending"));
+  EXPECT_THAT(error("lazyllm", {"layers=4,8", "keep=0.4,0.5"}), HasSubstr("pruning.lazyllm.keep[1]"));
+  EXPECT_THAT(error("lazyllm", {"layers=4", "keep=0"}), HasSubstr("pruning.lazyllm.keep[0]"));
+  EXPECT_THAT(error("gemfilter", {"filter_layer=30"}), HasSubstr("pruning.gemfilter.filter_layer"));
+  EXPECT_THAT(error("gemfilter", {"top_k=0"}), HasSubstr("pruning.gemfilter.top_k"));
+  EXPECT_THAT(error("gemfilter", {"pool_kernel=4"}), HasSubstr("pruning.gemfilter.pool_kernel"));
+  EXPECT_THAT(error("full", {"top_k=4"}), HasSubstr("full has no parameters"));
+  EXPECT_FALSE(FindStrategy("h2o").ok());
 }
 
 class PruningModelTest : public ::testing::Test {
@@ -104,18 +121,15 @@ class PruningModelTest : public ::testing::Test {
 
   std::vector<int32_t> Run(const std::vector<int32_t>& prompt, int n, PruningStrategy* strategy,
                            int64_t* rows = nullptr) {
-    Generator gen(*model_, pool_);
+    Generator gen(*model_, backend_);
     auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
                           nullptr, strategy);
     EXPECT_TRUE(r.ok()) << r.status();
     if (rows != nullptr) *rows = r->prompt_rows_computed;
     return r->tokens;
   }
-  std::unique_ptr<PruningStrategy> Make(StrategyKind kind, std::vector<std::string> args) {
-    PruningParams p = DefaultPruningParams(model_->config());
-    EXPECT_TRUE(ApplyStrategyArgs(kind, args, &p).ok());
-    EXPECT_TRUE(ValidatePruning(p, model_->config()).ok()) << ValidatePruning(p, model_->config());
-    return MakeStrategy(p, model_->config());
+  std::unique_ptr<PruningStrategy> Make(const std::string& name, std::vector<std::string> args) {
+    return testing::Strategy(model_->config(), name, args).Make(model_->config());
   }
   static std::vector<int32_t> Prompt(int n) {
     std::vector<int32_t> p = {1};
@@ -125,6 +139,7 @@ class PruningModelTest : public ::testing::Test {
 
   static inline Model* model_ = nullptr;
   ThreadPool pool_{2};
+  CpuBackend backend_{pool_};
 };
 
 TEST_F(PruningModelTest, NoOpSettingsGiveExactlyFullTokens) {
@@ -132,12 +147,12 @@ TEST_F(PruningModelTest, NoOpSettingsGiveExactlyFullTokens) {
   int64_t full_rows = 0;
   const std::vector<int32_t> full = Run(prompt, 40, nullptr, &full_rows);
   EXPECT_EQ(full_rows, 120 * model_->config().n_layers);
-  auto lazy = Make(StrategyKind::kLazyLlm, {"layers=1,2,3,4", "keep=1,1,1,1"});
+  auto lazy = Make("lazyllm", {"layers=1,2,3,4", "keep=1,1,1,1"});
   int64_t rows = 0;
   EXPECT_EQ(Run(prompt, 40, lazy.get(), &rows), full);
   EXPECT_EQ(rows, full_rows);
   for (const char* k : {"top_k=120", "top_k=4096"}) {
-    auto gem = Make(StrategyKind::kGemFilter, {k});
+    auto gem = Make("gemfilter", {k});
     EXPECT_EQ(Run(prompt, 40, gem.get(), &rows), full) << k;
     EXPECT_EQ(rows, full_rows) << "no prefix pass when nothing is filtered";
   }
@@ -147,10 +162,10 @@ TEST_F(PruningModelTest, StrategiesComputeLessAndGemFilterKeepsTheLastToken) {
   const std::vector<int32_t> prompt = Prompt(200);
   const int layers = model_->config().n_layers;
   int64_t rows = 0;
-  auto lazy = Make(StrategyKind::kLazyLlm, {"layers=1,3", "keep=0.5,0.25"});
+  auto lazy = Make("lazyllm", {"layers=1,3", "keep=0.5,0.25"});
   Run(prompt, 8, lazy.get(), &rows);
   EXPECT_EQ(rows, 200 + 100 * 2 + 50 * 2);  // layer 0 whole, 1-2 half, 3-4 a quarter
-  auto gem = Make(StrategyKind::kGemFilter, {"top_k=32", "filter_layer=1"});
+  auto gem = Make("gemfilter", {"top_k=32", "filter_layer=1"});
   Run(prompt, 8, gem.get(), &rows);
   EXPECT_EQ(rows, 200 * 2 + 32 * layers);  // prefix pass over layers 0-1, then 32 tokens through all
   const auto& sel = static_cast<GemFilter*>(gem.get())->selected();
@@ -176,8 +191,8 @@ class SeesawLazyLlm : public LazyLlm {
 TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
   const ModelConfig& c = model_->config();
   SeesawLazyLlm lazy(LazyLlmParams{.layers = {1, 3}, .keep = {0.6f, 0.3f}}, c);
-  Transformer t(*model_, pool_);
-  ContiguousKvStore kv(c.n_layers, c.kv_dim(), c.n_ctx);
+  Transformer t(*model_, backend_);
+  std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, c.n_ctx);
   std::vector<int32_t> tokens = Prompt(64), positions(64);
   std::iota(positions.begin(), positions.end(), 0);
   ForwardOutput out;
@@ -185,15 +200,15 @@ TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
   for (int step = 0; step < 12; ++step) {
     lazy.step = step;
     SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .strategy = &lazy};
-    ASSERT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), kv, &out).ok());
+    ASSERT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok());
+    ASSERT_TRUE(out.status[0].ok()) << out.status[0];
     const int32_t context = out.next_position[0];
     // In decode steps the new token goes through every layer; rows beyond it are revived ones.
     if (step > 0) revived_rows += out.rows_computed[0] - c.n_layers;
     for (int l = 0; l < c.n_layers; ++l) {
-      const KvRows rows = kv.View(1, l);
       std::set<int32_t> in_kv;
-      for (int64_t j = 0; j < rows.n; ++j) {
-        EXPECT_TRUE(in_kv.insert(rows.positions[j]).second) << "position " << rows.positions[j] << " computed twice at layer " << l;
+      for (int32_t p : kv->manager().Table(1, l).positions) {
+        EXPECT_TRUE(in_kv.insert(p).second) << "position " << p << " computed twice at layer " << l;
       }
       for (int32_t p = 0; p < context; ++p) {
         // KV at the layers below the token's depth, none from there on; the Aux Cache
@@ -216,6 +231,8 @@ TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
   int64_t in_aux = 0;
   for (int32_t p = 0; p < 64 + 12; ++p) in_aux += lazy.InAux(p);
   EXPECT_EQ(lazy.aux_entries(), in_aux);
+  EXPECT_EQ(kv->manager().aux().Rows(1), in_aux) << "the Aux Cache's host-tier rows are the strategy's entries";
+  EXPECT_GT(kv->manager().aux().Blocks(1), 0);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ class StoriesTest : public ::testing::Test {
   static void TearDownTestSuite() { delete model_; }
   static Model* model_;
   ThreadPool pool_{2};
+  CpuBackend backend_{pool_};
 };
 Model* StoriesTest::model_ = nullptr;
 
@@ -29,7 +30,7 @@ TEST_F(StoriesTest, Greedy64MatchesLlamaCpp) {
     const auto prompt = ParseIds(row[2]);
     const auto want = ParseIds(row[4]);
     ASSERT_EQ(want.size(), 64u);
-    EXPECT_EQ(absl::StrJoin(testing::Greedy(*model_, pool_, prompt, 64), " "), absl::StrJoin(want, " "))
+    EXPECT_EQ(absl::StrJoin(testing::Greedy(*model_, backend_, prompt, 64), " "), absl::StrJoin(want, " "))
         << "prompt: " << row[1];
   }
 }
@@ -39,7 +40,7 @@ TEST_F(StoriesTest, Greedy200FromBosMatchesLlamaCpp) {
   ASSERT_EQ(rows.size(), 200u);
   std::vector<int32_t> want;
   for (const auto& r : rows) want.push_back(std::stoi(r[2]));
-  const auto got = testing::Greedy(*model_, pool_, {1}, 200);
+  const auto got = testing::Greedy(*model_, backend_, {1}, 200);
   EXPECT_EQ(absl::StrJoin(got, " "), absl::StrJoin(want, " "));
   auto text = ReadFileToString(TestData("stories260K/greedy_bos_n200.txt"));
   ASSERT_TRUE(text.ok());
@@ -56,11 +57,12 @@ TEST_F(StoriesTest, LogitsAtEveryPromptPositionWithin1e4) {
     positions.push_back(std::stoi(r[0]));
     tokens.push_back(std::stoi(r[1]));
   }
-  Transformer tf(*model_, pool_);
-  ContiguousKvStore kv(model_->config().n_layers, model_->config().kv_dim(), 512);
+  Transformer tf(*model_, backend_);
+  auto kv = testing::KvFor(*model_, backend_, 512);
   SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .all_logits = true};
   ForwardOutput out;
-  ASSERT_TRUE(tf.Forward({&in, 1}, kv, &out).ok());
+  ASSERT_TRUE(tf.Forward({&in, 1}, *kv, &out).ok());
+  ASSERT_TRUE(out.status[0].ok()) << out.status[0];
   ASSERT_EQ(out.row_count[0], 5);
   double max_err = 0;
   for (size_t p = 0; p < rows.size(); ++p) {
@@ -80,18 +82,19 @@ TEST_F(StoriesTest, BatchingDoesNotChangeLogits) {
   const int n = static_cast<int>(prompt.size());
   std::vector<int32_t> pos(n);
   for (int i = 0; i < n; ++i) pos[i] = i;
-  Transformer tf(*model_, pool_);
-  ContiguousKvStore kv(model_->config().n_layers, model_->config().kv_dim(), 512);
+  Transformer tf(*model_, backend_);
+  auto kv = testing::KvFor(*model_, backend_, 512);
   ForwardOutput whole;
   SeqInput in{.seq_id = 1, .tokens = prompt, .positions = pos};
-  ASSERT_TRUE(tf.Forward({&in, 1}, kv, &whole).ok());
+  ASSERT_TRUE(tf.Forward({&in, 1}, *kv, &whole).ok());
   ForwardOutput step;
   for (int i = 0; i < n; ++i) {
     SeqInput s{.seq_id = 2, .tokens = {&prompt[i], 1}, .positions = {&pos[i], 1}};
     // Interleave another sequence in the same batch to exercise ragged batching.
     SeqInput other{.seq_id = 3, .tokens = {&prompt[i], 1}, .positions = {&pos[i], 1}};
     SeqInput both[2] = {other, s};
-    ASSERT_TRUE(tf.Forward(both, kv, &step).ok());
+    ASSERT_TRUE(tf.Forward(both, *kv, &step).ok());
+    ASSERT_TRUE(step.status[0].ok() && step.status[1].ok());
   }
   for (int v = 0; v < 512; ++v) {
     EXPECT_NEAR(step.Row(1, 0, 512)[v], whole.Row(0, 0, 512)[v], 1e-4f);

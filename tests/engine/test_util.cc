@@ -51,12 +51,25 @@ std::unique_ptr<Model> LoadOrDie(const std::string& path) {
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-std::vector<int32_t> Greedy(const Model& m, ThreadPool& pool, const std::vector<int32_t>& prompt, int n,
-                            const MatMulOptions& matmul) {
-  Generator gen(m, pool, matmul);
+std::vector<int32_t> Greedy(const Model& m, Backend& backend, const std::vector<int32_t>& prompt, int n) {
+  Generator gen(m, backend);
   auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true});
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? r->tokens : std::vector<int32_t>{};
+}
+
+PruningParams Strategy(const ModelConfig& config, const std::string& name, const std::vector<std::string>& args) {
+  absl::StatusOr<StrategyDefaults> d = StrategyDefaults::ForModel(config);
+  EXPECT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<PruningParams> p = d->WithArgs(name, args, "pruning");
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? *p : PruningParams{};
+}
+
+std::unique_ptr<KvCache> KvFor(const Model& m, Backend& backend, int64_t max_tokens) {
+  auto kv = OfflineKvCache(m, backend, max_tokens);
+  EXPECT_TRUE(kv.ok()) << kv.status();
+  return kv.ok() ? std::move(*kv) : nullptr;
 }
 
 }  // namespace ps::testing

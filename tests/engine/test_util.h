@@ -8,6 +8,8 @@
 
 #include "engine/generator.h"
 #include "engine/model.h"
+#include "engine/pruning/registry.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace ps::testing {
 
@@ -23,7 +25,12 @@ std::vector<std::vector<std::string>> ReadTsv(const std::string& path);
 std::unique_ptr<Model> LoadOrDie(const std::string& path);
 
 // Greedy continuation of `prompt` for n tokens, ignoring end-of-sequence.
-std::vector<int32_t> Greedy(const Model& m, ThreadPool& pool, const std::vector<int32_t>& prompt, int n,
-                            const MatMulOptions& matmul = {});
+std::vector<int32_t> Greedy(const Model& m, Backend& backend, const std::vector<int32_t>& prompt, int n);
+
+// `name` with the model's defaults and `args` (key=value) applied, validated.
+PruningParams Strategy(const ModelConfig& config, const std::string& name, const std::vector<std::string>& args = {});
+
+// An offline KV cache for up to max_tokens tokens of each of a few sequences.
+std::unique_ptr<KvCache> KvFor(const Model& m, Backend& backend, int64_t max_tokens);
 
 }  // namespace ps::testing

@@ -63,7 +63,9 @@ void CheckVectors(const Tokenizer& tok, const std::string& stem, bool check_deco
     const std::vector<int32_t> got = tok.Encode(v.text, /*add_special=*/false, /*parse_special=*/false);
     EXPECT_EQ(absl::StrJoin(got, " "), absl::StrJoin(v.ids, " ")) << stem << " text: '" << v.text << "'";
     failures += got != v.ids;
-    if (check_decode) EXPECT_EQ(tok.Decode(got), v.text) << stem << " decode";
+    if (check_decode) {
+      EXPECT_EQ(tok.Decode(got), v.text) << stem << " decode";
+    }
   }
   EXPECT_EQ(failures, 0) << stem << ": " << failures << " of " << vectors.size() << " strings differ";
 }

@@ -10,7 +10,7 @@
 #include "tests/kernels/random.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec.h"
-#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_kernels.h"
 #include "memory/cuda_swap_engine.h"
 
 namespace ps {
@@ -56,8 +56,8 @@ TEST_F(CudaTest, RmsNormAndSiluMatchCpu) {
 TEST_F(CudaTest, SwapEngineRoundTripsBlocks) {
   constexpr int32_t kBlocks = 64;
   constexpr size_t kBlockBytes = 4096;
-  auto device_mem = cuda::DeviceBlockMemory(kBlocks * kBlockBytes);
-  auto host_mem = cuda::PinnedBlockMemory(kBlocks * kBlockBytes);
+  auto device_mem = cuda::AllocateDevice(kBlocks * kBlockBytes);
+  auto host_mem = cuda::AllocatePinned(kBlocks * kBlockBytes);
   ASSERT_TRUE(device_mem.ok() && host_mem.ok());
   BlockPool device(Tier::kDevice, kBlocks, kBlockBytes, std::move(*device_mem));
   BlockPool host(Tier::kHost, kBlocks, kBlockBytes, std::move(*host_mem));

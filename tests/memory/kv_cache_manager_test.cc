@@ -78,7 +78,7 @@ TEST_F(KvCacheManagerTest, SwapOutAndInPlanBlockCopies) {
   // While the copies run the device blocks stay owned by the plan.
   EXPECT_EQ(device_.num_free(), 8);
   EXPECT_FALSE(m_.Append(7, 0, Positions(30, 1)));  // its last block is on the host
-  m_.Release(out->release_after);
+  m_.Complete(*out);
   EXPECT_EQ(device_.num_free(), 12);
   EXPECT_INTACT(m_);
   auto in = m_.PlanSwapIn(7);
@@ -86,7 +86,7 @@ TEST_F(KvCacheManagerTest, SwapOutAndInPlanBlockCopies) {
   EXPECT_EQ(in->copies.size(), 4u);
   EXPECT_EQ(in->copies[0].dst_tier, Tier::kDevice);
   EXPECT_EQ(in->copies[0].dst, 4);  // the least recently freed device blocks come last
-  m_.Release(in->release_after);
+  m_.Complete(*in);
   EXPECT_EQ(m_.BlocksIn(7, Tier::kDevice), 4);
   EXPECT_EQ(host_.num_free(), 8);
   EXPECT_TRUE(m_.Append(7, 0, Positions(30, 1)));
@@ -105,7 +105,7 @@ TEST_F(KvCacheManagerTest, FreeReturnsBothTiersAtOnce) {
   ASSERT_TRUE(m_.Append(3, 0, Positions(0, 40)));
   auto out = m_.PlanSwapOut(3);
   ASSERT_TRUE(out);
-  m_.Release(out->release_after);
+  m_.Complete(*out);
   ASSERT_TRUE(m_.Append(3, 1, Positions(0, 20)));  // layer 1 on the device tier
   EXPECT_EQ(m_.BlocksIn(3, Tier::kHost), 3);
   EXPECT_EQ(m_.BlocksIn(3, Tier::kDevice), 2);

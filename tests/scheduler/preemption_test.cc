@@ -55,7 +55,7 @@ std::vector<int32_t> MixedPrompt(int i) {
 }
 int NewTokens(int i) { return 8 + (i * 7) % 25; }
 
-void ExpectEverythingFree(const Scheduler& s) {
+void ExpectEverythingFree(const Served& s) {
   const LoadSnapshot load = s.Load();
   EXPECT_EQ(load.running, 0);
   EXPECT_EQ(load.waiting, 0);
@@ -67,8 +67,8 @@ void ExpectEverythingFree(const Scheduler& s) {
 
 // Sized so that requests fit one by one but far from all at once: a request of up
 // to 162 + 32 tokens takes at most 13 blocks x 5 layers = 65 of the 120 blocks.
-const SchedulerOptions kTight{.max_batch_tokens = 256, .prefill_chunk = 64, .kv_block_tokens = 16,
-                              .kv_device_blocks = 120, .kv_host_blocks = 2000};
+const server::ServingOptions kTight{.engine = {.kv_block_tokens = 16, .kv_device_blocks = 120, .kv_host_blocks = 2000},
+                                   .scheduler = {.max_batch_tokens = 256, .prefill_chunk = 64}};
 
 TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
   constexpr int kRequests = 24;
@@ -77,14 +77,14 @@ TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
 
   struct Case {
     std::string name;
-    SchedulerOptions options;
+    server::ServingOptions options;
     bool one_at_a_time = false;
   };
-  SchedulerOptions recompute = kTight;
-  recompute.preemption = PreemptionMode::kRecompute;
+  server::ServingOptions recompute = kTight;
+  recompute.scheduler.preemption = PreemptionMode::kRecompute;
   const Case cases[] = {
-      {"a_one_at_a_time", SchedulerOptions{}, true},
-      {"b_all_at_once", SchedulerOptions{.prefill_chunk = 64}},
+      {"a_one_at_a_time", server::ServingOptions{}, true},
+      {"b_all_at_once", server::ServingOptions{.scheduler = {.prefill_chunk = 64}}},
       {"c_swap", kTight},
       {"d_recompute", recompute},
   };
@@ -92,7 +92,7 @@ TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
     SCOPED_TRACE(c.name);
     ThreadPool engine_pool(2);
     StepLog log;
-    Scheduler s(*model_, engine_pool, c.options, &log);
+    Served s(*model_, engine_pool, c.options, &log);
     auto id = [&](int i) { return c.name + "/" + std::to_string(i); };
     for (int i = 0; i < kRequests; ++i) {
       ASSERT_TRUE(s.Submit(Make(id(i), MixedPrompt(i), NewTokens(i))).ok());
@@ -142,13 +142,13 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
     void OnSwap(Tier, uint64_t, double) override {}
     std::vector<std::vector<std::function<void()>>> at_step = std::vector<std::vector<std::function<void()>>>(kLastStep + 2);
     int step = 0;
-    std::atomic<Scheduler*> scheduler{nullptr};
+    std::atomic<Served*> scheduler{nullptr};
   } canceller;
   ThreadPool engine_pool(2);
-  SchedulerOptions options = kTight;
-  options.kv_host_blocks = 20;  // smaller than some sequences: those preemptions recompute
-  options.kv_device_blocks = 80;  // pruned sequences need less: more pressure than kTight
-  Scheduler s(*model_, engine_pool, options, &canceller);
+  server::ServingOptions options = kTight;
+  options.engine.kv_host_blocks = 20;    // smaller than some sequences: those preemptions recompute
+  options.engine.kv_device_blocks = 80;  // pruned sequences need less: more pressure than kTight
+  Served s(*model_, engine_pool, options, &canceller);
   canceller.scheduler = &s;
   std::mt19937 rng(7);
   auto id = [](int i) { return "storm/" + std::to_string(i); };
@@ -157,12 +157,11 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   std::vector<std::shared_ptr<Request>> requests;
   std::vector<int> cancel_step(kRequests, -1);
   // Strategies mixed: pruned KV, Aux Caches and GemFilter's scratch prefix passes go too.
-  const PruningParams strategies[] = {Pruning(StrategyKind::kFull),
-                                      Pruning(StrategyKind::kLazyLlm, {"layers=1,2,3,4", "keep=0.5,0.3,0.2,0.1"}),
-                                      Pruning(StrategyKind::kGemFilter, {"top_k=24", "filter_layer=1"})};
+  const PruningParams strategies[] = {Pruning("full"), Pruning("lazyllm", {"layers=1,2,3,4", "keep=0.5,0.3,0.2,0.1"}),
+                                      Pruning("gemfilter", {"top_k=24", "filter_layer=1"})};
   for (int i = 0; i < kRequests; ++i) {
     requests.push_back(Make(id(i), MixedPrompt(i), i % 2 == 0 ? 30 : kLastStep + 10));
-    requests.back()->pruning = strategies[(i / 2) % 3];
+    requests.back()->spec.pruning = strategies[(i / 2) % 3];
     if (i % 2 == 0) continue;
     cancel_step[i] = static_cast<int>(rng() % (kLastStep + 1));
     if (cancel_step[i] == 0) continue;  // cancelled by this thread right after submission
@@ -205,8 +204,8 @@ TEST_F(SchedulerTest, FailingSwapsFallBackToRecompute) {
   constexpr int kRequests = 12;
   ThreadPool engine_pool(2);
   std::atomic<int> copies{0}, failures{0};
-  SchedulerOptions options = kTight;
-  options.swap_copy = [&](uint8_t* dst, const uint8_t* src, size_t bytes) {
+  server::ServingOptions options = kTight;
+  options.engine.swap_copy = [&](uint8_t* dst, const uint8_t* src, size_t bytes) {
     if (copies.fetch_add(1) % 3 == 2) {
       failures.fetch_add(1);
       return absl::DataLossError("injected copy failure");
@@ -214,7 +213,7 @@ TEST_F(SchedulerTest, FailingSwapsFallBackToRecompute) {
     std::memcpy(dst, src, bytes);
     return absl::OkStatus();
   };
-  Scheduler s(*model_, engine_pool, options);
+  Served s(*model_, engine_pool, options);
   for (int i = 0; i < kRequests; ++i) ASSERT_TRUE(s.Submit(Make("f" + std::to_string(i), MixedPrompt(i), NewTokens(i))).ok());
   for (int i = 0; i < kRequests; ++i) {
     CollectingSink& sink = *sinks_["f" + std::to_string(i)];
@@ -232,7 +231,7 @@ TEST_F(SchedulerTest, FailingSwapsFallBackToRecompute) {
 TEST_F(SchedulerTest, ChunkedPrefillLetsDecodesAdvance) {
   ThreadPool engine_pool(2);
   StepLog log;
-  Scheduler s(*model_, engine_pool, SchedulerOptions{.prefill_chunk = 64}, &log);
+  Served s(*model_, engine_pool, {.scheduler = {.prefill_chunk = 64}}, &log);
   std::vector<int32_t> long_prompt = {1};
   for (int i = 1; i < 300; ++i) long_prompt.push_back(260 + (i * 37) % 250);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(s.Submit(Make("d" + std::to_string(i), Prompt(i), 60)).ok());

@@ -15,10 +15,10 @@ std::vector<int32_t> LongPrompt(int i) {
 }
 
 TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
-  const PruningParams strategies[] = {Pruning(StrategyKind::kFull), Pruning(StrategyKind::kLazyLlm),
-                                      Pruning(StrategyKind::kGemFilter, {"top_k=40", "filter_layer=2"}),
-                                      Pruning(StrategyKind::kGemFilter, {"top_k=40", "original_positions=true"}),
-                                      Pruning(StrategyKind::kLazyLlm, {"layers=2", "keep=0.3"})};
+  const PruningParams strategies[] = {Pruning("full"), Pruning("lazyllm"),
+                                      Pruning("gemfilter", {"top_k=40", "filter_layer=2"}),
+                                      Pruning("gemfilter", {"top_k=40", "original_positions=true"}),
+                                      Pruning("lazyllm", {"layers=2", "keep=0.3"})};
   constexpr int kRequests = 10, kTokens = 24;
   auto strategy = [&](int i) { return strategies[i % 5]; };
   std::vector<std::string> offline(kRequests);
@@ -30,11 +30,12 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
   for (const bool together : {false, true}) {
     SCOPED_TRACE(together ? "mixed batch" : "alone");
     ThreadPool engine_pool(2);
-    Scheduler s(*model_, engine_pool, SchedulerOptions{.prefill_chunk = 64});
+    // A host tier for LazyLLM's Aux Cache (without one, pruned rows have nowhere to wait and stay).
+    Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256}, .scheduler = {.prefill_chunk = 64}});
     auto id = [&](int i) { return std::string(together ? "mixed/" : "alone/") + std::to_string(i); };
     for (int i = 0; i < kRequests; ++i) {
       auto r = Make(id(i), LongPrompt(i), kTokens);
-      r->pruning = strategy(i);
+      r->spec.pruning = strategy(i);
       ASSERT_TRUE(s.Submit(r).ok());
       if (!together) {
         ASSERT_TRUE(sinks_[id(i)]->Wait());
@@ -44,7 +45,7 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
       CollectingSink& sink = *sinks_[id(i)];
       ASSERT_TRUE(sink.Wait());
       EXPECT_EQ(sink.finished.reason, FinishReason::kLength) << sink.finished.error;
-      EXPECT_EQ(absl::StrJoin(sink.tokens, " "), offline[i]) << "request " << i << " (" << StrategyName(strategy(i).strategy) << ")";
+      EXPECT_EQ(absl::StrJoin(sink.tokens, " "), offline[i]) << "request " << i << " (" << strategy(i).name() << ")";
     }
     const LoadSnapshot load = s.Load();
     EXPECT_EQ(load.kv[static_cast<int>(Tier::kDevice)].used, 0);
@@ -53,20 +54,20 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
 
 TEST_F(SchedulerTest, FinishedCarriesAccountingAndTheKeptSpans) {
   ThreadPool engine_pool(2);
-  Scheduler s(*model_, engine_pool, SchedulerOptions{});
+  Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256}});
   const std::vector<int32_t> prompt = LongPrompt(3);
   const int n = static_cast<int>(prompt.size()), layers = model_->config().n_layers;
   struct Case {
     std::string id;
     PruningParams pruning;
   };
-  const Case cases[] = {{"full", Pruning(StrategyKind::kFull)},
-                        {"lazy", Pruning(StrategyKind::kLazyLlm, {"layers=1,3", "keep=0.5,0.2"})},
-                        {"gem", Pruning(StrategyKind::kGemFilter, {"top_k=30", "filter_layer=1"})}};
+  const Case cases[] = {{"full", Pruning("full")},
+                        {"lazy", Pruning("lazyllm", {"layers=1,3", "keep=0.5,0.2"})},
+                        {"gem", Pruning("gemfilter", {"top_k=30", "filter_layer=1"})}};
   for (const Case& c : cases) {
     auto r = Make(c.id, prompt, 4);
-    r->pruning = c.pruning;
-    r->report_pruning = true;
+    r->spec.pruning = c.pruning;
+    r->spec.report_pruning = true;
     ASSERT_TRUE(s.Submit(r).ok());
   }
   auto spans_total = [](const RequestEvent& ev) {

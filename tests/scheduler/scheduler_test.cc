@@ -9,7 +9,7 @@ namespace {
 
 TEST_F(SchedulerTest, BatchedRequestsEqualSequentialTokens) {
   ThreadPool engine_pool(2);
-  Scheduler s(*model_, engine_pool, SchedulerOptions{.max_running = 8, .max_batch_tokens = 40});
+  Served s(*model_, engine_pool, {.scheduler = {.max_running = 8, .max_batch_tokens = 40}});
   for (int i = 0; i < 12; ++i) ASSERT_TRUE(s.Submit(Make("r" + std::to_string(i), Prompt(i), 20 + i)).ok());
   for (int i = 0; i < 12; ++i) {
     CollectingSink& sink = *sinks_["r" + std::to_string(i)];
@@ -23,7 +23,7 @@ TEST_F(SchedulerTest, BatchedRequestsEqualSequentialTokens) {
 
 TEST_F(SchedulerTest, RequestLargerThanTheKvCacheFailsAlone) {
   ThreadPool engine_pool(1);
-  Scheduler s(*model_, engine_pool, SchedulerOptions{.kv_block_tokens = 16, .kv_device_blocks = 10});
+  Served s(*model_, engine_pool, {.engine = {.kv_block_tokens = 16, .kv_device_blocks = 10}});
   ASSERT_TRUE(s.Submit(Make("big", Prompt(3), 100)).ok());  // 5 layers x 7 blocks > 10
   ASSERT_TRUE(s.Submit(Make("small", {1, 300}, 4)).ok());
   ASSERT_TRUE(sinks_["big"]->Wait());
@@ -33,24 +33,27 @@ TEST_F(SchedulerTest, RequestLargerThanTheKvCacheFailsAlone) {
   EXPECT_EQ(sinks_["small"]->finished.reason, FinishReason::kLength);
 }
 
-TEST_F(SchedulerTest, PromptLargerThanTheKvCacheFailsAtAdmission) {
+// A prompt that can never fit is refused at submission (RESOURCE_EXHAUSTED, with
+// the numbers), and the queue goes on.
+TEST_F(SchedulerTest, PromptLargerThanTheKvCacheIsRefusedAtSubmission) {
   ThreadPool engine_pool(1);
-  Scheduler s(*model_, engine_pool, SchedulerOptions{.kv_block_tokens = 16, .kv_device_blocks = 10});
+  Served s(*model_, engine_pool, {.engine = {.kv_block_tokens = 16, .kv_device_blocks = 10}});
   std::vector<int32_t> long_prompt(40, 300);  // 3 blocks x 5 layers > 10
-  ASSERT_TRUE(s.Submit(Make("long", long_prompt, 4)).ok());
+  const absl::Status refused = s.Submit(Make("long", long_prompt, 4));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("cannot hold this request's prompt: 40 tokens need 15 blocks (3 per layer x 5 layers, "
+                                   "16 tokens per block), but the device tier has 10 blocks in all (2 per layer: 32 tokens)"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(s.Load().in_flight, 0);
   ASSERT_TRUE(s.Submit(Make("short", {1, 300}, 4)).ok());
-  ASSERT_TRUE(sinks_["long"]->Wait());
-  EXPECT_EQ(sinks_["long"]->finished.reason, FinishReason::kError);
-  EXPECT_NE(sinks_["long"]->finished.error.find("cannot hold this request's prompt"), std::string::npos)
-      << sinks_["long"]->finished.error;
-  EXPECT_TRUE(sinks_["long"]->tokens.empty());
   ASSERT_TRUE(sinks_["short"]->Wait());
   EXPECT_EQ(sinks_["short"]->finished.reason, FinishReason::kLength);
 }
 
 TEST_F(SchedulerTest, DuplicateIdsAndFullQueueAreRefused) {
   ThreadPool engine_pool(1);
-  Scheduler s(*model_, engine_pool, SchedulerOptions{.max_running = 1, .max_queue = 2});
+  Served s(*model_, engine_pool, {.scheduler = {.max_running = 1, .max_queue = 2}});
   auto a = Make("a", Prompt(0), 1500);
   auto a_sink = sinks_["a"];
   ASSERT_TRUE(s.Submit(a).ok());
@@ -70,7 +73,7 @@ TEST_F(SchedulerTest, DuplicateIdsAndFullQueueAreRefused) {
 
 TEST_F(SchedulerTest, PriorityOrdersAdmission) {
   ThreadPool engine_pool(1);
-  Scheduler s(*model_, engine_pool, SchedulerOptions{.max_running = 1});
+  Served s(*model_, engine_pool, {.scheduler = {.max_running = 1}});
   // A blocker keeps the single slot busy until the others are queued.
   std::mutex order_mu;
   std::vector<std::string> order;
@@ -94,7 +97,7 @@ TEST_F(SchedulerTest, PriorityOrdersAdmission) {
 
 TEST_F(SchedulerTest, DeadlineAndStopFinishEverything) {
   ThreadPool engine_pool(1);
-  auto s = std::make_unique<Scheduler>(*model_, engine_pool, SchedulerOptions{.max_running = 2});
+  auto s = std::make_unique<Served>(*model_, engine_pool, server::ServingOptions{.scheduler = {.max_running = 2}});
   auto late = Make("late", Prompt(0), 1800);
   late->deadline = Clock::now() + std::chrono::milliseconds(20);
   ASSERT_TRUE(s->Submit(late).ok());

@@ -1,5 +1,6 @@
-// Shared by the scheduler tests: a sink that records a request's events, and a
-// fixture with the stories260K model, request builders and offline references.
+// Shared by the scheduler's integration tests: a sink that records a request's
+// events, the serving core (engine, scheduler, engine loop) over stories260K, and
+// a fixture with request builders and offline references.
 #pragma once
 
 #include <condition_variable>
@@ -11,7 +12,8 @@
 
 #include "engine/generator.h"
 #include "gtest/gtest.h"
-#include "scheduler/scheduler.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "server/serving.h"
 
 namespace ps {
 
@@ -47,6 +49,26 @@ class CollectingSink : public RequestSink {
   std::condition_variable cv_;
 };
 
+// The serving core on the CPU backend, with the engine loop's thread-safe face.
+class Served {
+ public:
+  Served(const Model& model, ThreadPool& pool, const server::ServingOptions& options,
+         SchedulerObserver* observer = nullptr)
+      : backend_(pool) {
+    auto s = server::Serving::Create(model, backend_, options, observer);
+    EXPECT_TRUE(s.ok()) << s.status();
+    serving_ = std::move(*s);
+  }
+  absl::Status Submit(std::shared_ptr<Request> r) { return serving_->loop().Submit(std::move(r)); }
+  bool Abort(const std::string& id) { return serving_->loop().Abort(id); }
+  LoadSnapshot Load() const { return serving_->loop().Load(); }
+  void Stop() { serving_->loop().Stop(); }
+
+ private:
+  CpuBackend backend_;
+  std::unique_ptr<server::Serving> serving_;
+};
+
 class SchedulerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { model_ = Model::Load(kStories)->release(); }
@@ -55,10 +77,10 @@ class SchedulerTest : public ::testing::Test {
   std::shared_ptr<Request> Make(const std::string& id, std::vector<int32_t> prompt, int n, int priority = 0) {
     auto r = std::make_shared<Request>();
     r->id = id;
-    r->prompt = std::move(prompt);
-    r->sampling.temperature = 0;
-    r->stop.max_new_tokens = n;
-    r->stop.ignore_eos = true;
+    r->spec.prompt = std::move(prompt);
+    r->spec.sampling.temperature = 0;
+    r->spec.stop.max_new_tokens = n;
+    r->spec.stop.ignore_eos = true;
     r->priority = priority;
     auto sink = std::make_shared<CollectingSink>();
     r->sink = sink;
@@ -67,22 +89,22 @@ class SchedulerTest : public ::testing::Test {
   }
   // Greedy tokens from the offline generator, with a fresh instance of `pruning`'s strategy.
   std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n, const PruningParams& pruning = {}) {
-    Generator gen(*model_, pool_);
-    const std::unique_ptr<PruningStrategy> strategy = MakeStrategy(pruning, model_->config());
+    Generator gen(*model_, backend_);
+    const std::unique_ptr<PruningStrategy> strategy = pruning.Make(model_->config());
     return gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
                         nullptr, strategy.get())
         ->tokens;
   }
-  // The model's defaults for `kind` with `args` applied.
-  PruningParams Pruning(StrategyKind kind, const std::vector<std::string>& args = {}) {
-    PruningParams p = DefaultPruningParams(model_->config());
-    EXPECT_TRUE(ApplyStrategyArgs(kind, args, &p).ok());
-    EXPECT_TRUE(ValidatePruning(p, model_->config()).ok());
-    return p;
+  // The model's defaults for strategy `name` with `args` applied.
+  PruningParams Pruning(const std::string& name, const std::vector<std::string>& args = {}) {
+    absl::StatusOr<PruningParams> p = StrategyDefaults::ForModel(model_->config())->WithArgs(name, args, "pruning");
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : PruningParams{};
   }
 
   static inline Model* model_ = nullptr;
   ThreadPool pool_{2};
+  CpuBackend backend_{pool_};
   std::map<std::string, std::shared_ptr<CollectingSink>> sinks_;
 };
 

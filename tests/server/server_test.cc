@@ -8,7 +8,8 @@
 #include "engine/generator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "engine/pruning/params.h"
+#include "engine/pruning/registry.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "tests/server/server_process.h"
 
 namespace ps::testing {
@@ -23,11 +24,13 @@ const std::string kDefaultModel = std::string(PS_MODELS_DIR) + "/SmolLM2-135M-In
 std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n, const std::string& strategy = "full",
                              const std::vector<std::string>& args = {}) {
   static auto* model = Model::Load(kStories)->release();
-  PruningParams params = DefaultPruningParams(model->config());
-  EXPECT_TRUE(ApplyStrategyArgs(*ParseStrategyName(strategy), args, &params).ok());
-  const std::unique_ptr<PruningStrategy> pruner = MakeStrategy(params, model->config());
+  const absl::StatusOr<PruningParams> params =
+      StrategyDefaults::ForModel(model->config())->WithArgs(strategy, args, "pruning");
+  EXPECT_TRUE(params.ok()) << params.status();
+  const std::unique_ptr<PruningStrategy> pruner = params->Make(model->config());
   ThreadPool pool(1);
-  Generator gen(*model, pool);
+  CpuBackend backend(pool);
+  Generator gen(*model, backend);
   auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
                         nullptr, pruner.get());
   EXPECT_TRUE(r.ok()) << r.status();

@@ -1,29 +1,42 @@
-// The paged KV store gives the same logits as the contiguous one on stories260K
-// (whole prompt, token by token, two interleaved sequences), reports a full device
-// tier as ResourceExhausted, and returns every block; a prompt prefilled in chunks
-// gives the logits of one pass.
+// The paged KV cache gives the same logits as one contiguous block per layer on
+// stories260K (whole prompt, token by token, two interleaved sequences), reports a
+// full device tier as that one sequence's ResourceExhausted (the others go on),
+// and returns every block; a prompt prefilled in chunks gives the logits of one pass.
 #include <algorithm>
 #include <cmath>
 
 #include "engine/forward.h"
 #include "gtest/gtest.h"
-#include "memory/paged_kv_store.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "memory/kv_cache.h"
 
 namespace ps {
 namespace {
 
 const std::string kStories = std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf";
 
-TEST(PagedKvStore, SameLogitsAsContiguous) {
+// A KV cache of `device_blocks` blocks of `block_tokens` tokens for the model, no host tier.
+std::unique_ptr<KvCache> Cache(const ModelConfig& c, Backend& backend, int64_t device_blocks, int block_tokens = 16,
+                               DType dtype = DType::kF32) {
+  auto kv = KvCache::Create(
+      KvCacheOptions{.geometry = {.n_layers = c.n_layers, .block_tokens = block_tokens, .kv_dim = c.kv_dim(), .dtype = dtype},
+                     .device_blocks = device_blocks},
+      backend);
+  EXPECT_TRUE(kv.ok()) << kv.status();
+  return std::move(*kv);
+}
+
+TEST(KvCache, SameLogitsAsContiguous) {
   auto model = Model::Load(kStories);
   ASSERT_TRUE(model.ok());
   const ModelConfig& c = (*model)->config();
   ThreadPool pool(2);
-  Transformer tf(**model, pool);
-  BlockPool device(Tier::kDevice, 64, PagedKvStore::BlockBytes(16, c.kv_dim())), host(Tier::kHost, 4, device.block_bytes());
-  KvCacheManager manager(device, host, c.n_layers, 16);
-  PagedKvStore paged(manager, device, c.kv_dim());
-  ContiguousKvStore flat(c.n_layers, c.kv_dim(), c.n_ctx);
+  CpuBackend backend(pool);
+  Transformer tf(**model, backend);
+  std::unique_ptr<KvCache> cache = Cache(c, backend, 64);
+  KvCache& paged = *cache;
+  KvCacheManager& manager = paged.manager();
+  std::unique_ptr<KvCache> flat = Cache(c, backend, c.n_layers, c.n_ctx);  // one block per layer: contiguous
   std::vector<int32_t> prompt = {1};
   for (int i = 0; i < 40; ++i) prompt.push_back(300 + (i * 17) % 150);  // 41 tokens: 3 blocks per layer
   std::vector<int32_t> pos(prompt.size());
@@ -31,49 +44,57 @@ TEST(PagedKvStore, SameLogitsAsContiguous) {
 
   ForwardOutput a, b;
   SeqInput whole{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
-  ASSERT_TRUE(tf.Forward({&whole, 1}, flat, &a).ok());
-  ASSERT_TRUE(tf.Forward({&whole, 1}, paged, &b).ok());
+  ASSERT_TRUE(tf.Forward({&whole, 1}, *flat, &a).ok() && a.status[0].ok());
+  ASSERT_TRUE(tf.Forward({&whole, 1}, paged, &b).ok() && b.status[0].ok());
   ASSERT_EQ(a.logits.size(), b.logits.size());
   for (size_t i = 0; i < a.logits.size(); ++i) ASSERT_NEAR(a.logits[i], b.logits[i], 1e-4f) << i;
-  EXPECT_EQ(device.num_free(), 64 - 3 * c.n_layers);
+  EXPECT_EQ(manager.UsedBlocks(Tier::kDevice), 3 * c.n_layers);
 
   // Token by token, sequence 2 interleaved with sequence 3 in the same batches.
   for (size_t i = 0; i < prompt.size(); ++i) {
     SeqInput s2{.seq_id = 2, .tokens = {&prompt[i], 1}, .positions = {&pos[i], 1}};
     SeqInput s3{.seq_id = 3, .tokens = {&prompt[i], 1}, .positions = {&pos[i], 1}};
     SeqInput both[2] = {s2, s3};
-    ASSERT_TRUE(tf.Forward(both, paged, &b).ok());
+    ASSERT_TRUE(tf.Forward(both, paged, &b).ok() && b.status[0].ok() && b.status[1].ok());
     for (int v = 0; v < c.n_vocab; ++v) {
       ASSERT_NEAR(b.Row(0, 0, c.n_vocab)[v], a.Row(0, static_cast<int64_t>(i), c.n_vocab)[v], 1e-4f) << i;
       ASSERT_NEAR(b.Row(1, 0, c.n_vocab)[v], a.Row(0, static_cast<int64_t>(i), c.n_vocab)[v], 1e-4f) << i;
     }
   }
   EXPECT_TRUE(manager.VerifyIntegrity().ok()) << manager.VerifyIntegrity();
-  EXPECT_EQ(device.num_free(), 64 - 9 * c.n_layers);
+  EXPECT_EQ(manager.UsedBlocks(Tier::kDevice), 9 * c.n_layers);
 
-  // A fourth sequence does not fit: a value, and the other sequences are intact.
+  // A fourth sequence does not fit: its value, and the sequence beside it in the
+  // batch, and the other sequences, are intact.
   std::vector<int32_t> long_prompt(16 * 20, 300), long_pos(16 * 20);
   for (size_t i = 0; i < long_pos.size(); ++i) long_pos[i] = static_cast<int32_t>(i);
   SeqInput big{.seq_id = 4, .tokens = long_prompt, .positions = long_pos};
-  EXPECT_EQ(tf.Forward({&big, 1}, paged, &b).code(), absl::StatusCode::kResourceExhausted);
-  paged.Release(4);
-  for (int64_t seq : {1, 2, 3}) paged.Release(seq);
-  EXPECT_EQ(device.num_free(), 64);
+  const int32_t next = 41;
+  SeqInput small{.seq_id = 1, .tokens = {&prompt[1], 1}, .positions = {&next, 1}};
+  SeqInput pair[2] = {big, small};
+  ASSERT_TRUE(tf.Forward(pair, paged, &b).ok());
+  EXPECT_EQ(b.status[0].code(), absl::StatusCode::kResourceExhausted) << b.status[0];
+  EXPECT_TRUE(b.status[1].ok()) << b.status[1];
+  EXPECT_EQ(b.row_count[1], 1);
+  EXPECT_EQ(manager.Table(1, c.n_layers - 1).positions.size(), prompt.size() + 1) << "the small sequence ran through";
+  paged.Free(4);
+  for (int64_t seq : {1, 2, 3}) paged.Free(seq);
+  EXPECT_EQ(manager.UsedBlocks(Tier::kDevice), 0);
   EXPECT_TRUE(manager.VerifyIntegrity().ok()) << manager.VerifyIntegrity();
 }
 
 // Chunked prefill: a 300-token prompt fed in chunks of 64 (each chunk attending to
 // the KV of the chunks before it) gives the logits of one whole-prompt pass.
-TEST(PagedKvStore, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
+TEST(KvCache, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
   auto model = Model::Load(kStories);
   ASSERT_TRUE(model.ok());
   const ModelConfig& c = (*model)->config();
   ThreadPool pool(2);
-  Transformer tf(**model, pool);
-  BlockPool device(Tier::kDevice, 2 * 19 * c.n_layers, PagedKvStore::BlockBytes(16, c.kv_dim()));
-  BlockPool host(Tier::kHost, 0, device.block_bytes());
-  KvCacheManager manager(device, host, c.n_layers, 16);
-  PagedKvStore kv(manager, device, c.kv_dim());
+  CpuBackend backend(pool);
+  Transformer tf(**model, backend);
+  std::unique_ptr<KvCache> cache = Cache(c, backend, 2 * 19 * c.n_layers);
+  KvCache& kv = *cache;
+  KvCacheManager& manager = kv.manager();
   std::vector<int32_t> prompt = {1}, pos = {0};
   for (int i = 1; i < 300; ++i) {
     prompt.push_back(260 + (i * 37) % 250);
@@ -81,7 +102,7 @@ TEST(PagedKvStore, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
   }
   ForwardOutput whole, part;
   SeqInput one{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
-  ASSERT_TRUE(tf.Forward({&one, 1}, kv, &whole).ok());
+  ASSERT_TRUE(tf.Forward({&one, 1}, kv, &whole).ok() && whole.status[0].ok());
   float worst = 0;
   for (size_t begin = 0; begin < prompt.size(); begin += 64) {
     const size_t n = std::min<size_t>(64, prompt.size() - begin);
@@ -89,7 +110,7 @@ TEST(PagedKvStore, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
                    .tokens = std::span<const int32_t>(prompt).subspan(begin, n),
                    .positions = std::span<const int32_t>(pos).subspan(begin, n),
                    .all_logits = true};
-    ASSERT_TRUE(tf.Forward({&chunk, 1}, kv, &part).ok());
+    ASSERT_TRUE(tf.Forward({&chunk, 1}, kv, &part).ok() && part.status[0].ok());
     ASSERT_EQ(part.row_count[0], static_cast<int64_t>(n));
     for (size_t r = 0; r < n; ++r) {
       for (int v = 0; v < c.n_vocab; ++v) {
@@ -106,12 +127,13 @@ TEST(PagedKvStore, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
 
 // Half-precision KV: the same prompt and 40 greedy steps with F16 and BF16 blocks
 // stay close to the F32 cache (the rounding of K and V is the only difference).
-TEST(PagedKvStore, HalfPrecisionKvStaysCloseToF32) {
+TEST(KvCache, HalfPrecisionKvStaysCloseToF32) {
   auto model = Model::Load(kStories);
   ASSERT_TRUE(model.ok());
   const ModelConfig& c = (*model)->config();
   ThreadPool pool(2);
-  Transformer tf(**model, pool);
+  CpuBackend backend(pool);
+  Transformer tf(**model, backend);
   std::vector<int32_t> prompt = {1}, pos = {0};
   for (int i = 1; i < 100; ++i) {
     prompt.push_back(260 + (i * 37) % 250);
@@ -119,13 +141,11 @@ TEST(PagedKvStore, HalfPrecisionKvStaysCloseToF32) {
   }
   // Logits of the prompt (all rows) and the greedy continuation, for one KV type.
   auto run = [&](DType dtype, std::vector<int32_t>* tokens) {
-    BlockPool device(Tier::kDevice, 10 * c.n_layers, PagedKvStore::BlockBytes(16, c.kv_dim(), dtype));
-    BlockPool host(Tier::kHost, 0, device.block_bytes());
-    KvCacheManager manager(device, host, c.n_layers, 16);
-    PagedKvStore kv(manager, device, c.kv_dim(), dtype);
+    std::unique_ptr<KvCache> cache = Cache(c, backend, 10 * c.n_layers, 16, dtype);
+    KvCache& kv = *cache;
     ForwardOutput out;
     SeqInput in{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
-    EXPECT_TRUE(tf.Forward({&in, 1}, kv, &out).ok());
+    EXPECT_TRUE(tf.Forward({&in, 1}, kv, &out).ok() && out.status[0].ok());
     std::vector<float> logits = out.logits;
     for (int step = 0; step < 40; ++step) {
       const auto row = out.Row(0, out.row_count[0] - 1, c.n_vocab);
@@ -133,7 +153,7 @@ TEST(PagedKvStore, HalfPrecisionKvStaysCloseToF32) {
       tokens->push_back(next);
       const int32_t p = static_cast<int32_t>(prompt.size()) + step;
       SeqInput d{.seq_id = 1, .tokens = {&next, 1}, .positions = {&p, 1}};
-      EXPECT_TRUE(tf.Forward({&d, 1}, kv, &out).ok());
+      EXPECT_TRUE(tf.Forward({&d, 1}, kv, &out).ok() && out.status[0].ok());
     }
     return logits;
   };

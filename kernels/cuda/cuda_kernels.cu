@@ -1,7 +1,8 @@
-#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/cuda_kernels.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <string>
 
@@ -64,6 +65,35 @@ __global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
   }
 }
 
+// cuBLAS, loaded when first used rather than linked: libcublasLt's 94 KiB of static
+// TLS would otherwise raise the minimum stack of every thread in the process, and
+// threads started with a small fixed stack (the metrics server's) fail to start.
+struct Cublas {
+  cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
+  cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
+  cublasStatus_t (*sgemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float*,
+                          const float*, int, const float*, int, const float*, float*, int) = nullptr;
+  std::string error;
+};
+
+const Cublas& LoadCublas() {
+  static const Cublas lib = [] {
+    Cublas c;
+    const std::string name = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      c.error = "cannot load " + name + ": " + dlerror();
+      return c;
+    }
+    c.create = reinterpret_cast<decltype(c.create)>(dlsym(h, "cublasCreate_v2"));
+    c.destroy = reinterpret_cast<decltype(c.destroy)>(dlsym(h, "cublasDestroy_v2"));
+    c.sgemm = reinterpret_cast<decltype(c.sgemm)>(dlsym(h, "cublasSgemm_v2"));
+    if (c.create == nullptr || c.destroy == nullptr || c.sgemm == nullptr) c.error = name + " lacks a cuBLAS entry point";
+    return c;
+  }();
+  return lib;
+}
+
 }  // namespace
 
 int DeviceCount() {
@@ -72,18 +102,40 @@ int DeviceCount() {
   return n;
 }
 
+absl::Status DeviceAvailable() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return absl::UnavailableError(std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")");
+  if (n == 0) return absl::UnavailableError("no CUDA device: cudaGetDeviceCount found none");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MemoryRegion> AllocateDevice(size_t bytes) {
+  void* p = nullptr;
+  PS_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+  return MemoryRegion{.base = static_cast<uint8_t*>(p), .release = [](uint8_t* q) { cudaFree(q); }};
+}
+
+absl::StatusOr<MemoryRegion> AllocatePinned(size_t bytes) {
+  void* p = nullptr;
+  PS_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  return MemoryRegion{.base = static_cast<uint8_t*>(p), .release = [](uint8_t* q) { cudaFreeHost(q); }};
+}
+
 absl::Status Gemm(const float* x, const float* w, float* y, int m, int n, int k) {
   DeviceBuffer dx, dw, dy;
   if (absl::Status s = Upload(dx, x, size_t(m) * k); !s.ok()) return s;
   if (absl::Status s = Upload(dw, w, size_t(n) * k); !s.ok()) return s;
   if (absl::Status s = dy.Alloc(size_t(m) * n * sizeof(float)); !s.ok()) return s;
+  const Cublas& cublas = LoadCublas();
+  if (!cublas.error.empty()) return absl::FailedPreconditionError(cublas.error);
   cublasHandle_t h;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
+  if (cublas.create(&h) != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasCreate failed");
   const float alpha = 1.0f, beta = 0.0f;
   // Row-major y = x w^T is column-major y^T = w x^T.
   const cublasStatus_t st =
-      cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, dw.f(), k, dx.f(), k, &beta, dy.f(), n);
-  cublasDestroy(h);
+      cublas.sgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, dw.f(), k, dx.f(), k, &beta, dy.f(), n);
+  cublas.destroy(h);
   if (st != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasSgemm failed: " + std::to_string(st));
   PS_CUDA_RETURN_IF_ERROR(cudaMemcpy(y, dy.f(), size_t(m) * n * sizeof(float), cudaMemcpyDeviceToHost));
   return absl::OkStatus();

@@ -1,0 +1,60 @@
+// The engine executes plans: Execute(StepPlan) -> StepResult. It owns the
+// sequences' generation state (history, sampler, stop rules, streaming text), their
+// strategies, the KV cache (both tiers, the swap engine, the Aux Cache) and the
+// forward pass on a Backend. A failure belongs to one sequence, never to the batch.
+// Engine thread only.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <set>
+
+#include "absl/status/statusor.h"
+#include "engine/forward.h"
+#include "engine/model.h"
+#include "engine/step.h"
+#include "kernels/backend.h"
+#include "memory/kv_cache.h"
+
+namespace ps {
+
+struct EngineOptions {
+  int kv_block_tokens = 16;      // tokens per KV block (one layer's K and V)
+  DType kv_dtype = DType::kF32;  // KV element type: F32, F16 or BF16
+  // KV blocks of the device tier; 0 = enough for 64 full-context sequences, up to 1 GiB.
+  int64_t kv_device_blocks = 0;
+  int64_t kv_host_blocks = 0;  // host tier (swap space, Aux Cache); 0 = none
+  CpuSwapEngine::CopyFn swap_copy;  // tests: inject copy failures (null = memcpy)
+};
+
+class Engine final : public StepExecutor {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Model& model, Backend& backend,
+                                                        const EngineOptions& options);
+  ~Engine() override;
+
+  StepResult Execute(const StepPlan& plan) override;
+  KvCacheManager& kv() override { return kv_->manager(); }
+  const KvGeometry& geometry() const { return kv_->geometry(); }
+
+ private:
+  struct Seq;
+  Engine(const Model& model, Backend& backend, std::unique_ptr<KvCache> kv);
+  Seq& Find(int64_t seq_id);
+  // Frees the sequence's KV and starts its strategy over (recompute from the first token).
+  void DropKv(int64_t seq_id, Seq& s);
+  // Releases the sequence: its final accounting into `out`.
+  void End(int64_t seq_id, SeqStatus status, std::string error, SeqOutcome* out);
+  // The plan's swaps; sequences whose KV was lost on the way go into *lost.
+  void Swap(const StepPlan& plan, StepResult* r, std::set<int64_t>* lost);
+  // The plan's runs (but those of `lost`): the forward pass, sampling, accounting.
+  void Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& lost);
+
+  const Model& model_;
+  std::unique_ptr<KvCache> kv_;
+  Transformer transformer_;
+  std::map<int64_t, std::unique_ptr<Seq>> seqs_;
+  ForwardOutput out_;  // reused across steps
+};
+
+}  // namespace ps

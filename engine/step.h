@@ -1,0 +1,130 @@
+// One engine step as data: what the scheduler asks for (StepPlan) and what the
+// engine reports back (StepResult). The scheduler plans with token and block
+// counts only; the engine owns the sequences' tokens, strategies and samplers.
+// vLLM v1's SchedulerOutput / ModelRunnerOutput are the model.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/pruning/registry.h"
+#include "engine/sequence.h"
+#include "memory/kv_cache_manager.h"
+
+namespace ps {
+
+// What a sequence generates: its prompt, sampling, stop rules and strategy.
+struct GenerationSpec {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  StopCriteria stop;
+  PruningParams pruning;        // validated
+  bool report_pruning = false;  // return the kept prompt spans when it ends
+};
+
+// A request's accounting, filled by the engine (tokens, blocks) and the scheduler (times).
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  // Prompt token-layer pairs computed / layers: the first pass over the prompt
+  // (prefix passes included) and prompt tokens revived during decode.
+  double prompt_tokens_computed = 0;
+  // KV blocks the sequence held at most (it only grows, until a recompute drops it), all layers.
+  int64_t kv_blocks = 0;
+  // (layer, prompt tokens entering it) at layer 0 and wherever the count changes, first pass.
+  std::vector<std::pair<int, int>> kept_per_layer;
+  double queue_seconds = 0;
+  double ttft_seconds = 0;
+  double total_seconds = 0;
+};
+
+// Prompt tokens [begin, end) that reached the last layer in the first pass, with their text.
+struct KeptSpan {
+  int begin = 0, end = 0;
+  std::string text;
+};
+
+struct StepPlan {
+  // Sequences that end here (cancelled, or failed by the scheduler): the engine
+  // reports their usage and forgets them. Their KV is already freed.
+  std::vector<int64_t> finish;
+  // New sequences; `spec` stays valid until the sequence ends.
+  struct Start {
+    int64_t seq_id = 0;
+    const GenerationSpec* spec = nullptr;
+  };
+  std::vector<Start> start;
+  // Sequences whose KV the scheduler dropped (recompute preemption): the next run
+  // starts again from the first history token, with a fresh strategy.
+  std::vector<int64_t> drop;
+  // Whole-sequence swaps to the host tier (planned through the KvCacheManager);
+  // the engine completes them before anything else touches the device tier.
+  struct SwapOut {
+    int64_t seq_id = 0;
+    SwapPlan plan;
+  };
+  std::vector<SwapOut> swap_out;
+  // Sequences to bring back from the host tier, on their reservation.
+  std::vector<int64_t> swap_in;
+  // The rows to compute: `count` history tokens (prompt + generated) from `begin`
+  // (= the tokens whose KV is cached); `sample` when they reach the end of the
+  // history, so the next token is sampled.
+  struct Run {
+    int64_t seq_id = 0;
+    int32_t begin = 0, count = 0;
+    bool sample = false;
+  };
+  std::vector<Run> run;
+
+  bool empty() const { return finish.empty() && start.empty() && drop.empty() && swap_out.empty() && run.empty(); }
+};
+
+enum class SeqStatus {
+  kOk,
+  kKvLost,   // a swap of its KV failed: the KV is dropped; recompute it
+  kKvShort,  // it needed more device blocks than reserved: the KV is dropped; recompute it
+  kFailed,   // an error of this sequence alone: it ended (`error`)
+};
+
+struct SeqOutcome {
+  int64_t seq_id = 0;
+  SeqStatus status = SeqStatus::kOk;
+  std::string error;
+  int32_t computed = 0;              // history tokens whose KV is cached after the step
+  std::optional<StepOutcome> token;  // the token sampled this step
+  int64_t added_rows = 0;            // its strategy's MaxAddedRows() for the next step
+  // The engine released the sequence (its decoder finished, the plan ended it, or
+  // it failed): its final accounting and any text held back.
+  bool ended = false;
+  Usage usage;
+  std::vector<KeptSpan> kept_spans;
+  std::string held_text;
+};
+
+// One sequence's blocks moved between tiers, for metrics.
+struct SwapRecord {
+  Tier to = Tier::kHost;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+struct StepResult {
+  std::vector<SeqOutcome> seqs;
+  std::vector<SwapRecord> swaps;
+  int batch_tokens = 0;  // rows computed this step (the runs' counts)
+  uint64_t swap_bytes_to_host = 0, swap_bytes_to_device = 0;  // totals since start
+};
+
+// What executes plans: the Engine, or a fake in the scheduler tests.
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  virtual StepResult Execute(const StepPlan& plan) = 0;
+  // The KV accounting the scheduler plans with (the executor's).
+  virtual KvCacheManager& kv() = 0;
+};
+
+}  // namespace ps

@@ -1,0 +1,97 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/half_rows.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quant.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/vec.h"
+
+namespace ps {
+namespace {
+constexpr int kMaxRopeDims = 1024;  // ValidateConfig bounds head_dim by this
+}  // namespace
+
+absl::StatusOr<MemoryRegion> CpuBackend::AllocateTier(bool device_tier, size_t bytes) {
+  (void)device_tier;  // both tiers are ordinary host memory (pages committed as they are touched)
+  auto* base = static_cast<uint8_t*>(::operator new[](bytes + 1, std::align_val_t(64), std::nothrow));
+  if (base == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes for a KV tier"));
+  return MemoryRegion{.base = base, .release = [](uint8_t* p) { ::operator delete[](p, std::align_val_t(64)); }};
+}
+
+void CpuBackend::MatMul(const MatrixView& w, const float* x, int64_t m, float* y) {
+  ps::MatMul(w, x, m, y, pool_, options_.int8_activations);
+}
+
+void CpuBackend::Embed(const MatrixView& table, std::span<const int32_t> tokens, float* x) {
+  const int64_t d = table.cols;
+  pool_.ParallelFor(static_cast<int64_t>(tokens.size()), 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) DequantizeRow(table.type, table.Row(tokens[r]), x + r * d, d);
+  });
+}
+
+void CpuBackend::RmsNorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) {
+  pool_.ParallelFor(rows, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) ps::RmsNorm(x + r * n, w, out + r * n, n, eps);
+  });
+}
+
+void CpuBackend::AddRmsNorm(const float* delta, float* x, const float* w, float* out, int64_t rows, int64_t n,
+                            float eps) {
+  pool_.ParallelFor(rows, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      AddInPlace(delta + r * n, x + r * n, n);
+      ps::RmsNorm(x + r * n, w, out + r * n, n, eps);
+    }
+  });
+}
+
+void CpuBackend::Add(const float* x, float* y, int64_t rows, int64_t n) {
+  pool_.ParallelFor(rows, 8, [&](int64_t r0, int64_t r1) { AddInPlace(x + r0 * n, y + r0 * n, (r1 - r0) * n); });
+}
+
+void CpuBackend::BiasRope(const RopeParams& rope, std::span<const int32_t> positions, const QkvBias& bias, float* q,
+                          float* k, float* v, int n_heads, int n_kv_heads, int head_dim) {
+  const int64_t qd = static_cast<int64_t>(n_heads) * head_dim, kvd = static_cast<int64_t>(n_kv_heads) * head_dim;
+  pool_.ParallelFor(static_cast<int64_t>(positions.size()), 4, [&](int64_t r0, int64_t r1) {
+    float cs[kMaxRopeDims];
+    for (int64_t r = r0; r < r1; ++r) {
+      if (bias.q != nullptr) {
+        AddInPlace(bias.q, q + r * qd, qd);
+        AddInPlace(bias.k, k + r * kvd, kvd);
+        AddInPlace(bias.v, v + r * kvd, kvd);
+      }
+      RopeCache(rope, positions[r], cs);
+      RopeApply(rope, cs, q + r * qd, n_heads, head_dim);
+      RopeApply(rope, cs, k + r * kvd, n_kv_heads, head_dim);
+    }
+  });
+}
+
+void CpuBackend::SiluMul(float* gate, const float* up, int64_t rows, int64_t n) {
+  pool_.ParallelFor(rows, 4, [&](int64_t r0, int64_t r1) { ps::SiluMul(gate + r0 * n, up + r0 * n, (r1 - r0) * n); });
+}
+
+void CpuBackend::Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& args) {
+  ps::Attention(shape, kv, args, pool_);
+}
+
+void CpuBackend::StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v,
+                         uint8_t* const* k_dst, uint8_t* const* v_dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (dtype == DType::kF32) {
+      std::memcpy(k_dst[i], k + i * kv_dim, kv_dim * sizeof(float));
+      std::memcpy(v_dst[i], v + i * kv_dim, kv_dim * sizeof(float));
+    } else {
+      F32ToHalf(dtype, k + i * kv_dim, reinterpret_cast<uint16_t*>(k_dst[i]), kv_dim);
+      F32ToHalf(dtype, v + i * kv_dim, reinterpret_cast<uint16_t*>(v_dst[i]), kv_dim);
+    }
+  }
+}
+
+}  // namespace ps

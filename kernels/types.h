@@ -1,0 +1,112 @@
+// Backend-neutral shapes the forward pass hands to a Backend: weight matrices,
+// rotary-embedding parameters, and attention over a selection of paged KV rows.
+// Plain data: no CPU or CUDA type appears here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace ps {
+
+// A row-major weight matrix [rows, cols] whose rows are stored in `type` blocks.
+// Does not own its data.
+struct MatrixView {
+  DType type = DType::kF32;
+  const uint8_t* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_bytes() const { return RowBytes(type, cols); }
+  const uint8_t* Row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes(); }
+};
+
+struct RopeParams {
+  int n_dims = 0;  // rotated dimensions per head (<= head_dim)
+  float freq_base = 10000.0f;
+  float freq_scale = 1.0f;          // 1 / linear scaling factor
+  bool neox = false;                // pairs (i, i + n_dims/2) instead of (2i, 2i+1)
+  std::vector<float> freq_factors;  // per pair divisor (LLaMA-3 scaling); empty = none
+};
+
+struct AttentionShape {
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 1.0f;  // usually 1/sqrt(head_dim)
+};
+
+// Cached keys and values of one sequence at one layer: n rows of n_kv_heads*head_dim
+// elements of `dtype` (F32, F16 or BF16). Rows live in blocks of `block_rows` rows
+// (paged KV): row j's key starts `(j % block_rows) * stride` elements into
+// k_blocks[j / block_rows], its value likewise in v_blocks. A contiguous cache is
+// one block. positions[j] is row j's token position. A null block pointer marks a
+// block that is not in this memory (host tier): a selection must leave it out.
+struct KvRows {
+  const void* const* k_blocks = nullptr;
+  const void* const* v_blocks = nullptr;
+  int64_t block_rows = 0;
+  const int32_t* positions = nullptr;
+  int64_t n = 0;
+  int64_t stride = 0;
+  bool positions_ascending = false;  // lets the kernel skip keys past the last query
+  DType dtype = DType::kF32;
+
+  size_t elem_bytes() const { return dtype == DType::kF32 ? 4 : 2; }
+  // Element `col` of row j's key / value.
+  const void* k(int64_t j, int64_t col) const { return Elem(k_blocks, j, col); }
+  const void* v(int64_t j, int64_t col) const { return Elem(v_blocks, j, col); }
+
+ private:
+  const void* Elem(const void* const* blocks, int64_t j, int64_t col) const {
+    return static_cast<const uint8_t*>(blocks[j / block_rows]) + ((j % block_rows) * stride + col) * elem_bytes();
+  }
+};
+
+// [begin, end): rows of a KvRows.
+struct KvRange {
+  int32_t begin = 0, end = 0;
+  bool operator==(const KvRange&) const = default;
+};
+
+// Which cached rows the query rows of one sequence attend to at one layer; the
+// kernels read exactly these (no mask is built), and causality by position still
+// applies inside them. No segments: every row (dense attention, what `full` gives).
+// Otherwise the segments cover the query rows in order, each naming ascending,
+// disjoint row ranges: one segment for a token subset (LazyLLM decode), one per
+// query segment for block-sparse prefill (CritiPrefill).
+struct KvSelection {
+  struct Segment {
+    int32_t q_begin = 0, q_end = 0;  // [q_begin, q_end) of the sequence's query rows
+    std::vector<KvRange> ranges;
+  };
+  std::vector<Segment> segments;
+
+  bool all() const { return segments.empty(); }
+  // One segment for n_q query rows over the given rows (ascending), adjacent rows merged.
+  void SelectRows(int32_t n_q, std::span<const int32_t> rows);
+  // Segments in order covering [0, n_q); ranges ascending, disjoint, inside [0, n_kv).
+  absl::Status Validate(int64_t n_q, int64_t n_kv) const;
+};
+
+struct AttentionArgs {
+  const float* q = nullptr;        // [n_q, n_heads*head_dim], rows `q_stride` floats apart
+  const int32_t* q_pos = nullptr;  // [n_q]
+  int64_t n_q = 0;
+  int64_t q_stride = 0;
+  float* out = nullptr;  // [n_q, n_heads*head_dim], rows `out_stride` floats apart
+  int64_t out_stride = 0;
+  const KvSelection* selection = nullptr;  // null: every row
+  // Optional [kv.n]: receives the attention probabilities of the last query row,
+  // averaged over heads (what LazyLLM-style pruning scores tokens by); 0 for rows
+  // outside the selection.
+  float* last_query_probs = nullptr;
+  // Optional [kv.n]: the last query row's scaled pre-softmax scores q·k summed over
+  // heads (each query head against its GQA key head), -inf for masked or unselected keys.
+  float* last_query_logits = nullptr;
+};
+
+}  // namespace ps

@@ -1,0 +1,164 @@
+#include "memory/kv_cache.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "kernels/plugin.h"
+
+namespace ps {
+namespace {
+
+absl::StatusOr<std::unique_ptr<BlockPool>> MakePool(Backend& backend, Tier tier, int64_t blocks, size_t block_bytes) {
+  if (blocks < 0 || blocks > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(blocks, " blocks in the ", std::string(TierName(tier)), " tier"));
+  }
+  PS_ASSIGN_OR_RETURN(MemoryRegion memory, backend.AllocateTier(tier == Tier::kDevice, blocks * block_bytes));
+  return std::make_unique<BlockPool>(tier, static_cast<int32_t>(blocks), block_bytes, std::move(memory));
+}
+
+absl::StatusOr<std::unique_ptr<SwapEngine>> MakeSwapEngine(Backend& backend, BlockPool& device, BlockPool& host,
+                                                           const CpuSwapEngine::CopyFn& copy) {
+  if (backend.kind() == DeviceKind::kCuda) {  // the CUDA plug-in's (memory/cuda_swap_engine.h)
+    PS_ASSIGN_OR_RETURN(void* create, CudaPluginSymbol(kCudaCreateSwapEngine));
+    char error[512] = "";
+    std::unique_ptr<SwapEngine> e(
+        reinterpret_cast<SwapEngine* (*)(BlockPool*, BlockPool*, char*, size_t)>(create)(&device, &host, error,
+                                                                                        sizeof(error)));
+    if (e == nullptr) return absl::InternalError(error);
+    return e;
+  }
+  return std::unique_ptr<SwapEngine>(new CpuSwapEngine(device, host, copy));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o, Backend& backend) {
+  const KvGeometry& g = o.geometry;
+  if (g.n_layers <= 0 || g.block_tokens <= 0 || g.kv_dim <= 0) return absl::InvalidArgumentError("bad KV geometry");
+  if (g.dtype != DType::kF32 && g.dtype != DType::kF16 && g.dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("KV element type must be F32, F16 or BF16");
+  }
+  std::unique_ptr<KvCache> kv(new KvCache(g, backend));
+  PS_ASSIGN_OR_RETURN(kv->device_, MakePool(backend, Tier::kDevice, o.device_blocks, g.block_bytes()));
+  PS_ASSIGN_OR_RETURN(kv->host_, MakePool(backend, Tier::kHost, o.host_blocks, g.block_bytes()));
+  kv->manager_ = std::make_unique<KvCacheManager>(
+      *kv->device_, *kv->host_,
+      KvCacheManager::Options{.n_layers = g.n_layers, .block_tokens = g.block_tokens, .metered = o.metered,
+                              .aux_row_bytes = o.aux_row_bytes});
+  PS_ASSIGN_OR_RETURN(kv->swap_, MakeSwapEngine(backend, *kv->device_, *kv->host_, o.copy));
+  return kv;
+}
+
+KvCache::~KvCache() { WaitAllMoves().IgnoreError(); }
+
+absl::Status KvCache::Append(int64_t seq, int layer, std::span<const int32_t> positions, const float* k,
+                             const float* v) {
+  const size_t first = manager_->Table(seq, layer).positions.size();
+  if (!manager_->Append(seq, layer, positions)) {
+    const LayerTable& t = manager_->Table(seq, layer);
+    if (!t.blocks.empty() && t.positions.size() % geometry_.block_tokens != 0 && t.blocks.back().tier != Tier::kDevice) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence ", seq, " layer ", layer, ": its last, partly filled block is in the host tier"));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat("sequence ", seq, ": not enough reserved KV blocks for ",
+                                                     positions.size(), " tokens at layer ", layer, " (",
+                                                     manager_->Reserved(KvCacheManager::ScratchOwner(seq)), " left)"));
+  }
+  const LayerTable& t = manager_->Table(seq, layer);
+  const size_t n = positions.size(), bt = geometry_.block_tokens, rb = geometry_.row_bytes();
+  k_rows_.resize(n);
+  v_rows_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t slot = first + i;
+    uint8_t* block = device_->data(t.blocks[slot / bt].id);
+    k_rows_[i] = block + (slot % bt) * rb;
+    v_rows_[i] = block + (bt + slot % bt) * rb;
+  }
+  backend_.StoreKv(geometry_.dtype, geometry_.kv_dim, static_cast<int64_t>(n), k, v, k_rows_.data(), v_rows_.data());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvRows> KvCache::View(int64_t seq, int layer, const KvSelection* selection) {
+  const LayerTable& t = manager_->Table(seq, layer);
+  const size_t bt = geometry_.block_tokens;
+  k_blocks_.clear();
+  v_blocks_.clear();
+  for (const BlockLoc& b : t.blocks) {
+    const bool here = b.tier == Tier::kDevice;
+    k_blocks_.push_back(here ? device_->data(b.id) : nullptr);
+    v_blocks_.push_back(here ? device_->data(b.id) + bt * geometry_.row_bytes() : nullptr);
+  }
+  auto check = [&](int64_t begin, int64_t end) -> absl::Status {
+    for (int64_t blk = begin / static_cast<int64_t>(bt); blk * static_cast<int64_t>(bt) < end; ++blk) {
+      if (k_blocks_[blk] == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat("attention of sequence ", seq, " at layer ", layer,
+                                                          " reads KV block ", blk, ", which is in the host tier"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (selection == nullptr || selection->all()) {
+    PS_RETURN_IF_ERROR(check(0, static_cast<int64_t>(t.positions.size())));
+  } else {
+    for (const KvSelection::Segment& s : selection->segments) {
+      for (const KvRange& r : s.ranges) PS_RETURN_IF_ERROR(check(r.begin, r.end));
+    }
+  }
+  return KvRows{.k_blocks = k_blocks_.data(),
+                .v_blocks = v_blocks_.data(),
+                .block_rows = static_cast<int64_t>(bt),
+                .positions = t.positions.data(),
+                .n = static_cast<int64_t>(t.positions.size()),
+                .stride = geometry_.kv_dim,
+                .positions_ascending = t.ascending,
+                .dtype = geometry_.dtype};
+}
+
+void KvCache::Free(int64_t seq) {
+  WaitMoves(seq, -1).IgnoreError();  // the blocks may be read or written by a copy until then
+  manager_->Free(seq);
+}
+
+absl::Status KvCache::Finish(SwapTicket ticket, const SwapPlan& plan) {
+  const absl::Status st = swap_->Wait(ticket);
+  manager_->Complete(plan);  // the source blocks: read by the copy until now
+  return st;
+}
+
+absl::Status KvCache::Move(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to) {
+  // Moves of a layer run in order: the earlier ones complete (and give their
+  // source blocks back, to this sequence's reservation) before this one is planned.
+  PS_RETURN_IF_ERROR(WaitMoves(seq, layer));
+  std::optional<SwapPlan> plan = manager_->PlanMove(seq, layer, blocks, to);
+  if (!plan) {
+    return absl::ResourceExhaustedError(absl::StrCat("sequence ", seq, " layer ", layer, ": no room to move ",
+                                                     blocks.size(), " blocks to the ", std::string(TierName(to)),
+                                                     " tier"));
+  }
+  if (plan->copies.empty()) return absl::OkStatus();
+  const SwapTicket ticket = swap_->Submit(plan->copies);
+  moves_.push_back({.seq = seq, .layer = layer, .ticket = ticket, .plan = std::move(*plan)});
+  return absl::OkStatus();
+}
+
+template <typename Pick>
+absl::Status KvCache::WaitWhere(Pick&& pick) {
+  absl::Status first;
+  // In submission order: a later move may read the blocks an earlier one wrote.
+  for (PendingMove& m : moves_) {
+    if (pick(m)) first.Update(Finish(m.ticket, m.plan));
+  }
+  std::erase_if(moves_, pick);
+  return first;
+}
+
+absl::Status KvCache::WaitMoves(int64_t seq, int layer) {
+  return WaitWhere([&](const PendingMove& m) { return m.seq == seq && (layer < 0 || m.layer == layer); });
+}
+
+absl::Status KvCache::WaitAllMoves() {
+  return WaitWhere([](const PendingMove&) { return true; });
+}
+
+}  // namespace ps

@@ -1,0 +1,92 @@
+// The KV cache of one engine: both tiers' block pools (memory from the backend),
+// the accounting and block tables (KvCacheManager, with the Aux Cache), the swap
+// engine of the backend, and the bytes: K/V rows appended into device blocks,
+// views of a layer's rows for attention, whole-sequence swaps and per-block moves
+// that a later attention waits for. A block holds one layer's K rows then its V
+// rows: [block_tokens, kv_dim] each, in F32, F16 or BF16 (rounded on append;
+// attention accumulates in F32). Engine thread only.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "memory/kv_cache_manager.h"
+#include "memory/kv_geometry.h"
+#include "memory/swap_engine.h"
+
+namespace ps {
+
+struct KvCacheOptions {
+  KvGeometry geometry;
+  int64_t device_blocks = 0;
+  int64_t host_blocks = 0;   // 0: no host tier
+  size_t aux_row_bytes = 0;  // bytes of an Aux Cache row (the model's hidden state); 0: none
+  bool metered = false;      // appends draw on reservations (the serving path)
+  CpuSwapEngine::CopyFn copy;  // CPU backend: replaces memcpy (tests inject failures)
+};
+
+class KvCache {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheOptions& options, Backend& backend);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  const KvGeometry& geometry() const { return geometry_; }
+  KvCacheManager& manager() { return *manager_; }
+  const KvCacheManager& manager() const { return *manager_; }
+  const SwapEngine& swap() const { return *swap_; }
+
+  // Appends n rows of K and V ([n, kv_dim] F32 each) with their positions to (seq,
+  // layer). ResourceExhausted when the sequence's reservation (or the device tier)
+  // is short, FailedPrecondition when the layer's last block is in the host tier.
+  absl::Status Append(int64_t seq, int layer, std::span<const int32_t> positions, const float* k, const float* v);
+  // The rows of (seq, layer) for attention; FailedPrecondition when a block the
+  // selection reads (null: all of them) is in the host tier. Valid until the next
+  // View, Append or Free.
+  absl::StatusOr<KvRows> View(int64_t seq, int layer, const KvSelection* selection);
+  // Frees everything the sequence holds, once its moves are done.
+  void Free(int64_t seq);
+
+  // Whole-sequence moves (preemption): submit the plan's copies, then Finish waits
+  // for them and releases the source blocks (also on failure: the destination then
+  // holds no valid data and the caller frees the sequence).
+  SwapTicket Submit(const SwapPlan& plan) { return swap_->Submit(plan.copies); }
+  absl::Status Finish(SwapTicket ticket, const SwapPlan& plan);
+
+  // Per-block moves during a step: blocks (indices into the layer's table) of (seq,
+  // layer) to `to`, queued now; WaitMoves(seq, layer) before the next attention over
+  // that layer. ResourceExhausted when the destination tier (or reservation) is short.
+  absl::Status Move(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to);
+  // Waits for the moves of (seq, layer), or of every layer when layer < 0.
+  absl::Status WaitMoves(int64_t seq, int layer);
+  // Waits for every move in flight (end of a step); the first error.
+  absl::Status WaitAllMoves();
+
+ private:
+  KvCache(const KvGeometry& g, Backend& backend) : geometry_(g), backend_(backend) {}
+  struct PendingMove {
+    int64_t seq = 0;
+    int layer = 0;
+    SwapTicket ticket = 0;
+    SwapPlan plan;
+  };
+  // Waits for the pending moves matching `pick`; the first error.
+  template <typename Pick>
+  absl::Status WaitWhere(Pick&& pick);
+
+  KvGeometry geometry_;
+  Backend& backend_;
+  std::unique_ptr<BlockPool> device_, host_;
+  std::unique_ptr<KvCacheManager> manager_;
+  std::unique_ptr<SwapEngine> swap_;
+  std::vector<PendingMove> moves_;
+  // Scratch reused across calls: the last View's block table and StoreKv's row pointers.
+  std::vector<const void*> k_blocks_, v_blocks_;
+  std::vector<uint8_t*> k_rows_, v_rows_;
+};
+
+}  // namespace ps

@@ -1,0 +1,128 @@
+#include "scheduler/engine_loop.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+
+namespace ps {
+
+EngineLoop::EngineLoop(Scheduler& scheduler, StepExecutor& executor, SchedulerObserver* observer,
+                       std::function<Clock::time_point()> clock)
+    : scheduler_(scheduler), executor_(executor), observer_(observer), clock_(std::move(clock)) {
+  for (Tier t : {Tier::kDevice, Tier::kHost}) load_.kv[static_cast<int>(t)].total = executor.kv().TotalBlocks(t);
+  thread_ = std::thread([this] { Loop(); });
+}
+
+EngineLoop::~EngineLoop() { Stop(); }
+
+absl::Status EngineLoop::Submit(std::shared_ptr<Request> request) {
+  PS_CHECK(request->sink != nullptr) << "request without a sink";
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return absl::UnavailableError("the server is shutting down");
+  if (auto it = active_.find(request->id); it != active_.end() && !it->second.expired()) {
+    return absl::AlreadyExistsError(absl::StrCat("request_id '", request->id, "' is already active"));
+  }
+  PS_RETURN_IF_ERROR(scheduler_.CheckFits(*request));
+  if (load_.waiting + static_cast<int>(incoming_.size()) >= scheduler_.options().max_queue) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the queue is full (", scheduler_.options().max_queue, " waiting requests)"));
+  }
+  request->arrival = clock_();
+  active_[request->id] = request;
+  incoming_.push_back(std::move(request));
+  wake_.notify_one();
+  return absl::OkStatus();
+}
+
+bool EngineLoop::Abort(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = active_.find(id);
+  if (it == active_.end()) return false;
+  auto r = it->second.lock();
+  if (r == nullptr) return false;
+  r->Cancel(CancelReason::kAbort);
+  wake_.notify_one();
+  return true;
+}
+
+void EngineLoop::CancelAll(CancelReason reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, weak] : active_) {
+    if (auto r = weak.lock()) r->Cancel(reason);
+  }
+  wake_.notify_one();
+}
+
+LoadSnapshot EngineLoop::Load() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  LoadSnapshot s = load_;
+  s.waiting += static_cast<int>(incoming_.size());
+  s.in_flight = static_cast<int>(active_.size());
+  return s;
+}
+
+void EngineLoop::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    for (auto& [id, weak] : active_) {
+      if (auto r = weak.lock()) r->Cancel(CancelReason::kShutdown);
+    }
+    wake_.notify_one();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineLoop::Loop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !scheduler_.idle(); });
+      if (stopping_ && incoming_.empty() && scheduler_.idle()) return;
+      // Still waiting until the step publishes its load: Submit counts them against --max-queue.
+      load_.waiting += static_cast<int>(incoming_.size());
+      for (auto& r : incoming_) scheduler_.Add(std::move(r));
+      incoming_.clear();
+    }
+    Step();
+  }
+}
+
+void EngineLoop::Step() {
+  const StepPlan plan = scheduler_.Schedule(clock_());
+  const StepResult result = executor_.Execute(plan);
+  scheduler_.Update(result, clock_());
+  if (observer_ != nullptr) {
+    for (const SwapRecord& s : result.swaps) observer_->OnSwap(s.to, s.bytes, s.seconds);
+  }
+  std::vector<Outgoing> events = scheduler_.TakeEvents();
+  Publish(result.batch_tokens, result, events);
+  // Events go out after the load is published: a client that sees its request
+  // finish also sees its blocks free in Load().
+  for (Outgoing& o : events) o.request->sink->OnEvent(std::move(o.event));
+}
+
+void EngineLoop::Publish(int batch_tokens, const StepResult& result, const std::vector<Outgoing>& events) {
+  LoadSnapshot snapshot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Outgoing& o : events) {
+      if (o.event.kind == RequestEvent::Kind::kFinished) active_.erase(o.request->id);
+    }
+    load_.running = scheduler_.running();
+    load_.waiting = scheduler_.waiting();
+    load_.swapped = scheduler_.swapped();
+    for (Tier t : {Tier::kDevice, Tier::kHost}) load_.kv[static_cast<int>(t)].used = executor_.kv().UsedBlocks(t);
+    for (PreemptionMode m : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
+      load_.preemptions[static_cast<int>(m)] = scheduler_.preemptions(m);
+    }
+    load_.swap_bytes_to_host = result.swap_bytes_to_host;
+    load_.swap_bytes_to_device = result.swap_bytes_to_device;
+    snapshot = load_;
+    snapshot.waiting += static_cast<int>(incoming_.size());
+    snapshot.in_flight = static_cast<int>(active_.size());
+  }
+  if (observer_ != nullptr) observer_->OnStep(snapshot, batch_tokens);
+}
+
+}  // namespace ps

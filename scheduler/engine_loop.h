@@ -1,0 +1,62 @@
+// The engine loop: one thread that moves requests from the inbox to the scheduler,
+// runs Schedule -> Execute -> Update, publishes the load and fans the events out
+// to the requests' sinks. The thread-safe face of serving: Submit, Abort,
+// CancelAll, Load and Stop may be called from any thread (gRPC reactors).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "engine/step.h"
+#include "scheduler/scheduler.h"
+
+namespace ps {
+
+class EngineLoop {
+ public:
+  // `scheduler` plans over `executor`'s KV (both used on the loop's thread only from
+  // now on); `clock` gives the scheduler its time (tests may pass their own).
+  EngineLoop(Scheduler& scheduler, StepExecutor& executor, SchedulerObserver* observer = nullptr,
+             std::function<Clock::time_point()> clock = [] { return Clock::now(); });
+  ~EngineLoop();
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  // Queues a request. ALREADY_EXISTS for an active id, RESOURCE_EXHAUSTED when the
+  // queue is full or the prompt can never fit the device tier, UNAVAILABLE after Stop().
+  absl::Status Submit(std::shared_ptr<Request> request);
+  // Cancels the active request with this id; false if none.
+  bool Abort(const std::string& id);
+  // Cancels every active request with `reason`; they finish at the next step.
+  void CancelAll(CancelReason reason);
+  LoadSnapshot Load() const;
+  // Finishes every request (kShutdown) and joins the thread. Idempotent.
+  void Stop();
+
+ private:
+  void Loop();
+  void Step();
+  void Publish(int batch_tokens, const StepResult& result, const std::vector<Outgoing>& events);
+
+  Scheduler& scheduler_;
+  StepExecutor& executor_;
+  SchedulerObserver* observer_;
+  std::function<Clock::time_point()> clock_;
+
+  mutable std::mutex mu_;  // guards the fields below
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Request>> incoming_;
+  std::map<std::string, std::weak_ptr<Request>> active_;  // id -> request, waiting or running
+  bool stopping_ = false;
+  LoadSnapshot load_;
+  std::thread thread_;
+};
+
+}  // namespace ps
