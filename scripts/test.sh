@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer target and fuzzes the GGUF reader for 20 s, then builds and
 # runs the whole test suite twice: a normal Release build and an AddressSanitizer +
-# UndefinedBehaviorSanitizer build. Installs what it needs.
+# UndefinedBehaviorSanitizer build. Every build treats warnings as errors
+# (PS_WERROR). Installs what it needs.
 # Usage: scripts/test.sh                        (fuzz normal asan)
 #        PS_TEST_BUILDS=tsan scripts/test.sh    (ThreadSanitizer: thread pool, scheduler, swap engine, server tests)
 #        PS_TEST_BUILDS="normal tsan" ...       (any subset of: fuzz normal asan tsan)
@@ -15,14 +16,14 @@ run_suite() {  # name, build dir, ctest label regex ('' = all), extra cmake args
   local name=$1 dir=$2 labels=$3
   shift 3
   echo "=== $name build ($dir) ==="
-  cmake -S . -B "$dir" -G Ninja -DPS_BUILD_TESTS=ON "$@" >/dev/null
+  cmake -S . -B "$dir" -G Ninja -DPS_BUILD_TESTS=ON -DPS_WERROR=ON "$@" >/dev/null
   $RUNNER cmake --build "$dir" -j "$JOBS"
   echo "=== $name tests ==="
   $RUNNER ctest --test-dir "$dir" --output-on-failure -j "$JOBS" --timeout 900 ${labels:+-L "$labels"}
 }
 fuzz_smoke() {  # builds the libFuzzer targets with clang and fuzzes the GGUF reader briefly
   echo "=== fuzz build (build-fuzz) ==="
-  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPS_FUZZ=ON \
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPS_FUZZ=ON -DPS_WERROR=ON \
     -DPS_BUILD_TESTS=OFF -DPS_BUILD_BENCH=OFF -DPS_CUDA=OFF >/dev/null
   cmake --build build-fuzz -j "$JOBS" --target fuzz_gguf
   mkdir -p build-fuzz/corpus

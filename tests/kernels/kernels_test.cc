@@ -115,6 +115,39 @@ TEST(MatMul, PathsAgreeWithReference) {
   }
 }
 
+// Attention computed directly in doubles: query row i sees key j when visible(i, j);
+// last-query probabilities (mean over heads) and scaled scores (sum over heads, a
+// large negative number where not visible) into *probs and *logits.
+template <typename Visible>
+std::vector<double> NaiveAttention(const AttentionShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                                   const std::vector<float>& v, int64_t nq, int64_t nkv, Visible visible,
+                                   std::vector<double>* probs, std::vector<double>* logits) {
+  const int hd = s.head_dim, qd = s.n_heads * hd, kvd = s.n_kv_heads * hd;
+  std::vector<double> out(nq * qd, 0.0);
+  probs->assign(nkv, 0.0);
+  logits->assign(nkv, 0.0);
+  for (int64_t i = 0; i < nq; ++i) {
+    for (int h = 0; h < s.n_heads; ++h) {
+      const int kvh = h / (s.n_heads / s.n_kv_heads);
+      std::vector<double> sc(nkv);
+      double m = -1e300, sum = 0;
+      for (int64_t j = 0; j < nkv; ++j) {
+        double d = 0;
+        for (int e = 0; e < hd; ++e) d += double(q[i * qd + h * hd + e]) * k[j * kvd + kvh * hd + e];
+        sc[j] = visible(i, j) ? d * s.scale : -1e300;
+        if (i == nq - 1) (*logits)[j] += sc[j];
+        m = std::max(m, sc[j]);
+      }
+      for (auto& x : sc) sum += (x = (x == -1e300 ? 0 : std::exp(x - m)));
+      for (int64_t j = 0; j < nkv; ++j) {
+        for (int e = 0; e < hd; ++e) out[i * qd + h * hd + e] += sc[j] / sum * v[j * kvd + kvh * hd + e];
+        if (i == nq - 1) (*probs)[j] += sc[j] / sum / s.n_heads;
+      }
+    }
+  }
+  return out;
+}
+
 // Attention over arbitrary (unsorted) KV positions against a direct computation,
 // with the cache contiguous (one block) and paged (blocks of 16 and of 7 rows), in
 // F32, F16 and BF16 (the reference uses the same rounded keys and values). A head
@@ -159,29 +192,95 @@ TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
               AttentionArgs{.q = q.data(), .q_pos = q_pos.data(), .n_q = nq, .q_stride = kQd, .out = out.data(),
                             .out_stride = kQd, .last_query_probs = probs.data()},
               pool);
-    std::vector<double> want(nq * kQd, 0.0), want_probs(nkv, 0.0);
-    for (int64_t i = 0; i < nq; ++i) {
-      for (int h = 0; h < kHeads; ++h) {
-        const int kvh = h / (kHeads / kKvHeads);
-        std::vector<double> sc(nkv);
-        double m = -1e300, sum = 0;
-        for (int64_t j = 0; j < nkv; ++j) {
-          double d = 0;
-          for (int e = 0; e < kHd; ++e) d += double(q[i * kQd + h * kHd + e]) * k[j * kKvd + kvh * kHd + e];
-          sc[j] = kv_pos[j] <= q_pos[i] ? d * 0.2 : -1e300;
-          m = std::max(m, sc[j]);
-        }
-        for (auto& x : sc) sum += (x = (x == -1e300 ? 0 : std::exp(x - m)));
-        for (int64_t j = 0; j < nkv; ++j) {
-          for (int e = 0; e < kHd; ++e) want[i * kQd + h * kHd + e] += sc[j] / sum * v[j * kKvd + kvh * kHd + e];
-          if (i == nq - 1) want_probs[j] += sc[j] / sum / kHeads;
-        }
-      }
-    }
+    std::vector<double> want_probs, want_logits;
+    const std::vector<double> want = NaiveAttention(
+        s, q, k, v, nq, nkv, [&](int64_t i, int64_t j) { return kv_pos[j] <= q_pos[i]; }, &want_probs, &want_logits);
     const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows);
     EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
     EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
   }
+}
+
+// Attention over a KV selection (segments of query rows, each with its row ranges)
+// against a direct computation that masks everything else out: F32 and F16 caches,
+// paged in blocks of 16 and 7 rows, one query row (the in-place block path) and
+// several (the gathered path), ascending positions (keys past the queries skipped)
+// and a permutation. Blocks no range reads are not there at all (null, as a block
+// in the host tier), and the last query's statistics are 0 / -inf outside the selection.
+TEST(Attention, ReadsExactlyTheSelection) {
+  ThreadPool pool(2);
+  constexpr int kHd = 24, kHeads = 4, kKvHeads = 2, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
+  const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.2f};
+  const int64_t nkv = 50;
+  // Rows 14..20 are read by no segment.
+  const std::vector<KvRange> first = {{0, 10}, {21, 22}, {30, 45}}, second = {{3, 4}, {24, 50}};
+  for (DType dtype : {DType::kF32, DType::kF16})
+  for (bool ascending : {true, false})
+  for (int64_t block_rows : {16, 7})
+  for (int64_t nq : {1, 5, 40}) {
+    auto q = Randn(nq * kQd, 11), k = Randn(nkv * kKvd, 12), v = Randn(nkv * kKvd, 13);
+    std::vector<uint16_t> kh(k.size()), vh(v.size());
+    if (dtype != DType::kF32) {
+      F32ToHalf(dtype, k.data(), kh.data(), static_cast<int64_t>(k.size()));
+      F32ToHalf(dtype, v.data(), vh.data(), static_cast<int64_t>(v.size()));
+      HalfToF32(dtype, kh.data(), k.data(), static_cast<int64_t>(k.size()));
+      HalfToF32(dtype, vh.data(), v.data(), static_cast<int64_t>(v.size()));
+    }
+    std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+    for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(ascending ? j : (j * 7) % nkv);
+    for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
+    KvSelection sel;
+    const int32_t split = nq >= 2 ? static_cast<int32_t>(nq / 2) : static_cast<int32_t>(nq);
+    sel.segments.push_back({.q_begin = 0, .q_end = split, .ranges = first});
+    if (split < nq) sel.segments.push_back({.q_begin = split, .q_end = static_cast<int32_t>(nq), .ranges = second});
+    ASSERT_TRUE(sel.Validate(nq, nkv).ok()) << sel.Validate(nq, nkv);
+    auto selected = [&](int64_t i, int64_t j) {
+      for (const KvRange& r : i < split ? first : second) {
+        if (j >= r.begin && j < r.end) return true;
+      }
+      return false;
+    };
+    std::vector<const void*> kp, vp;
+    for (int64_t b = 0; b * block_rows < nkv; ++b) {
+      bool read = false;
+      for (int64_t j = b * block_rows; j < std::min(nkv, (b + 1) * block_rows); ++j) {
+        for (int64_t i = 0; i < nq; ++i) read = read || selected(i, j);
+      }
+      const bool f32 = dtype == DType::kF32;
+      kp.push_back(!read ? nullptr : f32 ? static_cast<const void*>(k.data() + b * block_rows * kKvd) : kh.data() + b * block_rows * kKvd);
+      vp.push_back(!read ? nullptr : f32 ? static_cast<const void*>(v.data() + b * block_rows * kKvd) : vh.data() + b * block_rows * kKvd);
+    }
+    std::vector<float> out(nq * kQd), probs(nkv), logits(nkv);
+    Attention(s, KvRows{.k_blocks = kp.data(), .v_blocks = vp.data(), .block_rows = block_rows,
+                        .positions = kv_pos.data(), .n = nkv, .stride = kKvd, .positions_ascending = ascending,
+                        .dtype = dtype},
+              AttentionArgs{.q = q.data(), .q_pos = q_pos.data(), .n_q = nq, .q_stride = kQd, .out = out.data(),
+                            .out_stride = kQd, .selection = &sel, .last_query_probs = probs.data(),
+                            .last_query_logits = logits.data()},
+              pool);
+    std::vector<double> want_probs, want_logits;
+    const std::vector<double> want = NaiveAttention(
+        s, q, k, v, nq, nkv, [&](int64_t i, int64_t j) { return selected(i, j) && kv_pos[j] <= q_pos[i]; },
+        &want_probs, &want_logits);
+    const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows,
+                                          ascending ? " ascending" : " permuted");
+    EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
+    EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
+    for (int64_t j = 0; j < nkv; ++j) {
+      if (want_logits[j] < -1e299) {
+        EXPECT_TRUE(std::isinf(logits[j]) && logits[j] < 0) << what << " row " << j;
+      } else {
+        EXPECT_NEAR(logits[j], want_logits[j], 1e-4 * (1 + std::fabs(want_logits[j]))) << what << " row " << j;
+      }
+    }
+  }
+  KvSelection bad;
+  bad.segments.push_back({.q_begin = 0, .q_end = 3, .ranges = {{5, 9}, {8, 12}}});
+  EXPECT_FALSE(bad.Validate(3, 50).ok()) << "overlapping ranges";
+  bad.segments[0].ranges = {{5, 60}};
+  EXPECT_FALSE(bad.Validate(3, 50).ok()) << "past the rows";
+  bad.segments[0].ranges = {{5, 9}};
+  EXPECT_FALSE(bad.Validate(4, 50).ok()) << "a query row left out";
 }
 
 // Half conversions equal the scalar base/fp16.h ones bit for bit (vector loops and

@@ -115,5 +115,126 @@ TEST_F(KvCacheManagerTest, FreeReturnsBothTiersAtOnce) {
   EXPECT_INTACT(m_);
 }
 
+// Metered (the serving path): appends and swap-ins draw on the step's reservation
+// only; reservations cannot exceed what is available (counting the device blocks of
+// planned swap-outs), and lapse at EndStep.
+TEST(KvCacheManagerMetered, AppendsDrawOnReservationsOnly) {
+  BlockPool device(Tier::kDevice, 12, 64), host(Tier::kHost, 8, 64);
+  KvCacheManager m(device, host, {.n_layers = 2, .block_tokens = 16, .metered = true});
+  EXPECT_FALSE(m.Append(1, 0, Positions(0, 4))) << "no reservation, no block";
+  EXPECT_EQ(device.num_free(), 12);
+  ASSERT_TRUE(m.Reserve(1, 2));
+  EXPECT_EQ(m.Available(Tier::kDevice), 10);
+  ASSERT_TRUE(m.Append(1, 0, Positions(0, 20)));  // 2 blocks
+  EXPECT_FALSE(m.Append(1, 1, Positions(0, 4))) << "the reservation is spent";
+  EXPECT_EQ(m.Reserved(1), 0);
+  EXPECT_FALSE(m.Reserve(2, 11)) << "10 free blocks, not 11";
+  ASSERT_TRUE(m.Reserve(2, 10));
+  EXPECT_EQ(m.Available(Tier::kDevice), 0);
+  m.EndStep();
+  EXPECT_EQ(m.Available(Tier::kDevice), 10);
+  EXPECT_EQ(m.Reserved(2), 0);
+  // A planned swap-out makes its device blocks available to this step's reservations.
+  auto out = m.PlanSwapOut(1);
+  ASSERT_TRUE(out);
+  EXPECT_EQ(device.num_free(), 10) << "read by the copy until it completes";
+  EXPECT_EQ(m.Available(Tier::kDevice), 12);
+  ASSERT_TRUE(m.Reserve(2, 12));
+  m.Complete(*out);
+  EXPECT_EQ(device.num_free(), 12);
+  ASSERT_TRUE(m.Append(2, 0, Positions(0, 16 * 6)));
+  ASSERT_TRUE(m.Append(2, 1, Positions(0, 16 * 6)));
+  EXPECT_EQ(device.num_free(), 0);
+  m.EndStep();
+  // Swapping back in needs a reservation too.
+  m.Free(2);
+  EXPECT_FALSE(m.PlanSwapIn(1).has_value());
+  ASSERT_TRUE(m.Reserve(1, 2));
+  auto in = m.PlanSwapIn(1);
+  ASSERT_TRUE(in);
+  m.Complete(*in);
+  EXPECT_EQ(m.BlocksIn(1, Tier::kDevice), 2);
+  EXPECT_INTACT(m);
+}
+
+// A scratch sequence (a prefix pass: ~owner) draws on its owner's reservation, and
+// what it frees goes back to the owner in the same step.
+TEST(KvCacheManagerMetered, ScratchPassesShareTheOwnersReservation) {
+  BlockPool device(Tier::kDevice, 12, 64), host(Tier::kHost, 8, 64);
+  KvCacheManager m(device, host, {.n_layers = 2, .block_tokens = 16, .metered = true});
+  ASSERT_TRUE(m.Reserve(5, 4));
+  ASSERT_TRUE(m.Append(~int64_t{5}, 0, Positions(0, 32)));
+  ASSERT_TRUE(m.Append(~int64_t{5}, 1, Positions(0, 32)));
+  EXPECT_EQ(m.Reserved(5), 0);
+  m.Free(~int64_t{5});
+  EXPECT_EQ(m.Reserved(5), 4);
+  ASSERT_TRUE(m.Append(5, 0, Positions(0, 32)));
+  ASSERT_TRUE(m.Append(5, 1, Positions(0, 32)));
+  EXPECT_INTACT(m);
+}
+
+// Single blocks move between tiers (a strategy's offload): the table points at the
+// new block at once, the old one is released when the copy completes and, for the
+// device tier, credited to the sequence's reservation, so it can come back.
+TEST(KvCacheManagerMetered, PerBlockMovesAndBack) {
+  BlockPool device(Tier::kDevice, 12, 64), host(Tier::kHost, 8, 64);
+  KvCacheManager m(device, host, {.n_layers = 2, .block_tokens = 16, .metered = true});
+  ASSERT_TRUE(m.Reserve(1, 4));
+  ASSERT_TRUE(m.Append(1, 0, Positions(0, 32)));  // device 0, 1
+  ASSERT_TRUE(m.Append(1, 1, Positions(0, 32)));  // device 2, 3
+  EXPECT_EQ(m.Reserved(1), 0);
+  const int32_t first[] = {0};
+  auto out = m.PlanMove(1, 0, first, Tier::kHost);
+  ASSERT_TRUE(out);
+  ASSERT_EQ(out->copies.size(), 1u);
+  EXPECT_EQ(out->copies[0].src, 0);
+  EXPECT_EQ(out->copies[0].dst, 0);
+  EXPECT_EQ(m.Table(1, 0).blocks[0], (BlockLoc{Tier::kHost, 0}));
+  EXPECT_EQ(m.BlocksIn(1, Tier::kHost), 1);
+  EXPECT_FALSE(m.PlanMove(1, 0, first, Tier::kDevice).has_value()) << "no reserved block to come back to yet";
+  m.Complete(*out);
+  EXPECT_EQ(m.Reserved(1), 1) << "the released device block is the sequence's again";
+  auto back = m.PlanMove(1, 0, first, Tier::kDevice);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->copies[0].dst, 4) << "the front of the free list (block 0 went to its back)";
+  m.Complete(*back);
+  EXPECT_EQ(m.Table(1, 0).blocks[0], (BlockLoc{Tier::kDevice, 4}));
+  EXPECT_EQ(host.num_free(), 8);
+  const int32_t out_of_range[] = {5};
+  EXPECT_FALSE(m.PlanMove(1, 0, out_of_range, Tier::kHost).has_value());
+  m.EndStep();
+  EXPECT_INTACT(m);
+}
+
+// The Aux Cache: rows by key in host-tier blocks, straddling blocks, slots reused,
+// every block back on release; a full host tier is a value.
+TEST(AuxCache, RowsInHostBlocks) {
+  BlockPool device(Tier::kDevice, 4, 64), host(Tier::kHost, 3, 64);
+  KvCacheManager m(device, host, {.n_layers = 1, .block_tokens = 16, .aux_row_bytes = 24});
+  AuxCache& aux = m.aux();
+  std::vector<uint8_t> row(24), got(24);
+  for (int k = 0; k < 8; ++k) {  // 8 rows x 24 bytes = 192 bytes: all three 64-byte blocks, rows straddling them
+    for (int i = 0; i < 24; ++i) row[i] = static_cast<uint8_t>(k * 24 + i);
+    ASSERT_TRUE(aux.Put(7, 100 + k, row.data())) << k;
+  }
+  EXPECT_EQ(aux.Blocks(7), 3);
+  EXPECT_EQ(host.num_free(), 0);
+  EXPECT_FALSE(aux.Put(7, 200, row.data())) << "the host tier is full";
+  EXPECT_FALSE(aux.Put(8, 200, row.data()));
+  for (int k : {2, 5}) {  // row 2 straddles blocks 0 and 1, row 5 blocks 1 and 2
+    ASSERT_TRUE(aux.Take(7, 100 + k, got.data()));
+    for (int i = 0; i < 24; ++i) EXPECT_EQ(got[i], static_cast<uint8_t>(k * 24 + i)) << k << " " << i;
+  }
+  EXPECT_FALSE(aux.Contains(7, 102));
+  EXPECT_FALSE(aux.Take(7, 102, got.data()));
+  EXPECT_TRUE(aux.Put(7, 300, row.data())) << "a freed slot is reused";
+  EXPECT_EQ(aux.Rows(7), 7);
+  EXPECT_INTACT(m);
+  m.Free(7);  // the sequence's tables and Aux Cache together
+  EXPECT_EQ(host.num_free(), 3);
+  EXPECT_EQ(aux.Rows(7), 0);
+  EXPECT_INTACT(m);
+}
+
 }  // namespace
 }  // namespace ps

@@ -15,28 +15,45 @@ namespace {
 
 const std::string kStories = std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf";
 
-// A KV cache of `device_blocks` blocks of `block_tokens` tokens for the model, no host tier.
-std::unique_ptr<KvCache> Cache(const ModelConfig& c, Backend& backend, int64_t device_blocks, int block_tokens = 16,
-                               DType dtype = DType::kF32) {
-  auto kv = KvCache::Create(
-      KvCacheOptions{.geometry = {.n_layers = c.n_layers, .block_tokens = block_tokens, .kv_dim = c.kv_dim(), .dtype = dtype},
-                     .device_blocks = device_blocks},
-      backend);
-  EXPECT_TRUE(kv.ok()) << kv.status();
-  return std::move(*kv);
-}
+// stories260K with the forward pass on the CPU backend.
+class KvCacheTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = Model::Load(kStories)->release(); }
+  static void TearDownTestSuite() { delete model_; }
 
-TEST(KvCache, SameLogitsAsContiguous) {
-  auto model = Model::Load(kStories);
-  ASSERT_TRUE(model.ok());
-  const ModelConfig& c = (*model)->config();
-  ThreadPool pool(2);
-  CpuBackend backend(pool);
-  Transformer tf(**model, backend);
-  std::unique_ptr<KvCache> cache = Cache(c, backend, 64);
+  // A KV cache of `device_blocks` blocks of `block_tokens` tokens for the model, no host tier.
+  std::unique_ptr<KvCache> Cache(int64_t device_blocks, int block_tokens = 16, DType dtype = DType::kF32) {
+    const ModelConfig& c = model_->config();
+    auto kv = KvCache::Create(
+        KvCacheOptions{
+            .geometry = {.n_layers = c.n_layers, .block_tokens = block_tokens, .kv_dim = c.kv_dim(), .dtype = dtype},
+            .device_blocks = device_blocks},
+        backend_);
+    EXPECT_TRUE(kv.ok()) << kv.status();
+    return std::move(*kv);
+  }
+  // n prompt tokens (BOS first) and their positions.
+  static void Prompt(int n, std::vector<int32_t>* tokens, std::vector<int32_t>* positions) {
+    tokens->assign(1, 1);
+    positions->assign(1, 0);
+    for (int i = 1; i < n; ++i) {
+      tokens->push_back(260 + (i * 37) % 250);
+      positions->push_back(i);
+    }
+  }
+
+  static inline Model* model_ = nullptr;
+  ThreadPool pool_{2};
+  CpuBackend backend_{pool_};
+  Transformer tf_{*model_, backend_};
+};
+
+TEST_F(KvCacheTest, SameLogitsAsContiguous) {
+  const ModelConfig& c = model_->config();
+  std::unique_ptr<KvCache> cache = Cache(64);
   KvCache& paged = *cache;
   KvCacheManager& manager = paged.manager();
-  std::unique_ptr<KvCache> flat = Cache(c, backend, c.n_layers, c.n_ctx);  // one block per layer: contiguous
+  std::unique_ptr<KvCache> flat = Cache(c.n_layers, c.n_ctx);  // one block per layer: contiguous
   std::vector<int32_t> prompt = {1};
   for (int i = 0; i < 40; ++i) prompt.push_back(300 + (i * 17) % 150);  // 41 tokens: 3 blocks per layer
   std::vector<int32_t> pos(prompt.size());
@@ -44,8 +61,8 @@ TEST(KvCache, SameLogitsAsContiguous) {
 
   ForwardOutput a, b;
   SeqInput whole{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
-  ASSERT_TRUE(tf.Forward({&whole, 1}, *flat, &a).ok() && a.status[0].ok());
-  ASSERT_TRUE(tf.Forward({&whole, 1}, paged, &b).ok() && b.status[0].ok());
+  ASSERT_TRUE(tf_.Forward({&whole, 1}, *flat, &a).ok() && a.status[0].ok());
+  ASSERT_TRUE(tf_.Forward({&whole, 1}, paged, &b).ok() && b.status[0].ok());
   ASSERT_EQ(a.logits.size(), b.logits.size());
   for (size_t i = 0; i < a.logits.size(); ++i) ASSERT_NEAR(a.logits[i], b.logits[i], 1e-4f) << i;
   EXPECT_EQ(manager.UsedBlocks(Tier::kDevice), 3 * c.n_layers);
@@ -55,7 +72,7 @@ TEST(KvCache, SameLogitsAsContiguous) {
     SeqInput s2{.seq_id = 2, .tokens = {&prompt[i], 1}, .positions = {&pos[i], 1}};
     SeqInput s3{.seq_id = 3, .tokens = {&prompt[i], 1}, .positions = {&pos[i], 1}};
     SeqInput both[2] = {s2, s3};
-    ASSERT_TRUE(tf.Forward(both, paged, &b).ok() && b.status[0].ok() && b.status[1].ok());
+    ASSERT_TRUE(tf_.Forward(both, paged, &b).ok() && b.status[0].ok() && b.status[1].ok());
     for (int v = 0; v < c.n_vocab; ++v) {
       ASSERT_NEAR(b.Row(0, 0, c.n_vocab)[v], a.Row(0, static_cast<int64_t>(i), c.n_vocab)[v], 1e-4f) << i;
       ASSERT_NEAR(b.Row(1, 0, c.n_vocab)[v], a.Row(0, static_cast<int64_t>(i), c.n_vocab)[v], 1e-4f) << i;
@@ -72,7 +89,7 @@ TEST(KvCache, SameLogitsAsContiguous) {
   const int32_t next = 41;
   SeqInput small{.seq_id = 1, .tokens = {&prompt[1], 1}, .positions = {&next, 1}};
   SeqInput pair[2] = {big, small};
-  ASSERT_TRUE(tf.Forward(pair, paged, &b).ok());
+  ASSERT_TRUE(tf_.Forward(pair, paged, &b).ok());
   EXPECT_EQ(b.status[0].code(), absl::StatusCode::kResourceExhausted) << b.status[0];
   EXPECT_TRUE(b.status[1].ok()) << b.status[1];
   EXPECT_EQ(b.row_count[1], 1);
@@ -85,24 +102,16 @@ TEST(KvCache, SameLogitsAsContiguous) {
 
 // Chunked prefill: a 300-token prompt fed in chunks of 64 (each chunk attending to
 // the KV of the chunks before it) gives the logits of one whole-prompt pass.
-TEST(KvCache, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
-  auto model = Model::Load(kStories);
-  ASSERT_TRUE(model.ok());
-  const ModelConfig& c = (*model)->config();
-  ThreadPool pool(2);
-  CpuBackend backend(pool);
-  Transformer tf(**model, backend);
-  std::unique_ptr<KvCache> cache = Cache(c, backend, 2 * 19 * c.n_layers);
+TEST_F(KvCacheTest, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
+  const ModelConfig& c = model_->config();
+  std::unique_ptr<KvCache> cache = Cache(2 * 19 * c.n_layers);
   KvCache& kv = *cache;
   KvCacheManager& manager = kv.manager();
-  std::vector<int32_t> prompt = {1}, pos = {0};
-  for (int i = 1; i < 300; ++i) {
-    prompt.push_back(260 + (i * 37) % 250);
-    pos.push_back(i);
-  }
+  std::vector<int32_t> prompt, pos;
+  Prompt(300, &prompt, &pos);
   ForwardOutput whole, part;
   SeqInput one{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
-  ASSERT_TRUE(tf.Forward({&one, 1}, kv, &whole).ok() && whole.status[0].ok());
+  ASSERT_TRUE(tf_.Forward({&one, 1}, kv, &whole).ok() && whole.status[0].ok());
   float worst = 0;
   for (size_t begin = 0; begin < prompt.size(); begin += 64) {
     const size_t n = std::min<size_t>(64, prompt.size() - begin);
@@ -110,7 +119,7 @@ TEST(KvCache, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
                    .tokens = std::span<const int32_t>(prompt).subspan(begin, n),
                    .positions = std::span<const int32_t>(pos).subspan(begin, n),
                    .all_logits = true};
-    ASSERT_TRUE(tf.Forward({&chunk, 1}, kv, &part).ok() && part.status[0].ok());
+    ASSERT_TRUE(tf_.Forward({&chunk, 1}, kv, &part).ok() && part.status[0].ok());
     ASSERT_EQ(part.row_count[0], static_cast<int64_t>(n));
     for (size_t r = 0; r < n; ++r) {
       for (int v = 0; v < c.n_vocab; ++v) {
@@ -127,25 +136,17 @@ TEST(KvCache, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
 
 // Half-precision KV: the same prompt and 40 greedy steps with F16 and BF16 blocks
 // stay close to the F32 cache (the rounding of K and V is the only difference).
-TEST(KvCache, HalfPrecisionKvStaysCloseToF32) {
-  auto model = Model::Load(kStories);
-  ASSERT_TRUE(model.ok());
-  const ModelConfig& c = (*model)->config();
-  ThreadPool pool(2);
-  CpuBackend backend(pool);
-  Transformer tf(**model, backend);
-  std::vector<int32_t> prompt = {1}, pos = {0};
-  for (int i = 1; i < 100; ++i) {
-    prompt.push_back(260 + (i * 37) % 250);
-    pos.push_back(i);
-  }
+TEST_F(KvCacheTest, HalfPrecisionKvStaysCloseToF32) {
+  const ModelConfig& c = model_->config();
+  std::vector<int32_t> prompt, pos;
+  Prompt(100, &prompt, &pos);
   // Logits of the prompt (all rows) and the greedy continuation, for one KV type.
   auto run = [&](DType dtype, std::vector<int32_t>* tokens) {
-    std::unique_ptr<KvCache> cache = Cache(c, backend, 10 * c.n_layers, 16, dtype);
+    std::unique_ptr<KvCache> cache = Cache(10 * c.n_layers, 16, dtype);
     KvCache& kv = *cache;
     ForwardOutput out;
     SeqInput in{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
-    EXPECT_TRUE(tf.Forward({&in, 1}, kv, &out).ok() && out.status[0].ok());
+    EXPECT_TRUE(tf_.Forward({&in, 1}, kv, &out).ok() && out.status[0].ok());
     std::vector<float> logits = out.logits;
     for (int step = 0; step < 40; ++step) {
       const auto row = out.Row(0, out.row_count[0] - 1, c.n_vocab);
@@ -153,7 +154,7 @@ TEST(KvCache, HalfPrecisionKvStaysCloseToF32) {
       tokens->push_back(next);
       const int32_t p = static_cast<int32_t>(prompt.size()) + step;
       SeqInput d{.seq_id = 1, .tokens = {&next, 1}, .positions = {&p, 1}};
-      EXPECT_TRUE(tf.Forward({&d, 1}, kv, &out).ok() && out.status[0].ok());
+      EXPECT_TRUE(tf_.Forward({&d, 1}, kv, &out).ok() && out.status[0].ok());
     }
     return logits;
   };
