@@ -4,13 +4,13 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 
 namespace ps {
 

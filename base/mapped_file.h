@@ -22,8 +22,7 @@ class MappedFile {
   const std::string& path() const { return path_; }
 
  private:
-  MappedFile(std::string path, const uint8_t* data, size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
+  MappedFile(std::string path, const uint8_t* data, size_t size) : path_(std::move(path)), data_(data), size_(size) {}
   std::string path_;
   const uint8_t* data_;
   size_t size_;

@@ -14,15 +14,14 @@
 #define PS_CONCAT_(a, b) PS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define PS_RETURN_IF_ERROR(expr)                 \
-  do {                                           \
-    ::absl::Status ps_status_ = (expr);          \
-    if (!ps_status_.ok()) return ps_status_;     \
+#define PS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status ps_status_ = (expr);      \
+    if (!ps_status_.ok()) return ps_status_; \
   } while (0)
 
 // `lhs = value of expr` where expr is an absl::StatusOr<T>; returns its status on error.
-#define PS_ASSIGN_OR_RETURN(lhs, expr) \
-  PS_ASSIGN_OR_RETURN_IMPL_(PS_CONCAT_(ps_statusor_, __LINE__), lhs, expr)
+#define PS_ASSIGN_OR_RETURN(lhs, expr) PS_ASSIGN_OR_RETURN_IMPL_(PS_CONCAT_(ps_statusor_, __LINE__), lhs, expr)
 #define PS_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                              \
   if (!tmp.ok()) return tmp.status();             \
@@ -51,7 +50,5 @@ struct Voidify {
 }  // namespace ps::internal
 
 // Invariant check, active in every build type: PS_CHECK(n > 0) << "n=" << n;
-#define PS_CHECK(cond)                 \
-  (cond) ? (void)0                     \
-         : ::ps::internal::Voidify() & \
-               ::ps::internal::CheckFailure(__FILE__, __LINE__, #cond).stream()
+#define PS_CHECK(cond) \
+  (cond) ? (void)0 : ::ps::internal::Voidify() & ::ps::internal::CheckFailure(__FILE__, __LINE__, #cond).stream()

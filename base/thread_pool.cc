@@ -77,8 +77,7 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, int64_t grain,
-                             const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t units = (n + grain - 1) / grain;

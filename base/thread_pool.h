@@ -42,10 +42,10 @@ class ThreadPool {
 
   int num_threads_;
   std::vector<std::thread> workers_;
-  Job job_;                           // written only while no chunk is claimable
-  uint32_t generation_ = 0;           // the caller's count of regions
-  std::atomic<uint64_t> state_{0};    // generation << 32 | next chunk << 16 | chunks
-  std::atomic<uint32_t> done_{0};     // chunks of the current region finished
+  Job job_;                         // written only while no chunk is claimable
+  uint32_t generation_ = 0;         // the caller's count of regions
+  std::atomic<uint64_t> state_{0};  // generation << 32 | next chunk << 16 | chunks
+  std::atomic<uint32_t> done_{0};   // chunks of the current region finished
   std::atomic<bool> stop_{false};
 };
 

@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
               static_cast<long long>(threads), int8 ? "int8" : "F32");
   for (int64_t prefill : prefill_list) {
     const int n = static_cast<int>(prefill);
-    if (static_cast<int>(all_ids.size()) < n || n > c.n_ctx) return Fail("text too short or prompt longer than the context");
+    if (static_cast<int>(all_ids.size()) < n || n > c.n_ctx)
+      return Fail("text too short or prompt longer than the context");
     std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + n), pos(n);
     for (int i = 0; i < n; ++i) pos[i] = i;
     double best = 1e30;
@@ -112,8 +113,8 @@ int main(int argc, char** argv) {
 
   if (llamacpp) {
     std::ostringstream cmd;
-    cmd << "python3 bench/llamacpp_bench.py --model " << model_path << " --threads " << threads << " --decode " << decode
-        << " --repeats " << repeats << " --prefill " << absl::StrJoin(prefill_list, " ");
+    cmd << "python3 bench/llamacpp_bench.py --model " << model_path << " --threads " << threads << " --decode "
+        << decode << " --repeats " << repeats << " --prefill " << absl::StrJoin(prefill_list, " ");
     FILE* p = popen(cmd.str().c_str(), "r");
     char line[512];
     while (p != nullptr && fgets(line, sizeof(line), p) != nullptr) {

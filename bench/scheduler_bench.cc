@@ -172,10 +172,11 @@ int main(int argc, char** argv) {
       in_s = std::min(in_s, Seconds(t2, t3));
     }
     const double mib = blocks * static_cast<double>(block_bytes) / (1 << 20);
-    std::printf("seq %5d tokens: KV %.1f MiB in %lld blocks; swap out %.2f ms (%.1f GB/s), in %.2f ms (%.1f GB/s); "
-                "swap cycle %.2f ms vs recompute %.1f ms (%.0fx)\n",
-                len, mib, static_cast<long long>(blocks), out_s * 1e3, mib / 1024 * 1.073741824 / out_s, in_s * 1e3,
-                mib / 1024 * 1.073741824 / in_s, (out_s + in_s) * 1e3, recompute * 1e3, recompute / (out_s + in_s));
+    std::printf(
+        "seq %5d tokens: KV %.1f MiB in %lld blocks; swap out %.2f ms (%.1f GB/s), in %.2f ms (%.1f GB/s); "
+        "swap cycle %.2f ms vs recompute %.1f ms (%.0fx)\n",
+        len, mib, static_cast<long long>(blocks), out_s * 1e3, mib / 1024 * 1.073741824 / out_s, in_s * 1e3,
+        mib / 1024 * 1.073741824 / in_s, (out_s + in_s) * 1e3, recompute * 1e3, recompute / (out_s + in_s));
   }
   return 0;
 }

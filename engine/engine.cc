@@ -58,7 +58,9 @@ struct Engine::Seq {
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, Backend& backend, const EngineOptions& o) {
   const ModelConfig& c = model.config();
-  KvCacheOptions kv{.geometry = {.n_layers = c.n_layers, .block_tokens = o.kv_block_tokens, .kv_dim = c.kv_dim(),
+  KvCacheOptions kv{.geometry = {.n_layers = c.n_layers,
+                                 .block_tokens = o.kv_block_tokens,
+                                 .kv_dim = c.kv_dim(),
                                  .dtype = o.kv_dtype},
                     .host_blocks = o.kv_host_blocks,
                     .aux_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float),
@@ -85,7 +87,7 @@ void Engine::DropKv(int64_t seq_id, Seq& s) {
   s.computed = 0;
   s.next_position = 0;
   s.strategy = s.spec.pruning.Make(model_.config());  // its state described the dropped KV
-  if (!s.prefilled) {  // the first pass starts over
+  if (!s.prefilled) {                                 // the first pass starts over
     s.rows_computed = 0;
     std::fill(s.layer_rows.begin(), s.layer_rows.end(), 0);
     s.kept_prompt.clear();
@@ -109,8 +111,8 @@ void Engine::End(int64_t seq_id, SeqStatus status, std::string error, SeqOutcome
       u.kept_per_layer.emplace_back(l, static_cast<int>(s.layer_rows[l]));
     }
   }
-  u.kv_blocks =
-      std::max(s.peak_blocks, kv_->manager().BlocksIn(seq_id, Tier::kDevice) + kv_->manager().BlocksIn(seq_id, Tier::kHost));
+  u.kv_blocks = std::max(s.peak_blocks,
+                         kv_->manager().BlocksIn(seq_id, Tier::kDevice) + kv_->manager().BlocksIn(seq_id, Tier::kHost));
   if (s.spec.report_pruning) out->kept_spans = Spans(s.kept_prompt, s.spec.prompt, model_.tokenizer());
   if (!out->token || !out->token->finished) out->held_text = s.decoder.Flush();  // not lost on a cancel or error
   kv_->Free(seq_id);
@@ -232,8 +234,8 @@ void Engine::Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& l
     }
     s.computed += n;
     s.next_position = out_.next_position[b];
-    s.peak_blocks = std::max(s.peak_blocks, kv_->manager().BlocksIn(id, Tier::kDevice) +
-                                                kv_->manager().BlocksIn(id, Tier::kHost));
+    s.peak_blocks =
+        std::max(s.peak_blocks, kv_->manager().BlocksIn(id, Tier::kDevice) + kv_->manager().BlocksIn(id, Tier::kHost));
     o.computed = s.computed;
     o.added_rows = s.strategy != nullptr ? s.strategy->MaxAddedRows() : 0;
     if (batch[b].no_logits) continue;

@@ -23,7 +23,7 @@ struct EngineOptions {
   DType kv_dtype = DType::kF32;  // KV element type: F32, F16 or BF16
   // KV blocks of the device tier; 0 = enough for 64 full-context sequences, up to 1 GiB.
   int64_t kv_device_blocks = 0;
-  int64_t kv_host_blocks = 0;  // host tier (swap space, Aux Cache); 0 = none
+  int64_t kv_host_blocks = 0;       // host tier (swap space, Aux Cache); 0 = none
   CpuSwapEngine::CopyFn swap_copy;  // tests: inject copy failures (null = memcpy)
 };
 

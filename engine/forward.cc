@@ -40,8 +40,7 @@ class Transformer::Context final : public SeqContext {
  public:
   Context(Transformer& t, KvCache& kv, const SeqInput& in) : t_(t), kv_(kv), in_(in) {}
 
-  absl::Status RunPrefix(std::span<const int32_t> tokens, std::span<const int32_t> positions,
-                         int last_layer) override {
+  absl::Status RunPrefix(std::span<const int32_t> tokens, std::span<const int32_t> positions, int last_layer) override {
     if (last_layer < 0 || last_layer >= t_.model_.config().n_layers) {
       return absl::InvalidArgumentError(
           absl::StrCat("prefix pass to layer ", last_layer, " of a ", t_.model_.config().n_layers, "-layer model"));
@@ -176,13 +175,12 @@ void Transformer::EditRows(int layer, std::span<const SeqInput> batch, std::span
   n_rows_ = dst;
 }
 
-absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, Context& ctx, int64_t offset,
-                                 int64_t n, KvCache& kv) {
+absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, Context& ctx, int64_t offset, int64_t n,
+                                 KvCache& kv) {
   const ModelConfig& c = model_.config();
   const int qd = c.q_dim(), kvd = c.kv_dim();
-  PS_RETURN_IF_ERROR(kv.Append(in.seq_id, layer,
-                               std::span<const int32_t>(positions_.data() + offset, n), k_.data() + offset * kvd,
-                               v_.data() + offset * kvd));
+  PS_RETURN_IF_ERROR(kv.Append(in.seq_id, layer, std::span<const int32_t>(positions_.data() + offset, n),
+                               k_.data() + offset * kvd, v_.data() + offset * kvd));
   // A prefix pass ends with the last row's attention at its last layer.
   const int64_t q_first = layer == stop_layer ? offset + n - 1 : offset;
   const int64_t n_q = offset + n - q_first;
@@ -229,8 +227,8 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     const StepRows& s = *step_rows[i];
     if (!status[i].ok()) continue;
     if (s.tokens.empty() || s.tokens.size() != s.positions.size()) {
-      status[i] = absl::InvalidArgumentError(absl::StrCat(
-          "sequence ", batch[i].seq_id, ": tokens and positions must be non-empty and of equal length"));
+      status[i] = absl::InvalidArgumentError(
+          absl::StrCat("sequence ", batch[i].seq_id, ": tokens and positions must be non-empty and of equal length"));
     }
     for (int32_t t : s.tokens) {
       if (status[i].ok() && (t < 0 || t >= c.n_vocab)) {
@@ -297,7 +295,8 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
   out->next_position.assign(batch.size(), 0);
   for (size_t i = 0; i < batch.size(); ++i) {
     int32_t next = 0;  // the newest row is last at every layer; revived rows sit before it
-    for (int32_t p : std::span<const int32_t>(positions_.data() + seg[i].offset, seg[i].n)) next = std::max(next, p + 1);
+    for (int32_t p : std::span<const int32_t>(positions_.data() + seg[i].offset, seg[i].n))
+      next = std::max(next, p + 1);
     out->next_position[i] = next;
   }
   out->row_offset.assign(batch.size(), 0);

@@ -36,8 +36,7 @@ class Cursor {
     return absl::OkStatus();
   }
   absl::Status Truncated(const char* what) const {
-    return absl::DataLossError(
-        absl::StrCat("GGUF truncated: reading ", what, " at byte ", pos_, " of ", size_));
+    return absl::DataLossError(absl::StrCat("GGUF truncated: reading ", what, " at byte ", pos_, " of ", size_));
   }
 
  private:
@@ -48,12 +47,16 @@ class Cursor {
 
 bool IsIntegerType(GgufValueType t) {
   switch (t) {
-    case GgufValueType::kU8: case GgufValueType::kI8: case GgufValueType::kU16:
-    case GgufValueType::kI16: case GgufValueType::kU32: case GgufValueType::kI32:
-    case GgufValueType::kU64: case GgufValueType::kI64: case GgufValueType::kBool:
-      return true;
-    default:
-      return false;
+    case GgufValueType::kU8:
+    case GgufValueType::kI8:
+    case GgufValueType::kU16:
+    case GgufValueType::kI16:
+    case GgufValueType::kU32:
+    case GgufValueType::kI32:
+    case GgufValueType::kU64:
+    case GgufValueType::kI64:
+    case GgufValueType::kBool: return true;
+    default: return false;
   }
 }
 
@@ -90,8 +93,7 @@ absl::Status ReadScalar(Cursor& c, GgufValueType t, int64_t* i, double* f, const
       *f = v;
       return absl::OkStatus();
     }
-    case GgufValueType::kF64:
-      return c.Read(f, what);
+    case GgufValueType::kF64: return c.Read(f, what);
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("GGUF: unknown metadata value type ", static_cast<uint32_t>(t), " in ", what));
@@ -149,8 +151,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   return file;
 }
 
-absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(const uint8_t* data, size_t size,
-                                                          std::string source_name) {
+absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(const uint8_t* data, size_t size, std::string source_name) {
   auto file = std::unique_ptr<GgufFile>(new GgufFile());
   file->source_ = std::move(source_name);
   const std::string& src = file->source_;
@@ -163,9 +164,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(const uint8_t* data, s
   PS_RETURN_IF_ERROR(c.Read(&file->version_, "version"));
   if (file->version_ != 2 && file->version_ != 3) {
     const bool swapped = (file->version_ & 0xffff) == 0 && file->version_ != 0;
-    return absl::UnimplementedError(absl::StrCat(
-        src, ": unsupported GGUF version ", file->version_,
-        swapped ? " (big-endian file?)" : "", "; supported: 2, 3"));
+    return absl::UnimplementedError(absl::StrCat(src, ": unsupported GGUF version ", file->version_,
+                                                 swapped ? " (big-endian file?)" : "", "; supported: 2, 3"));
   }
   uint64_t n_tensors = 0, n_kv = 0;
   PS_RETURN_IF_ERROR(c.Read(&n_tensors, "tensor count"));
@@ -216,16 +216,15 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(const uint8_t* data, s
     PS_RETURN_IF_ERROR(c.Read(&type, "tensor type"));
     const DTypeTraits* traits = FindDType(type);
     if (traits == nullptr) {
-      return absl::UnimplementedError(absl::StrCat(
-          src, ": tensor ", tensor.name, " has unsupported type ", type,
-          " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)"));
+      return absl::UnimplementedError(absl::StrCat(src, ": tensor ", tensor.name, " has unsupported type ", type,
+                                                   " (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)"));
     }
     tensor.type = static_cast<DType>(type);
     PS_RETURN_IF_ERROR(c.Read(&offsets[t], "tensor offset"));
     if (tensor.dims[0] % traits->block_elems != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(src, ": tensor ", tensor.name, " row length ",
-                                                     tensor.dims[0], " is not a multiple of the ",
-                                                     std::string(traits->name), " block size"));
+      return absl::InvalidArgumentError(absl::StrCat(src, ": tensor ", tensor.name, " row length ", tensor.dims[0],
+                                                     " is not a multiple of the ", std::string(traits->name),
+                                                     " block size"));
     }
     __int128 elems = 1;
     for (int64_t d : tensor.dims) elems *= d;
@@ -242,13 +241,12 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Parse(const uint8_t* data, s
     GgufTensor& tensor = file->tensors_[t];
     const uint64_t off = offsets[t];
     if (off % alignment != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(src, ": tensor ", tensor.name, " offset ", off,
-                                                     " is not aligned to ", alignment));
+      return absl::InvalidArgumentError(
+          absl::StrCat(src, ": tensor ", tensor.name, " offset ", off, " is not aligned to ", alignment));
     }
     if (data_start > size || off > size - data_start || tensor.nbytes > size - data_start - off) {
-      return absl::DataLossError(absl::StrCat(src, ": tensor ", tensor.name, " (", tensor.nbytes,
-                                              " bytes at offset ", off,
-                                              ") lies beyond the end of the file (", size, " bytes)"));
+      return absl::DataLossError(absl::StrCat(src, ": tensor ", tensor.name, " (", tensor.nbytes, " bytes at offset ",
+                                              off, ") lies beyond the end of the file (", size, " bytes)"));
     }
     tensor.data = data + data_start + off;
   }

@@ -17,8 +17,19 @@
 namespace ps {
 
 enum class GgufValueType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 
 // One metadata value. Scalars use the member matching their type class; arrays of
@@ -26,9 +37,9 @@ enum class GgufValueType : uint32_t {
 struct GgufValue {
   GgufValueType type = GgufValueType::kU8;
   GgufValueType elem_type = GgufValueType::kU8;  // arrays only
-  int64_t i = 0;        // every integer type and bool
-  double f = 0;         // F32 / F64
-  std::string s;        // string
+  int64_t i = 0;                                 // every integer type and bool
+  double f = 0;                                  // F32 / F64
+  std::string s;                                 // string
   std::vector<int64_t> ints;
   std::vector<double> floats;
   std::vector<std::string> strings;
@@ -52,8 +63,7 @@ class GgufFile {
   // Maps and parses `path`. Errors name the problem (bad magic, truncation, ...).
   static absl::StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
   // Parses an in-memory image (used by the fuzzer and tests); `data` must outlive the result.
-  static absl::StatusOr<std::unique_ptr<GgufFile>> Parse(const uint8_t* data, size_t size,
-                                                         std::string source_name);
+  static absl::StatusOr<std::unique_ptr<GgufFile>> Parse(const uint8_t* data, size_t size, std::string source_name);
 
   uint32_t version() const { return version_; }
   const std::map<std::string, GgufValue>& metadata() const { return metadata_; }

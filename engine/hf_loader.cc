@@ -15,12 +15,12 @@ namespace {
 // "model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight"
 std::string GgufName(const std::string& hf) {
   static const std::pair<const char*, const char*> kLayer[] = {
-      {"input_layernorm.weight", "attn_norm.weight"},   {"post_attention_layernorm.weight", "ffn_norm.weight"},
-      {"self_attn.q_proj.weight", "attn_q.weight"},     {"self_attn.k_proj.weight", "attn_k.weight"},
-      {"self_attn.v_proj.weight", "attn_v.weight"},     {"self_attn.o_proj.weight", "attn_output.weight"},
-      {"self_attn.q_proj.bias", "attn_q.bias"},         {"self_attn.k_proj.bias", "attn_k.bias"},
-      {"self_attn.v_proj.bias", "attn_v.bias"},         {"mlp.gate_proj.weight", "ffn_gate.weight"},
-      {"mlp.up_proj.weight", "ffn_up.weight"},          {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"input_layernorm.weight", "attn_norm.weight"}, {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},   {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},       {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},       {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},        {"mlp.down_proj.weight", "ffn_down.weight"},
   };
   if (hf == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf == "model.norm.weight") return "output_norm.weight";
@@ -51,7 +51,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;
-      if (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0) files.push_back(dir + "/" + name);
+      if (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0)
+        files.push_back(dir + "/" + name);
     }
     ::closedir(d);
   }

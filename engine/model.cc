@@ -12,8 +12,7 @@
 namespace ps {
 namespace {
 
-absl::Status ShapeError(const std::string& name, const std::vector<int64_t>& got,
-                        const std::vector<int64_t>& want) {
+absl::Status ShapeError(const std::string& name, const std::vector<int64_t>& got, const std::vector<int64_t>& want) {
   return absl::InvalidArgumentError(absl::StrCat("tensor ", name, " has shape [", absl::StrJoin(got, ", "),
                                                  "], expected [", absl::StrJoin(want, ", "), "]"));
 }
@@ -66,12 +65,13 @@ absl::StatusOr<std::vector<float>> Vector(const TensorMap& t, const std::string&
 
 absl::Status ValidateConfig(const ModelConfig& c) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("model config: " + what); };
-  if (c.n_vocab <= 0 || c.n_embd <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 ||
-      c.head_dim <= 0 || c.n_ff <= 0) {
+  if (c.n_vocab <= 0 || c.n_embd <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.head_dim <= 0 ||
+      c.n_ff <= 0) {
     return bad("sizes must be positive");
   }
   if (c.n_heads % c.n_kv_heads != 0) return bad("head_count must be a multiple of head_count_kv");
-  if (c.n_layers > 1024 || c.n_embd > (1 << 20) || c.n_ff > (1 << 22) || c.head_dim > 1024) {  // forward.cc's kMaxRopeDims
+  if (c.n_layers > 1024 || c.n_embd > (1 << 20) || c.n_ff > (1 << 22) ||
+      c.head_dim > 1024) {  // forward.cc's kMaxRopeDims
     return bad("implausibly large sizes");
   }
   if (c.rope.n_dims <= 0 || c.rope.n_dims > c.head_dim || c.rope.n_dims % 2 != 0) {
@@ -126,8 +126,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(ModelConfig config, const Te
     PS_ASSIGN_OR_RETURN(w.bv, Vector(t, p + "attn_v.bias", c.kv_dim(), !bias_required));
   }
   if (tokenizer != nullptr && tokenizer->vocab_size() > c.n_vocab) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer has ", tokenizer->vocab_size(),
-                                                   " tokens but the embedding only ", c.n_vocab));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer has ", tokenizer->vocab_size(), " tokens but the embedding only ", c.n_vocab));
   }
   m->config_ = std::move(config);
   m->tokenizer_ = std::move(tokenizer);

@@ -68,9 +68,9 @@ class Model {
   // May be null for models built without a vocabulary.
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
 
-  MatrixView tok_embd;              // [n_vocab, n_embd]
-  MatrixView output;                // [n_vocab, n_embd] (== tok_embd when tied)
-  std::vector<float> output_norm;   // [n_embd]
+  MatrixView tok_embd;             // [n_vocab, n_embd]
+  MatrixView output;               // [n_vocab, n_embd] (== tok_embd when tied)
+  std::vector<float> output_norm;  // [n_embd]
   std::vector<LayerWeights> layers;
 
  private:

@@ -51,7 +51,8 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& f) {
   auto req_int = [&](const std::string& key, int* out) -> absl::Status {
     PS_ASSIGN_OR_RETURN(auto v, f.GetInt(a + key));
     if (!v) return absl::InvalidArgumentError(absl::StrCat(f.source(), ": missing ", a, key));
-    if (*v <= 0 || *v > (int64_t{1} << 30)) return absl::InvalidArgumentError(absl::StrCat(f.source(), ": bad ", a, key));
+    if (*v <= 0 || *v > (int64_t{1} << 30))
+      return absl::InvalidArgumentError(absl::StrCat(f.source(), ": bad ", a, key));
     *out = static_cast<int>(*v);
     return absl::OkStatus();
   };
@@ -77,7 +78,8 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& f) {
   PS_ASSIGN_OR_RETURN(auto scale_linear, f.GetFloat(a + "rope.scale_linear"));
   const std::string stype = scaling_type.value_or("none");
   if (stype == "linear") {
-    if (!scaling_factor || *scaling_factor <= 0) return absl::InvalidArgumentError("linear rope scaling needs a factor");
+    if (!scaling_factor || *scaling_factor <= 0)
+      return absl::InvalidArgumentError("linear rope scaling needs a factor");
     c.rope.freq_scale = static_cast<float>(1.0 / *scaling_factor);
   } else if (stype != "none") {
     return absl::UnimplementedError(absl::StrCat(f.source(), ": rope scaling '", stype, "' is not supported"));
@@ -131,9 +133,9 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text) {
       if (rt == "linear") {
         c.rope.freq_scale = 1.0f / factor;
       } else if (rt == "llama3") {
-        c.rope.freq_factors = Llama3FreqFactors(c.rope.n_dims, c.rope.freq_base, factor,
-                                                rs.value("low_freq_factor", 1.0f), rs.value("high_freq_factor", 4.0f),
-                                                rs.value("original_max_position_embeddings", 8192));
+        c.rope.freq_factors =
+            Llama3FreqFactors(c.rope.n_dims, c.rope.freq_base, factor, rs.value("low_freq_factor", 1.0f),
+                              rs.value("high_freq_factor", 4.0f), rs.value("original_max_position_embeddings", 8192));
       } else if (!rt.empty() && rt != "default") {
         return absl::UnimplementedError(absl::StrCat("rope scaling '", rt, "' is not supported"));
       }

@@ -25,7 +25,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(const ui
     return absl::DataLossError(absl::StrCat(src, ": safetensors header length ", header_len, " exceeds the file"));
   }
   nlohmann::json h = nlohmann::json::parse(data + 8, data + 8 + header_len, nullptr, false);
-  if (h.is_discarded() || !h.is_object()) return absl::InvalidArgumentError(absl::StrCat(src, ": bad safetensors header"));
+  if (h.is_discarded() || !h.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(src, ": bad safetensors header"));
   const uint8_t* base = data + 8 + header_len;
   const size_t data_size = size - 8 - header_len;
   auto file = std::unique_ptr<SafetensorsFile>(new SafetensorsFile());
@@ -36,17 +37,26 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(const ui
       const std::string dt = v.at("dtype").get<std::string>();
       SafetensorsTensor t;
       size_t elem = 0;
-      if (dt == "F32") { t.type = DType::kF32; elem = 4; }
-      else if (dt == "F16") { t.type = DType::kF16; elem = 2; }
-      else if (dt == "BF16") { t.type = DType::kBF16; elem = 2; }
-      else return absl::UnimplementedError(absl::StrCat(src, ": tensor ", it.key(), " has unsupported dtype ", dt));
+      if (dt == "F32") {
+        t.type = DType::kF32;
+        elem = 4;
+      } else if (dt == "F16") {
+        t.type = DType::kF16;
+        elem = 2;
+      } else if (dt == "BF16") {
+        t.type = DType::kBF16;
+        elem = 2;
+      } else
+        return absl::UnimplementedError(absl::StrCat(src, ": tensor ", it.key(), " has unsupported dtype ", dt));
       size_t n = 1;
       for (const auto& d : v.at("shape")) {
         const int64_t x = d.get<int64_t>();
-        if (x <= 0 || x > (int64_t{1} << 40)) return absl::InvalidArgumentError(absl::StrCat(src, ": bad shape for ", it.key()));
+        if (x <= 0 || x > (int64_t{1} << 40))
+          return absl::InvalidArgumentError(absl::StrCat(src, ": bad shape for ", it.key()));
         t.shape.push_back(x);
         n *= static_cast<size_t>(x);
-        if (n > (size_t{1} << 42)) return absl::InvalidArgumentError(absl::StrCat(src, ": tensor ", it.key(), " too large"));
+        if (n > (size_t{1} << 42))
+          return absl::InvalidArgumentError(absl::StrCat(src, ": tensor ", it.key(), " too large"));
       }
       const auto& off = v.at("data_offsets");
       const uint64_t b = off.at(0).get<uint64_t>(), e = off.at(1).get<uint64_t>();

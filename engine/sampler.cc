@@ -18,9 +18,12 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   if (p.top_k < 0) return bad("top_k", "must be >= 0");
   if (!(p.top_p > 0 && p.top_p <= 1)) return bad("top_p", "must be in (0, 1]");
   if (!(p.min_p >= 0 && p.min_p <= 1)) return bad("min_p", "must be in [0, 1]");
-  if (!(p.repetition_penalty > 0) || !std::isfinite(p.repetition_penalty)) return bad("repetition_penalty", "must be > 0");
-  if (!std::isfinite(p.presence_penalty) || std::fabs(p.presence_penalty) > 2) return bad("presence_penalty", "must be in [-2, 2]");
-  if (!std::isfinite(p.frequency_penalty) || std::fabs(p.frequency_penalty) > 2) return bad("frequency_penalty", "must be in [-2, 2]");
+  if (!(p.repetition_penalty > 0) || !std::isfinite(p.repetition_penalty))
+    return bad("repetition_penalty", "must be > 0");
+  if (!std::isfinite(p.presence_penalty) || std::fabs(p.presence_penalty) > 2)
+    return bad("presence_penalty", "must be in [-2, 2]");
+  if (!std::isfinite(p.frequency_penalty) || std::fabs(p.frequency_penalty) > 2)
+    return bad("frequency_penalty", "must be in [-2, 2]");
   if (p.top_logprobs < 0 || p.top_logprobs > 20) return bad("top_logprobs", "must be in [0, 20]");
   return absl::OkStatus();
 }

@@ -13,15 +13,15 @@
 namespace ps {
 
 struct SamplingParams {
-  float temperature = 1.0f;  // 0 = greedy
-  int top_k = 0;             // 0 = off
-  float top_p = 1.0f;        // 1 = off
-  float min_p = 0.0f;        // 0 = off
+  float temperature = 1.0f;         // 0 = greedy
+  int top_k = 0;                    // 0 = off
+  float top_p = 1.0f;               // 1 = off
+  float min_p = 0.0f;               // 0 = off
   float repetition_penalty = 1.0f;  // 1 = off (CTRL-style: divide positive logits, multiply negative)
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   uint64_t seed = 0;
-  int top_logprobs = 0;      // alternatives reported per token
+  int top_logprobs = 0;  // alternatives reported per token
 };
 
 // Checks ranges; the message names the field.
@@ -34,8 +34,8 @@ struct TokenLogprob {
 
 struct SampledToken {
   int32_t token = 0;
-  float logprob = 0;                 // log-probability under the model (raw logits)
-  std::vector<TokenLogprob> top;     // top alternatives, most likely first
+  float logprob = 0;              // log-probability under the model (raw logits)
+  std::vector<TokenLogprob> top;  // top alternatives, most likely first
 };
 
 class Sampler {

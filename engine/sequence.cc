@@ -38,7 +38,8 @@ absl::Status ValidateGeneration(const ModelConfig& c, size_t prompt_tokens, cons
     if (s.empty()) return absl::InvalidArgumentError("stop: stop strings must not be empty");
   }
   for (int32_t id : stop.stop_token_ids) {
-    if (id < 0 || id >= c.n_vocab) return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: ", id, " is out of range"));
+    if (id < 0 || id >= c.n_vocab)
+      return absl::InvalidArgumentError(absl::StrCat("stop_token_ids: ", id, " is out of range"));
   }
   return ValidateSamplingParams(sampling);
 }
@@ -96,8 +97,8 @@ StepOutcome SequenceDecoder::Next(std::span<float> logits) {
   history_.push_back(t);
   ++num_generated_;
   const bool is_eog = !stop_.ignore_eos && tok_ != nullptr && tok_->IsEndOfGeneration(t);
-  const bool is_stop_id = std::find(stop_.stop_token_ids.begin(), stop_.stop_token_ids.end(), t) !=
-                          stop_.stop_token_ids.end();
+  const bool is_stop_id =
+      std::find(stop_.stop_token_ids.begin(), stop_.stop_token_ids.end(), t) != stop_.stop_token_ids.end();
   if (may_stop && (is_eog || is_stop_id)) {
     out.finished = true;
     out.reason = FinishReason::kStop;

@@ -114,7 +114,7 @@ struct SwapRecord {
 struct StepResult {
   std::vector<SeqOutcome> seqs;
   std::vector<SwapRecord> swaps;
-  int batch_tokens = 0;  // rows computed this step (the runs' counts)
+  int batch_tokens = 0;                                       // rows computed this step (the runs' counts)
   uint64_t swap_bytes_to_host = 0, swap_bytes_to_device = 0;  // totals since start
 };
 

@@ -62,8 +62,8 @@ class Backend {
   virtual void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& args) = 0;
   // Writes n rows of K and V ([n, kv_dim] F32) into cache rows of `dtype`: row i to
   // k_dst[i] and v_dst[i].
-  virtual void StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v,
-                       uint8_t* const* k_dst, uint8_t* const* v_dst) = 0;
+  virtual void StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v, uint8_t* const* k_dst,
+                       uint8_t* const* v_dst) = 0;
   // The first error since the last call (devices that run asynchronously report
   // failures here); always OK on the CPU.
   virtual absl::Status Synchronize() = 0;

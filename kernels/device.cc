@@ -36,11 +36,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device, 
       *note = absl::StrCat("cuda (--device ", std::string(device), ")");
       return gpu;
     }
-    if (device == "cuda") return absl::Status(gpu.status().code(), absl::StrCat("--device cuda: ", gpu.status().message()));
+    if (device == "cuda")
+      return absl::Status(gpu.status().code(), absl::StrCat("--device cuda: ", gpu.status().message()));
     *note = absl::StrCat("cpu (--device auto: ", gpu.status().message(), ")");
     return std::unique_ptr<Backend>(new CpuBackend(pool, cpu));
   }
-  return absl::InvalidArgumentError(absl::StrCat("--device must be cpu, cuda or auto, not '", std::string(device), "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device must be cpu, cuda or auto, not '", std::string(device), "'"));
 }
 
 }  // namespace ps

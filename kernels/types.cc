@@ -22,8 +22,8 @@ absl::Status KvSelection::Validate(int64_t n_q, int64_t n_kv) const {
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
     if (s.q_begin != q || s.q_end <= s.q_begin) {
-      return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, " covers query rows [", s.q_begin, ", ",
-                                                     s.q_end, ") after ", q, " rows"));
+      return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, " covers query rows [", s.q_begin,
+                                                     ", ", s.q_end, ") after ", q, " rows"));
     }
     q = s.q_end;
     int64_t end = 0;

@@ -13,11 +13,13 @@ std::string_view TierName(Tier t) { return t == Tier::kDevice ? "device" : "host
 BlockPool::BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes)
     : BlockPool(tier, num_blocks, block_bytes,
                 MemoryRegion{.base = static_cast<uint8_t*>(::operator new[](
-                                static_cast<size_t>(std::max(num_blocks, 0)) * block_bytes + 1, std::align_val_t(64))),
-                            .release = [](uint8_t* p) { ::operator delete[](p, std::align_val_t(64)); }}) {}
+                                 static_cast<size_t>(std::max(num_blocks, 0)) * block_bytes + 1, std::align_val_t(64))),
+                             .release = [](uint8_t* p) { ::operator delete[](p, std::align_val_t(64)); }}) {}
 
 BlockPool::BlockPool(Tier tier, int32_t num_blocks, size_t block_bytes, MemoryRegion memory)
-    : tier_(tier), block_bytes_(block_bytes), blocks_(static_cast<size_t>(std::max(num_blocks, 0))),
+    : tier_(tier),
+      block_bytes_(block_bytes),
+      blocks_(static_cast<size_t>(std::max(num_blocks, 0))),
       memory_(std::move(memory)) {
   PS_CHECK(num_blocks >= 0 && block_bytes > 0) << "bad pool size";
   PS_CHECK(memory_.base != nullptr) << "a block pool without memory";
@@ -44,8 +46,14 @@ void BlockPool::PushBack(int32_t id) {
 
 void BlockPool::Unlink(int32_t id) {
   Block& b = blocks_[id];
-  if (b.prev >= 0) blocks_[b.prev].next = b.next; else head_ = b.next;
-  if (b.next >= 0) blocks_[b.next].prev = b.prev; else tail_ = b.prev;
+  if (b.prev >= 0)
+    blocks_[b.prev].next = b.next;
+  else
+    head_ = b.next;
+  if (b.next >= 0)
+    blocks_[b.next].prev = b.prev;
+  else
+    tail_ = b.prev;
   b.prev = b.next = -1;
   b.in_free_list = false;
   --num_free_;
@@ -98,7 +106,8 @@ absl::Status BlockPool::VerifyIntegrity() const {
     prev = id;
   }
   if (prev != tail_) return absl::InternalError(tier + ": tail does not end the free list");
-  if (count != num_free_) return absl::InternalError(absl::StrCat(tier, ": ", count, " listed, ", num_free_, " counted free"));
+  if (count != num_free_)
+    return absl::InternalError(absl::StrCat(tier, ": ", count, " listed, ", num_free_, " counted free"));
   for (int32_t id = 0; id < num_blocks(); ++id) {
     const Block& b = blocks_[id];
     if (!b.in_free_list && b.ref_count <= 0) {

@@ -14,10 +14,10 @@ absl::Status CudaError(cudaError_t e, const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
 }
 
-#define PS_CUDA_RETURN_IF_ERROR(expr)                                \
-  do {                                                               \
-    const cudaError_t ps_err_ = (expr);                              \
-    if (ps_err_ != cudaSuccess) return CudaError(ps_err_, #expr);    \
+#define PS_CUDA_RETURN_IF_ERROR(expr)                             \
+  do {                                                            \
+    const cudaError_t ps_err_ = (expr);                           \
+    if (ps_err_ != cudaSuccess) return CudaError(ps_err_, #expr); \
   } while (0)
 
 cudaStream_t Stream(void* s) { return static_cast<cudaStream_t>(s); }
@@ -51,7 +51,8 @@ absl::Status CudaSwapEngine::Queue(const std::vector<BlockCopy>& copies, Pending
   auto pool = [&](Tier t) -> BlockPool& { return t == Tier::kDevice ? device_ : host_; };
   for (const BlockCopy& c : copies) {
     if (c.src < 0 || c.src >= pool(c.src_tier).num_blocks() || c.dst < 0 || c.dst >= pool(c.dst_tier).num_blocks()) {
-      return absl::InvalidArgumentError(absl::StrCat("swap of block ", c.src, " to ", c.dst, ": block id out of range"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("swap of block ", c.src, " to ", c.dst, ": block id out of range"));
     }
   }
   // The copies read what the compute stream wrote before this point.
@@ -61,8 +62,9 @@ absl::Status CudaSwapEngine::Queue(const std::vector<BlockCopy>& copies, Pending
   for (size_t i = 0; i < copies.size();) {
     const BlockCopy& c = copies[i];
     size_t run = 1;  // consecutive ids on both sides: one copy
-    while (i + run < copies.size() && copies[i + run].src_tier == c.src_tier && copies[i + run].dst_tier == c.dst_tier &&
-           copies[i + run].src == c.src + static_cast<int32_t>(run) && copies[i + run].dst == c.dst + static_cast<int32_t>(run)) {
+    while (i + run < copies.size() && copies[i + run].src_tier == c.src_tier &&
+           copies[i + run].dst_tier == c.dst_tier && copies[i + run].src == c.src + static_cast<int32_t>(run) &&
+           copies[i + run].dst == c.dst + static_cast<int32_t>(run)) {
       ++run;
     }
     PS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pool(c.dst_tier).data(c.dst), pool(c.src_tier).data(c.src), run * bb,

@@ -22,9 +22,8 @@ absl::StatusOr<std::unique_ptr<SwapEngine>> MakeSwapEngine(Backend& backend, Blo
   if (backend.kind() == DeviceKind::kCuda) {  // the CUDA plug-in's (memory/cuda_swap_engine.h)
     PS_ASSIGN_OR_RETURN(void* create, CudaPluginSymbol(kCudaCreateSwapEngine));
     char error[512] = "";
-    std::unique_ptr<SwapEngine> e(
-        reinterpret_cast<SwapEngine* (*)(BlockPool*, BlockPool*, char*, size_t)>(create)(&device, &host, error,
-                                                                                        sizeof(error)));
+    std::unique_ptr<SwapEngine> e(reinterpret_cast<SwapEngine* (*)(BlockPool*, BlockPool*, char*, size_t)>(create)(
+        &device, &host, error, sizeof(error)));
     if (e == nullptr) return absl::InternalError(error);
     return e;
   }
@@ -42,10 +41,11 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   std::unique_ptr<KvCache> kv(new KvCache(g, backend));
   PS_ASSIGN_OR_RETURN(kv->device_, MakePool(backend, Tier::kDevice, o.device_blocks, g.block_bytes()));
   PS_ASSIGN_OR_RETURN(kv->host_, MakePool(backend, Tier::kHost, o.host_blocks, g.block_bytes()));
-  kv->manager_ = std::make_unique<KvCacheManager>(
-      *kv->device_, *kv->host_,
-      KvCacheManager::Options{.n_layers = g.n_layers, .block_tokens = g.block_tokens, .metered = o.metered,
-                              .aux_row_bytes = o.aux_row_bytes});
+  kv->manager_ = std::make_unique<KvCacheManager>(*kv->device_, *kv->host_,
+                                                  KvCacheManager::Options{.n_layers = g.n_layers,
+                                                                          .block_tokens = g.block_tokens,
+                                                                          .metered = o.metered,
+                                                                          .aux_row_bytes = o.aux_row_bytes});
   PS_ASSIGN_OR_RETURN(kv->swap_, MakeSwapEngine(backend, *kv->device_, *kv->host_, o.copy));
   return kv;
 }
@@ -57,7 +57,8 @@ absl::Status KvCache::Append(int64_t seq, int layer, std::span<const int32_t> po
   const size_t first = manager_->Table(seq, layer).positions.size();
   if (!manager_->Append(seq, layer, positions)) {
     const LayerTable& t = manager_->Table(seq, layer);
-    if (!t.blocks.empty() && t.positions.size() % geometry_.block_tokens != 0 && t.blocks.back().tier != Tier::kDevice) {
+    if (!t.blocks.empty() && t.positions.size() % geometry_.block_tokens != 0 &&
+        t.blocks.back().tier != Tier::kDevice) {
       return absl::FailedPreconditionError(
           absl::StrCat("sequence ", seq, " layer ", layer, ": its last, partly filled block is in the host tier"));
     }

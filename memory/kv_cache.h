@@ -22,9 +22,9 @@ namespace ps {
 struct KvCacheOptions {
   KvGeometry geometry;
   int64_t device_blocks = 0;
-  int64_t host_blocks = 0;   // 0: no host tier
-  size_t aux_row_bytes = 0;  // bytes of an Aux Cache row (the model's hidden state); 0: none
-  bool metered = false;      // appends draw on reservations (the serving path)
+  int64_t host_blocks = 0;     // 0: no host tier
+  size_t aux_row_bytes = 0;    // bytes of an Aux Cache row (the model's hidden state); 0: none
+  bool metered = false;        // appends draw on reservations (the serving path)
   CpuSwapEngine::CopyFn copy;  // CPU backend: replaces memcpy (tests inject failures)
 };
 

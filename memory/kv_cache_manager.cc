@@ -136,7 +136,9 @@ std::optional<SwapPlan> KvCacheManager::PlanMoveAll(int64_t seq, Tier from, Tier
   return plan;
 }
 
-std::optional<SwapPlan> KvCacheManager::PlanSwapOut(int64_t seq) { return PlanMoveAll(seq, Tier::kDevice, Tier::kHost); }
+std::optional<SwapPlan> KvCacheManager::PlanSwapOut(int64_t seq) {
+  return PlanMoveAll(seq, Tier::kDevice, Tier::kHost);
+}
 std::optional<SwapPlan> KvCacheManager::PlanSwapIn(int64_t seq) { return PlanMoveAll(seq, Tier::kHost, Tier::kDevice); }
 
 std::optional<SwapPlan> KvCacheManager::PlanMove(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to) {

@@ -139,9 +139,9 @@ class KvCacheManager {
     std::vector<LayerTable> layers;
     int64_t held[2] = {0, 0};  // table blocks per tier
   };
-  SeqKv& Seq(int64_t seq);  // created on first use
-  std::map<int64_t, SeqKv> seqs_;  // ordered: deterministic iteration
-  std::map<int64_t, int64_t> reserved_;              // seq -> device blocks it may still take this step
+  SeqKv& Seq(int64_t seq);               // created on first use
+  std::map<int64_t, SeqKv> seqs_;        // ordered: deterministic iteration
+  std::map<int64_t, int64_t> reserved_;  // seq -> device blocks it may still take this step
   int64_t reserved_total_ = 0;
   int64_t releasing_ = 0;  // device blocks of planned moves to the host tier, not yet released
   AuxCache aux_;

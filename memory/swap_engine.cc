@@ -38,7 +38,8 @@ SwapTicket CpuSwapEngine::Submit(std::vector<BlockCopy> copies) {
 
 absl::Status CpuSwapEngine::Wait(SwapTicket ticket) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (ticket == 0 || ticket >= next_ticket_) return absl::InvalidArgumentError(absl::StrCat("unknown swap ticket ", ticket));
+  if (ticket == 0 || ticket >= next_ticket_)
+    return absl::InvalidArgumentError(absl::StrCat("unknown swap ticket ", ticket));
   cv_.wait(lock, [&] { return done_.count(ticket) != 0; });
   absl::Status s = std::move(done_[ticket]);
   done_.erase(ticket);

@@ -47,8 +47,7 @@ absl::Status SetOne(Message* m, const FieldDescriptor* f, absl::string_view text
       rep ? r->AddBool(m, f, v) : r->SetBool(m, f, v);
       return absl::OkStatus();
     }
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(f->name(), ": this field cannot be set from text"));
+    default: return absl::InvalidArgumentError(absl::StrCat(f->name(), ": this field cannot be set from text"));
   }
 }
 
@@ -59,7 +58,8 @@ std::string ValueText(const Message& m, const FieldDescriptor* f, int i) {
     case FieldDescriptor::CPPTYPE_UINT32: return absl::StrCat(rep ? r->GetRepeatedUInt32(m, f, i) : r->GetUInt32(m, f));
     case FieldDescriptor::CPPTYPE_INT32: return absl::StrCat(rep ? r->GetRepeatedInt32(m, f, i) : r->GetInt32(m, f));
     case FieldDescriptor::CPPTYPE_FLOAT: return absl::StrCat(rep ? r->GetRepeatedFloat(m, f, i) : r->GetFloat(m, f));
-    case FieldDescriptor::CPPTYPE_BOOL: return (rep ? r->GetRepeatedBool(m, f, i) : r->GetBool(m, f)) ? "true" : "false";
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return (rep ? r->GetRepeatedBool(m, f, i) : r->GetBool(m, f)) ? "true" : "false";
     default: return "?";
   }
 }
@@ -76,8 +76,9 @@ absl::Status SetFieldsFromArgs(const std::vector<std::string>& args, std::string
     if (f == nullptr) {
       std::vector<std::string> names;
       for (int i = 0; i < d.field_count(); ++i) names.emplace_back(d.field(i)->name());
-      return absl::InvalidArgumentError(absl::StrCat(std::string(owner), " has no parameter '", key, "'",
-                                                     names.empty() ? "" : absl::StrCat(" (known: ", absl::StrJoin(names, ", "), ")")));
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(owner), " has no parameter '", key, "'",
+                       names.empty() ? "" : absl::StrCat(" (known: ", absl::StrJoin(names, ", "), ")")));
     }
     const absl::string_view value = absl::string_view(a).substr(eq + 1);
     if (f->is_repeated()) {
@@ -125,8 +126,8 @@ std::vector<std::string> StrategyMessageNames() {
 absl::StatusOr<Message*> SelectStrategy(std::string_view name, pruneserve::v1::PruningConfig* config) {
   const FieldDescriptor* f = config->GetDescriptor()->FindFieldByName(std::string(name));
   if (f == nullptr || f->containing_oneof() != &StrategyOneof()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown strategy '", std::string(name), "' (known: ",
-                                                   absl::StrJoin(StrategyMessageNames(), ", "), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown strategy '", std::string(name),
+                                                   "' (known: ", absl::StrJoin(StrategyMessageNames(), ", "), ")"));
   }
   return config->GetReflection()->MutableMessage(config, f);
 }

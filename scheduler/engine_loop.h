@@ -23,8 +23,9 @@ class EngineLoop {
  public:
   // `scheduler` plans over `executor`'s KV (both used on the loop's thread only from
   // now on); `clock` gives the scheduler its time (tests may pass their own).
-  EngineLoop(Scheduler& scheduler, StepExecutor& executor, SchedulerObserver* observer = nullptr,
-             std::function<Clock::time_point()> clock = [] { return Clock::now(); });
+  EngineLoop(
+      Scheduler& scheduler, StepExecutor& executor, SchedulerObserver* observer = nullptr,
+      std::function<Clock::time_point()> clock = [] { return Clock::now(); });
   ~EngineLoop();
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;

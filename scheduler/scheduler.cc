@@ -128,7 +128,8 @@ void Scheduler::Admit(Clock::time_point now, StepPlan* plan) {
     if (run.preempted) {
       if (first_preempted == nullptr || ByPriority(*run.request, *first_preempted)) first_preempted = run.request.get();
     } else {
-      reserved += kv_.BlocksNeeded(run.seq_id, std::min(run.Remaining(), StepLimit(*run.request, options_.prefill_chunk)));
+      reserved +=
+          kv_.BlocksNeeded(run.seq_id, std::min(run.Remaining(), StepLimit(*run.request, options_.prefill_chunk)));
     }
   }
   size_t taken = 0;
@@ -138,8 +139,8 @@ void Scheduler::Admit(Clock::time_point now, StepPlan* plan) {
     const int64_t need = kv_.BlocksNeeded(next_seq_id_, static_cast<int64_t>(r->spec.prompt.size()));
     if (!running_.empty() && reserved + need > kv_.Available(Tier::kDevice)) break;
     reserved += need;
-    Running run{.request = r, .seq_id = next_seq_id_++, .history = static_cast<int>(r->spec.prompt.size()),
-                .admitted = now};
+    Running run{
+        .request = r, .seq_id = next_seq_id_++, .history = static_cast<int>(r->spec.prompt.size()), .admitted = now};
     plan->start.push_back({.seq_id = run.seq_id, .spec = &r->spec});
     running_.push_back(std::move(run));
     ++taken;
@@ -259,15 +260,13 @@ StepPlan Scheduler::Schedule(Clock::time_point now) {
   // 4. Reservations and rows: swapped-out participants come back first.
   for (const auto& [i, need] : in_step) {
     Running& run = running_[i];
-    PS_CHECK(kv_.Reserve(run.seq_id, need)) << "the plan reserves " << need << " blocks with "
-                                            << kv_.Available(Tier::kDevice) << " available";
+    PS_CHECK(kv_.Reserve(run.seq_id, need))
+        << "the plan reserves " << need << " blocks with " << kv_.Available(Tier::kDevice) << " available";
     if (run.Swapped()) plan.swap_in.push_back(run.seq_id);
     run.preempted = false;
     const int count = std::min(rows[i], run.Remaining());
-    plan.run.push_back({.seq_id = run.seq_id,
-                        .begin = run.computed,
-                        .count = count,
-                        .sample = run.computed + count == run.history});
+    plan.run.push_back(
+        {.seq_id = run.seq_id, .begin = run.computed, .count = count, .sample = run.computed + count == run.history});
   }
   std::erase_if(running_, [](const Running& r) { return r.request == nullptr; });
   return plan;
@@ -304,14 +303,13 @@ void Scheduler::Update(const StepResult& result, Clock::time_point now) {
         ++preemptions_[static_cast<int>(PreemptionMode::kRecompute)];
         if (observer_ != nullptr) observer_->OnPreemption(PreemptionMode::kRecompute);
         if (++run.shortfalls > kMaxShortfalls) {
-          run.failure = absl::StrCat("the request needed more KV blocks than reserved ", run.shortfalls,
-                                     " times: ", o.error);
+          run.failure =
+              absl::StrCat("the request needed more KV blocks than reserved ", run.shortfalls, " times: ", o.error);
         }
         spdlog::warn("request {}: {}; preempted for recomputation ({} blocks of margin)", run.request->id, o.error,
                      run.margin);
         break;
-      case SeqStatus::kFailed:
-        break;
+      case SeqStatus::kFailed: break;
     }
     if (o.token) {
       ++run.history;

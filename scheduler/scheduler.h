@@ -49,9 +49,9 @@ struct KvTierLoad {
 struct LoadSnapshot {
   int running = 0;  // in the running set, swapped ones included
   int waiting = 0;
-  int in_flight = 0;  // submitted and not yet finished (exact at any moment, unlike the step counts)
-  int swapped = 0;    // running requests whose KV sits in the host tier
-  KvTierLoad kv[2];   // indexed by Tier; the host tier includes the Aux Cache
+  int in_flight = 0;                // submitted and not yet finished (exact at any moment, unlike the step counts)
+  int swapped = 0;                  // running requests whose KV sits in the host tier
+  KvTierLoad kv[2];                 // indexed by Tier; the host tier includes the Aux Cache
   int64_t preemptions[2] = {0, 0};  // indexed by PreemptionMode
   uint64_t swap_bytes_to_host = 0, swap_bytes_to_device = 0;
 };

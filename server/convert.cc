@@ -16,13 +16,14 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
     case pb::GenerateRequest::kText:
       if (in.text().empty()) return absl::InvalidArgumentError("text: the input text is empty");
       prompt = tok->Encode(in.text(), in.has_add_special_tokens() ? in.add_special_tokens() : true,
-                              in.parse_special_tokens());
+                           in.parse_special_tokens());
       break;
     case pb::GenerateRequest::kTokenIds:
       if (in.token_ids().ids().empty()) return absl::InvalidArgumentError("token_ids: no token ids");
       for (int32_t id : in.token_ids().ids()) {
         if (id < 0 || id >= c.n_vocab) {
-          return absl::InvalidArgumentError(absl::StrCat("token_ids: id ", id, " is outside the vocabulary [0, ", c.n_vocab, ")"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("token_ids: id ", id, " is outside the vocabulary [0, ", c.n_vocab, ")"));
         }
         prompt.push_back(id);
       }
@@ -67,14 +68,16 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
   const int room = c.n_ctx - static_cast<int>(prompt.size());
   if (p.has_max_new_tokens()) {
     if (p.max_new_tokens() > static_cast<uint32_t>(c.n_ctx)) {
-      return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: ", p.max_new_tokens(), " exceeds the context length ", c.n_ctx));
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_new_tokens: ", p.max_new_tokens(), " exceeds the context length ", c.n_ctx));
     }
     st.max_new_tokens = static_cast<int>(p.max_new_tokens());
   } else {
     st.max_new_tokens = std::min(defaults.max_new_tokens, room);
   }
   if (p.has_min_new_tokens()) {
-    if (p.min_new_tokens() > static_cast<uint32_t>(c.n_ctx)) return absl::InvalidArgumentError("min_new_tokens exceeds the context length");
+    if (p.min_new_tokens() > static_cast<uint32_t>(c.n_ctx))
+      return absl::InvalidArgumentError("min_new_tokens exceeds the context length");
     st.min_new_tokens = static_cast<int>(p.min_new_tokens());
   }
   st.stop_strings.assign(p.stop().begin(), p.stop().end());

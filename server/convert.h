@@ -18,8 +18,8 @@ namespace pb = ::pruneserve::v1;
 
 // Server-side defaults for fields a request leaves unset.
 struct RequestDefaults {
-  SamplingParams sampling;   // temperature 1, top_p 1, ... unless configured
-  int max_new_tokens = 256;  // capped to the room left in the context
+  SamplingParams sampling;                             // temperature 1, top_p 1, ... unless configured
+  int max_new_tokens = 256;                            // capped to the room left in the context
   std::shared_ptr<const StrategyDefaults> strategies;  // every strategy's parameters (defaults + flags)
 };
 

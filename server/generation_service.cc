@@ -129,10 +129,12 @@ class StreamSink final : public RequestSink {
     } else {
       if (ev.usage.completion_tokens > 0) metrics_->OnFirstToken(strategy_, ev.usage.ttft_seconds);
       metrics_->OnFinished(strategy_, ev.reason, ev.usage);
-      spdlog::info("request {} finished: prompt {} tokens, computed {:.1f}, strategy {}, ttft {:.3f} s, {} tokens, {:.3f} s, {}{}",
-                   id_, ev.usage.prompt_tokens, ev.usage.prompt_tokens_computed, strategy_, ev.usage.ttft_seconds,
-                   ev.usage.completion_tokens, ev.usage.total_seconds, FinishReasonName(ev.reason),
-                   ev.cancel == CancelReason::kNone ? "" : absl::StrCat(" (", std::string(CancelReasonName(ev.cancel)), ")"));
+      spdlog::info(
+          "request {} finished: prompt {} tokens, computed {:.1f}, strategy {}, ttft {:.3f} s, {} tokens, {:.3f} s, "
+          "{}{}",
+          id_, ev.usage.prompt_tokens, ev.usage.prompt_tokens_computed, strategy_, ev.usage.ttft_seconds,
+          ev.usage.completion_tokens, ev.usage.total_seconds, FinishReasonName(ev.reason),
+          ev.cancel == CancelReason::kNone ? "" : absl::StrCat(" (", std::string(CancelReasonName(ev.cancel)), ")"));
       final = FinalStatus(ev);
     }
     std::optional<pb::GenerateResponse> tail;
@@ -206,13 +208,14 @@ grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* 
                                                    pb::AbortResponse* out) {
   const ServiceState* b = state_or_null();
   if (b == nullptr) return Reply(ctx, Loading());
-  if (in->request_id().empty()) return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id is empty"));
+  if (in->request_id().empty())
+    return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id is empty"));
   out->set_found(b->loop->Abort(in->request_id()));
   return Reply(ctx, grpc::Status::OK);
 }
 
-grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* ctx,
-                                                      const pb::TokenizeRequest* in, pb::TokenizeResponse* out) {
+grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* ctx, const pb::TokenizeRequest* in,
+                                                      pb::TokenizeResponse* out) {
   const ServiceState* b = state_or_null();
   if (b == nullptr) return Reply(ctx, Loading());
   const Tokenizer* tok = b->model->tokenizer();
@@ -232,7 +235,8 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
   std::vector<int32_t> ids(in->token_ids().begin(), in->token_ids().end());
   for (int32_t id : ids) {
     if (id < 0 || id >= tok->vocab_size()) {
-      return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("token_ids: ", id, " is out of range")));
+      return Reply(
+          ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("token_ids: ", id, " is out of range")));
     }
   }
   out->set_text(tok->Decode(ids, in->skip_special_tokens()));

@@ -1,7 +1,7 @@
 // pruneserve: the gRPC inference server.
 #include <pthread.h>
-#include <sys/resource.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -27,12 +27,12 @@
 namespace {
 
 struct Options {
-  std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap",
-              kv_dtype = "f32", device = "auto";
+  std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap", kv_dtype = "f32",
+                     device = "auto";
   std::vector<std::string> strategy_args;
-  int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64,
-          max_batch_tokens = 2048, prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16,
-          kv_device_bytes = int64_t{1} << 30, kv_host_bytes = int64_t{2} << 30;
+  int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64, max_batch_tokens = 2048,
+          prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,
+          kv_host_bytes = int64_t{2} << 30;
   double drain_timeout = 30.0, default_temperature = 1.0, default_top_p = 1.0, kv_device_fraction = 0,
          kv_host_fraction = 0;
   bool int8_activations = false;
@@ -53,7 +53,8 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddInt("kv-block-size", &o.kv_block_size, "tokens per KV block");
   f.AddString("kv-dtype", &o.kv_dtype, "KV cache element type: f32 | f16 | bf16 (half the bytes per token)");
   f.AddInt("kv-device-bytes", &o.kv_device_bytes, "bytes of the device KV tier");
-  f.AddInt("kv-host-bytes", &o.kv_host_bytes, "bytes of the host KV tier, where preempted requests are swapped (0 = none)");
+  f.AddInt("kv-host-bytes", &o.kv_host_bytes,
+           "bytes of the host KV tier, where preempted requests are swapped (0 = none)");
   f.AddFloat("kv-device-fraction", &o.kv_device_fraction,
              "device KV tier as a fraction of the memory available at start-up; overrides --kv-device-bytes (0 = off)");
   f.AddFloat("kv-host-fraction", &o.kv_host_fraction,
@@ -108,9 +109,10 @@ int main(int argc, char** argv) {
   if (o.max_queue < 1 || o.max_running < 1 || o.max_batch_tokens < 1 || o.prefill_chunk < 1 || o.threads < 0 ||
       o.drain_timeout < 0 || o.default_max_new_tokens < 1 || o.kv_block_size < 1 || o.kv_block_size > 4096 ||
       o.kv_device_bytes < 1 || o.kv_host_bytes < 0) {
-    return Fail("--max-queue, --max-running, --max-batch-tokens, --prefill-chunk, --default-max-new-tokens, "
-                "--kv-block-size (<= 4096), --kv-device-bytes must be >= 1; --threads, --drain-timeout, "
-                "--kv-host-bytes >= 0");
+    return Fail(
+        "--max-queue, --max-running, --max-batch-tokens, --prefill-chunk, --default-max-new-tokens, "
+        "--kv-block-size (<= 4096), --kv-device-bytes must be >= 1; --threads, --drain-timeout, "
+        "--kv-host-bytes >= 0");
   }
   const std::map<std::string, DType> kv_dtypes = {{"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16}};
   if (!kv_dtypes.contains(o.kv_dtype)) return Fail("--kv-dtype must be f32, f16 or bf16, not '" + o.kv_dtype + "'");
@@ -147,7 +149,6 @@ int main(int argc, char** argv) {
       CreateBackend(o.device, pool, CpuBackendOptions{.int8_activations = o.int8_activations}, &device_note);
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   spdlog::info("device: {}", device_note);
-
 
   server::GenerationService service;
   grpc::EnableDefaultHealthCheckService(true);
@@ -190,8 +191,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& c = (*model)->config();
-  const KvGeometry geometry{.n_layers = c.n_layers, .block_tokens = static_cast<int>(o.kv_block_size),
-                            .kv_dim = c.kv_dim(), .dtype = kv_dtype};
+  const KvGeometry geometry{.n_layers = c.n_layers,
+                            .block_tokens = static_cast<int>(o.kv_block_size),
+                            .kv_dim = c.kv_dim(),
+                            .dtype = kv_dtype};
   const int64_t kv_blocks = geometry.BlocksInBytes(o.kv_device_bytes);
   if (kv_blocks < c.n_layers) {
     spdlog::error("--kv-device-bytes {} holds {} blocks of {} bytes; one token needs {} (one per layer)",
@@ -245,11 +248,12 @@ int main(int argc, char** argv) {
   health->SetServingStatus(true);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  spdlog::info("serving {} ({}, {} layers, context {}, vocab {}) from {}; {} compute threads, {} activations; "
-               "up to {} running and {} queued requests; loaded in {:.2f} s, resident memory {:.0f} MiB",
-               c.name, c.arch_name, c.n_layers, c.n_ctx, c.n_vocab, o.model, pool.num_threads(),
-               o.int8_activations ? "int8" : "F32", o.max_running, o.max_queue,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ru.ru_maxrss / 1024.0);
+  spdlog::info(
+      "serving {} ({}, {} layers, context {}, vocab {}) from {}; {} compute threads, {} activations; "
+      "up to {} running and {} queued requests; loaded in {:.2f} s, resident memory {:.0f} MiB",
+      c.name, c.arch_name, c.n_layers, c.n_ctx, c.n_vocab, o.model, pool.num_threads(),
+      o.int8_activations ? "int8" : "F32", o.max_running, o.max_queue,
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ru.ru_maxrss / 1024.0);
 
   int sig = 0;
   sigwait(&stop_signals, &sig);

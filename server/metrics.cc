@@ -112,7 +112,8 @@ void Metrics::OnStep(const LoadSnapshot& load, int batch_tokens) {
     kv_usage_.Add({{"tier", tier}}).Set(kv.total > 0 ? static_cast<double>(kv.used) / kv.total : 0.0);
   }
   if (batch_tokens > 0) {
-    batch_tokens_.Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})
+    batch_tokens_
+        .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})
         .Observe(batch_tokens);
   }
 }
@@ -139,7 +140,8 @@ void Metrics::OnFinished(const std::string& strategy, FinishReason reason, const
   queue_.Add({{"strategy", strategy}}, LatencyBuckets()).Observe(u.queue_seconds);
   prompt_tokens_.Add({{"strategy", strategy}}).Increment(u.prompt_tokens);
   prompt_tokens_computed_.Add({{"strategy", strategy}}).Increment(u.prompt_tokens_computed);
-  prompt_tokens_pruned_.Add({{"strategy", strategy}}).Increment(std::max(0.0, u.prompt_tokens - u.prompt_tokens_computed));
+  prompt_tokens_pruned_.Add({{"strategy", strategy}})
+      .Increment(std::max(0.0, u.prompt_tokens - u.prompt_tokens_computed));
   for (const auto& [layer, tokens] : u.kept_per_layer) {
     prompt_tokens_kept_.Add({{"strategy", strategy}, {"layer", std::to_string(layer)}}).Increment(tokens);
   }

@@ -28,8 +28,8 @@ TEST(Flags, ParsesValuesAndRejectsBadInput) {
   p.AddBool("verbose", &b, "a bool");
   p.AddStringList("stop", &list, "strings");
   EXPECT_NE(p.Help().find("[default: 1,2]"), std::string::npos) << p.Help();
-  const char* argv[] = {"prog", "--name", "abc", "--count=42", "--temp", "0.25", "--verbose", "--stop", "a", "--stop=b",
-                        "--sizes", "4,16,64"};
+  const char* argv[] = {"prog",      "--name", "abc", "--count=42", "--temp",  "0.25",
+                        "--verbose", "--stop", "a",   "--stop=b",   "--sizes", "4,16,64"};
   ASSERT_TRUE(p.Parse(12, const_cast<char**>(argv)).ok());
   EXPECT_EQ(ints, (std::vector<int64_t>{4, 16, 64}));
   EXPECT_EQ(s, "abc");

@@ -10,8 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "base/flags.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "pruneserve/v1/generation.grpc.pb.h"
 #include "proto/field_args.h"
+#include "pruneserve/v1/generation.grpc.pb.h"
 
 namespace {
 
@@ -29,7 +29,8 @@ constexpr char kUsage[] =
     "Run `pruneserve-cli COMMAND --help` for the flags. The exit code is the gRPC status code.\n";
 
 int Report(const grpc::Status& s) {
-  if (!s.ok()) std::fprintf(stderr, "pruneserve-cli: %d %s\n", static_cast<int>(s.error_code()), s.error_message().c_str());
+  if (!s.ok())
+    std::fprintf(stderr, "pruneserve-cli: %d %s\n", static_cast<int>(s.error_code()), s.error_message().c_str());
   return static_cast<int>(s.error_code());
 }
 
@@ -113,7 +114,8 @@ int main(int argc, char** argv) {
   auto stub = pb::Generation::NewStub(channel);
   grpc::ClientContext ctx;
   if (timeout > 0) {
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
   }
 
   if (cmd == "generate" || cmd == "chat") {
@@ -165,15 +167,16 @@ int main(int argc, char** argv) {
         std::cout << std::endl;
         if (stats) {
           const auto& u = fin.usage();
-          std::fprintf(stderr,
-                       "finish %s%s; prompt %u tokens (computed %.1f), completion %u tokens; queue %.3f s, "
-                       "ttft %.3f s, total %.3f s (%.1f tok/s)\n",
-                       ReasonName(fin.reason()), fin.matched_stop().empty() ? "" : (" '" + fin.matched_stop() + "'").c_str(),
-                       u.prompt_tokens(), u.prompt_tokens_computed(), u.completion_tokens(), u.queue_time_seconds(),
-                       u.time_to_first_token_seconds(), u.total_time_seconds(),
-                       u.completion_tokens() > 1 ? (u.completion_tokens() - 1) /
-                                                       std::max(1e-9, u.total_time_seconds() - u.time_to_first_token_seconds())
-                                                 : 0.0);
+          std::fprintf(
+              stderr,
+              "finish %s%s; prompt %u tokens (computed %.1f), completion %u tokens; queue %.3f s, "
+              "ttft %.3f s, total %.3f s (%.1f tok/s)\n",
+              ReasonName(fin.reason()), fin.matched_stop().empty() ? "" : (" '" + fin.matched_stop() + "'").c_str(),
+              u.prompt_tokens(), u.prompt_tokens_computed(), u.completion_tokens(), u.queue_time_seconds(),
+              u.time_to_first_token_seconds(), u.total_time_seconds(),
+              u.completion_tokens() > 1 ? (u.completion_tokens() - 1) /
+                                              std::max(1e-9, u.total_time_seconds() - u.time_to_first_token_seconds())
+                                        : 0.0);
           std::string layers;
           for (const auto& lt : u.kept_per_layer()) absl::StrAppend(&layers, " ", lt.layer(), ":", lt.tokens());
           std::fprintf(stderr, "prompt tokens entering layers (layer:tokens):%s\n", layers.c_str());

@@ -27,8 +27,8 @@
 #include "absl/strings/str_split.h"
 #include "base/flags.h"
 #include "base/mapped_file.h"
-#include "pruneserve/v1/generation.grpc.pb.h"
 #include "proto/field_args.h"
+#include "pruneserve/v1/generation.grpc.pb.h"
 
 namespace {
 
@@ -130,16 +130,19 @@ int main(int argc, char** argv) {
   std::vector<int64_t> lengths, depths = {0, 25, 50, 75, 100};
   std::vector<std::string> strategy_args;
   int64_t max_new = 24, seed = 1;
-  ps::FlagParser flags("pruneserve-eval",
-                       "Long-context retrieval (needle, magic number, passkey, multi-key) through a running pruneserve, "
-                       "every prompt under every strategy; prints a table and writes CSV.");
+  ps::FlagParser flags(
+      "pruneserve-eval",
+      "Long-context retrieval (needle, magic number, passkey, multi-key) through a running pruneserve, "
+      "every prompt under every strategy; prints a table and writes CSV.");
   flags.AddString("addr", &addr, "server address");
   flags.AddString("haystack", &haystack_dir, "text file, or folder whose files (in name order) make the haystack");
-  flags.AddIntList("lengths", &lengths, "prompt lengths in tokens (default: 1024, doubling, up to the model's context)");
+  flags.AddIntList("lengths", &lengths,
+                   "prompt lengths in tokens (default: 1024, doubling, up to the model's context)");
   flags.AddIntList("depths", &depths, "needle depths in percent of the context");
   flags.AddString("tasks", &tasks_flag, "comma-separated: needle, magic, passkey, multikey");
   flags.AddString("strategies", &strategies_flag, "comma-separated strategies; full is the speedup baseline");
-  flags.AddStringList("strategy-arg", &strategy_args, "STRATEGY.key=value for a strategy's parameters (else server defaults)");
+  flags.AddStringList("strategy-arg", &strategy_args,
+                      "STRATEGY.key=value for a strategy's parameters (else server defaults)");
   flags.AddInt("max-new-tokens", &max_new, "answer length");
   flags.AddInt("seed", &seed, "seed of the magic numbers and passkeys");
   flags.AddString("csv", &csv_path, "write one row per request here");
@@ -162,12 +165,14 @@ int main(int argc, char** argv) {
   }
   std::map<std::string, pb::PruningConfig> configs;
   for (const std::string& s : strategies) {
-    if (absl::Status st = ps::SetStrategyArgs(s, args_of[s], &configs[s]); !st.ok()) return Fail(std::string(st.message()));
+    if (absl::Status st = ps::SetStrategyArgs(s, args_of[s], &configs[s]); !st.ok())
+      return Fail(std::string(st.message()));
   }
 
   Client client(addr);
   pb::ModelInfo info;
-  if (grpc::Status s = client.Info(&info); !s.ok()) return Fail(absl::StrCat("GetModelInfo at ", addr, ": ", s.error_message()));
+  if (grpc::Status s = client.Info(&info); !s.ok())
+    return Fail(absl::StrCat("GetModelInfo at ", addr, ": ", s.error_message()));
   const bool chat = info.chat_template() != "unknown";
   const int context = static_cast<int>(info.context_length());
   if (lengths.empty()) {
@@ -180,8 +185,9 @@ int main(int argc, char** argv) {
   if (!essays.ok()) return Fail(absl::StrCat("--haystack: ", essays.status().message()));
   pb::TokenizeResponse essay_tokens, passkey_tokens;
   if (grpc::Status s = client.Tokenize(*essays, &essay_tokens); !s.ok()) return Fail("Tokenize: " + s.error_message());
-  if (grpc::Status s = client.Tokenize("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ",
-                                       &passkey_tokens);
+  if (grpc::Status s =
+          client.Tokenize("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ",
+                          &passkey_tokens);
       !s.ok()) {
     return Fail("Tokenize: " + s.error_message());
   }
@@ -202,7 +208,8 @@ int main(int argc, char** argv) {
         std::string question;
         const double d = depth / 100.0;
         if (task == "needle") {
-          needles = {{d, "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."}};
+          needles = {
+              {d, "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."}};
           question = "What is the best thing to do in San Francisco?";
           p.key = "Dolores Park";
         } else if (task == "magic") {
@@ -226,11 +233,13 @@ int main(int argc, char** argv) {
         pb::TokenizeResponse extra;
         std::string extra_text = question;
         for (const Needle& n : needles) absl::StrAppend(&extra_text, " ", n.text);
-        if (grpc::Status s = client.Tokenize(extra_text, &extra); !s.ok()) return Fail("Tokenize: " + s.error_message());
+        if (grpc::Status s = client.Tokenize(extra_text, &extra); !s.ok())
+          return Fail("Tokenize: " + s.error_message());
         const int budget = static_cast<int>(length) - extra.token_ids_size() - 48 - static_cast<int>(max_new);
         if (budget < 16) return Fail(absl::StrCat("length ", length, " leaves no room for a haystack"));
         const std::string hay = Haystack(client, task == "passkey" ? passkey_tokens : essay_tokens, budget, needles);
-        p.text = chat ? absl::StrCat(hay, "\n\n", question) : absl::StrCat(hay, "\n\nQuestion: ", question, "\nAnswer:");
+        p.text =
+            chat ? absl::StrCat(hay, "\n\n", question) : absl::StrCat(hay, "\n\nQuestion: ", question, "\nAnswer:");
         prompts.push_back(std::move(p));
       }
     }
@@ -276,9 +285,9 @@ int main(int argc, char** argv) {
       c.ttft += u.time_to_first_token_seconds();
       c.computed += computed;
       c.kv_blocks = std::max<uint64_t>(c.kv_blocks, u.kv_blocks());
-      std::fprintf(stderr, "[%zu/%zu] %-8s %6d tok depth %3d%% %-9s %s ttft %.2f s computed %.0f%%\n", i + 1, prompts.size(),
-                   p.task.c_str(), u.prompt_tokens(), p.depth, strategy.c_str(), correct ? "ok  " : "miss",
-                   u.time_to_first_token_seconds(), computed);
+      std::fprintf(stderr, "[%zu/%zu] %-8s %6d tok depth %3d%% %-9s %s ttft %.2f s computed %.0f%%\n", i + 1,
+                   prompts.size(), p.task.c_str(), u.prompt_tokens(), p.depth, strategy.c_str(),
+                   correct ? "ok  " : "miss", u.time_to_first_token_seconds(), computed);
       if (csv.is_open()) {
         std::string quoted = answer;
         absl::StrReplaceAll({{"\"", "\"\""}, {"\n", "\\n"}, {"\r", "\\r"}}, &quoted);  // one row per line
@@ -303,7 +312,8 @@ int main(int argc, char** argv) {
                                       ? absl::StrFormat("%.2fx", base->second.ttft / base->second.n / ttft)
                                       : "-";
       std::printf("%-10s %7lld %8.1f%% %9.3f %8s %8.1f%% %10llu\n", strategy.c_str(), static_cast<long long>(length),
-                  100.0 * c.correct / c.n, ttft, speedup.c_str(), c.computed / c.n, static_cast<unsigned long long>(c.kv_blocks));
+                  100.0 * c.correct / c.n, ttft, speedup.c_str(), c.computed / c.n,
+                  static_cast<unsigned long long>(c.kv_blocks));
     }
   }
   if (csv.is_open()) std::printf("rows: %s\n", csv_path.c_str());

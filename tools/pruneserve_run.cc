@@ -9,8 +9,8 @@
 #include "base/mapped_file.h"
 #include "engine/generator.h"
 #include "engine/pruning/registry.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "engine/tokenizer/chat_template.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace {
 
@@ -99,13 +99,19 @@ int main(int argc, char** argv) {
   }
   if (ids.empty()) return Fail("the prompt is empty (give --prompt or --prompt-file)");
 
-  SamplingParams sp{.temperature = static_cast<float>(temperature), .top_k = static_cast<int>(top_k),
-                    .top_p = static_cast<float>(top_p), .min_p = static_cast<float>(min_p),
-                    .repetition_penalty = static_cast<float>(rep), .presence_penalty = static_cast<float>(presence),
-                    .frequency_penalty = static_cast<float>(frequency), .seed = static_cast<uint64_t>(seed),
+  SamplingParams sp{.temperature = static_cast<float>(temperature),
+                    .top_k = static_cast<int>(top_k),
+                    .top_p = static_cast<float>(top_p),
+                    .min_p = static_cast<float>(min_p),
+                    .repetition_penalty = static_cast<float>(rep),
+                    .presence_penalty = static_cast<float>(presence),
+                    .frequency_penalty = static_cast<float>(frequency),
+                    .seed = static_cast<uint64_t>(seed),
                     .top_logprobs = static_cast<int>(logprobs)};
-  StopCriteria sc{.max_new_tokens = static_cast<int>(max_new), .min_new_tokens = static_cast<int>(min_new),
-                  .stop_strings = stops, .ignore_eos = ignore_eos};
+  StopCriteria sc{.max_new_tokens = static_cast<int>(max_new),
+                  .min_new_tokens = static_cast<int>(min_new),
+                  .stop_strings = stops,
+                  .ignore_eos = ignore_eos};
   const absl::StatusOr<StrategyDefaults> defaults = StrategyDefaults::ForModel((*model)->config());
   if (!defaults.ok()) return Fail(std::string(defaults.status().message()));
   const absl::StatusOr<PruningParams> pruning = defaults->WithArgs(strategy, strategy_args, "--strategy-arg");
@@ -114,17 +120,20 @@ int main(int argc, char** argv) {
   ThreadPool pool(static_cast<int>(threads));
   CpuBackend backend(pool, CpuBackendOptions{.int8_activations = int8_act});
   Generator gen(**model, backend);
-  auto result = gen.Generate(ids, sp, sc, [&](const SampledToken& t, std::string_view delta) {
-    if (!print_ids) {
-      std::cout << delta << std::flush;
-    }
-    if (logprobs > 0) {
-      std::string line = absl::StrCat("token ", t.token, " logprob ", t.logprob, " top:");
-      for (const auto& alt : t.top) absl::StrAppend(&line, " ", alt.token, "=", alt.logprob);
-      std::fprintf(stderr, "%s\n", line.c_str());
-    }
-    return true;
-  }, pruner.get());
+  auto result = gen.Generate(
+      ids, sp, sc,
+      [&](const SampledToken& t, std::string_view delta) {
+        if (!print_ids) {
+          std::cout << delta << std::flush;
+        }
+        if (logprobs > 0) {
+          std::string line = absl::StrCat("token ", t.token, " logprob ", t.logprob, " top:");
+          for (const auto& alt : t.top) absl::StrAppend(&line, " ", alt.token, "=", alt.logprob);
+          std::fprintf(stderr, "%s\n", line.c_str());
+        }
+        return true;
+      },
+      pruner.get());
   if (!result.ok()) return Fail(std::string(result.status().message()));
   if (print_ids) {
     std::cout << absl::StrJoin(result->tokens, " ") << "\n";
@@ -133,14 +142,16 @@ int main(int argc, char** argv) {
   }
   if (stats) {
     const double n = static_cast<double>(result->tokens.size());
-    std::fprintf(stderr,
-                 "prompt tokens %zu, generated %zu, finish %s\nprefill %.3f s (%.1f tok/s), decode %.3f s (%.1f tok/s)\n",
-                 ids.size(), result->tokens.size(), std::string(FinishReasonName(result->finish_reason)).c_str(),
-                 result->prefill_seconds, ids.size() / std::max(1e-9, result->prefill_seconds), result->decode_seconds,
-                 (n - 1) / std::max(1e-9, result->decode_seconds));
-    std::fprintf(stderr, "strategy %s: prompt tokens computed %.1f%% (token-layer pairs / (prompt tokens x layers))\n",
-                 strategy.c_str(),
-                 100.0 * result->prompt_rows_computed / (static_cast<double>(ids.size()) * (*model)->config().n_layers));
+    std::fprintf(
+        stderr,
+        "prompt tokens %zu, generated %zu, finish %s\nprefill %.3f s (%.1f tok/s), decode %.3f s (%.1f tok/s)\n",
+        ids.size(), result->tokens.size(), std::string(FinishReasonName(result->finish_reason)).c_str(),
+        result->prefill_seconds, ids.size() / std::max(1e-9, result->prefill_seconds), result->decode_seconds,
+        (n - 1) / std::max(1e-9, result->decode_seconds));
+    std::fprintf(
+        stderr, "strategy %s: prompt tokens computed %.1f%% (token-layer pairs / (prompt tokens x layers))\n",
+        strategy.c_str(),
+        100.0 * result->prompt_rows_computed / (static_cast<double>(ids.size()) * (*model)->config().n_layers));
   }
   return 0;
 }

@@ -22,11 +22,13 @@ class Params final : public StrategyParams {
     const auto& m = static_cast<const pruneserve::v1::LazyLLM&>(msg);
     if (m.layers_size() == 0 && m.keep_size() == 0) return absl::OkStatus();  // the defaults stay
     // The schedule is given whole: both lists (Validate checks they match).
-    if (m.layers_size() == 0) return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".layers: required with keep"));
+    if (m.layers_size() == 0)
+      return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".layers: required with keep"));
     p_.layers.clear();
     for (int i = 0; i < m.layers_size(); ++i) {
       if (m.layers(i) > static_cast<uint32_t>(INT32_MAX)) {
-        return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".layers[", i, "]: ", m.layers(i), " is too large"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(std::string(field), ".layers[", i, "]: ", m.layers(i), " is too large"));
       }
       p_.layers.push_back(static_cast<int>(m.layers(i)));
     }
@@ -57,7 +59,8 @@ class Params final : public StrategyParams {
       }
       if (i > 0 && p_.layers[i] <= p_.layers[i - 1]) return bad(li, "layers must be ascending");
       if (!(p_.keep[i] > 0.0f && p_.keep[i] <= 1.0f)) return bad(ki, p_.keep[i], " is outside (0, 1]");
-      if (i > 0 && p_.keep[i] > p_.keep[i - 1]) return bad(ki, "keep fractions must not increase (progressive pruning)");
+      if (i > 0 && p_.keep[i] > p_.keep[i - 1])
+        return bad(ki, "keep fractions must not increase (progressive pruning)");
     }
     return absl::OkStatus();
   }
@@ -93,7 +96,8 @@ LazyLlm::LazyLlm(const LazyLlmParams& params, const ModelConfig& config)
       n_layers_(config.n_layers),
       n_embd_(config.n_embd),
       aux_at_(params.layers.size(), 0) {
-  PS_CHECK(layers_.size() == keep_.size() && n_layers_ < std::numeric_limits<uint16_t>::max()) << "bad LazyLLM schedule";
+  PS_CHECK(layers_.size() == keep_.size() && n_layers_ < std::numeric_limits<uint16_t>::max())
+      << "bad LazyLLM schedule";
 }
 
 int LazyLlm::PruneIndex(int layer) const {

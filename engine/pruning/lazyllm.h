@@ -66,13 +66,13 @@ class LazyLlm : public PruningStrategy {
   std::vector<float> keep_;
   int n_layers_;
   int n_embd_;
-  int32_t context_ = 0;         // positions 0..context_-1 exist after BeginStep
+  int32_t context_ = 0;          // positions 0..context_-1 exist after BeginStep
   std::vector<uint16_t> depth_;  // per position
   std::vector<char> in_aux_;     // per position
   std::vector<char> selected_;   // per position: in this step's current selection
   std::vector<int64_t> aux_at_;  // Aux Cache entries per pruning layer
   int64_t aux_count_ = 0, revived_ = 0;
-  std::vector<int32_t> cand_;    // RowsForLayer's scratch
+  std::vector<int32_t> cand_;  // RowsForLayer's scratch
   std::vector<float> score_;
 };
 

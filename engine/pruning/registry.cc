@@ -65,7 +65,8 @@ absl::StatusOr<const StrategyInfo*> FindStrategy(std::string_view name) {
 void RegisterStrategy(StrategyInfo info) {
   Registry& r = TheRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
-  for (const StrategyInfo& s : r.entries) PS_CHECK(s.name != info.name) << "strategy " << info.name << " registered twice";
+  for (const StrategyInfo& s : r.entries)
+    PS_CHECK(s.name != info.name) << "strategy " << info.name << " registered twice";
   r.entries.push_back(std::move(info));
 }
 

@@ -1,8 +1,8 @@
 #include "engine/tokenizer/chat_template.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 
 namespace ps {
 
@@ -54,7 +54,8 @@ absl::StatusOr<std::string> ApplyChatTemplate(const ChatTemplate& t, std::span<c
       if (messages[0].role != "system" && !t.default_system.empty()) {
         absl::StrAppend(&out, "<|im_start|>system\n", t.default_system, "<|im_end|>\n");
       }
-      for (const ChatMessage& m : messages) absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
+      for (const ChatMessage& m : messages)
+        absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
       return out;
     case ChatFormat::kLlama3:
@@ -84,13 +85,13 @@ absl::StatusOr<std::string> ApplyChatTemplate(const ChatTemplate& t, std::span<c
           system.clear();
           first_user = false;
         } else {
-          absl::StrAppend(&out, t.format == ChatFormat::kLlama2 ? " " : "", absl::StripAsciiWhitespace(m.content), "</s>");
+          absl::StrAppend(&out, t.format == ChatFormat::kLlama2 ? " " : "", absl::StripAsciiWhitespace(m.content),
+                          "</s>");
         }
       }
       return out;
     }
-    case ChatFormat::kUnknown:
-      break;
+    case ChatFormat::kUnknown: break;
   }
   return absl::FailedPreconditionError(
       "the model's chat template is not one of the supported formats (ChatML, LLaMA-3, LLaMA-2/Mistral [INST])");

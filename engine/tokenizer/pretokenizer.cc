@@ -72,8 +72,7 @@ size_t MatchLlama3(const std::vector<uint32_t>& c, size_t i, size_t max_digits) 
   return WhitespaceRun(c, i);
 }
 
-void Split(const std::vector<uint32_t>& c, size_t begin, size_t end, PreTokenizer kind,
-           std::vector<std::string>* out) {
+void Split(const std::vector<uint32_t>& c, size_t begin, size_t end, PreTokenizer kind, std::vector<std::string>* out) {
   // Matching runs on the sub-range as its own text (lookahead stops at `end`).
   std::vector<uint32_t> sub(c.begin() + begin, c.begin() + end);
   size_t i = 0;

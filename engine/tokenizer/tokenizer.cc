@@ -27,7 +27,9 @@ std::string ReplaceAll(std::string_view s, std::string_view from, std::string_vi
   }
 }
 
-uint64_t PairKey(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+uint64_t PairKey(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
 
 // One piece of the input: raw text to tokenise, or an already recognised token.
 struct Fragment {
@@ -47,7 +49,8 @@ absl::Status Tokenizer::Init() {
   const int n = vocab_size();
   if (n == 0) return absl::InvalidArgumentError("tokenizer: empty vocabulary");
   if (data_.types.empty()) data_.types.assign(n, TokenType::kNormal);
-  if (static_cast<int>(data_.types.size()) != n || (!data_.scores.empty() && static_cast<int>(data_.scores.size()) != n)) {
+  if (static_cast<int>(data_.types.size()) != n ||
+      (!data_.scores.empty() && static_cast<int>(data_.scores.size()) != n)) {
     return absl::InvalidArgumentError("tokenizer: token, score and type arrays differ in length");
   }
   for (int32_t* id : {&data_.bos, &data_.eos, &data_.unk, &data_.eot}) {
@@ -80,9 +83,8 @@ absl::Status Tokenizer::Init() {
     const TokenType t = data_.types[i];
     if ((t == TokenType::kControl || t == TokenType::kUserDefined) && !data_.tokens[i].empty()) special_.push_back(i);
   }
-  std::stable_sort(special_.begin(), special_.end(), [&](int32_t a, int32_t b) {
-    return data_.tokens[a].size() > data_.tokens[b].size();
-  });
+  std::stable_sort(special_.begin(), special_.end(),
+                   [&](int32_t a, int32_t b) { return data_.tokens[a].size() > data_.tokens[b].size(); });
   // End of generation: EOS, EOT and the end markers of the common chat formats.
   auto add_eog = [&](int32_t id) {
     if (id >= 0 && std::find(eog_.begin(), eog_.end(), id) == eog_.end()) eog_.push_back(id);
@@ -105,9 +107,7 @@ bool Tokenizer::IsControl(int32_t id) const {
   return id >= 0 && id < vocab_size() && data_.types[id] == TokenType::kControl;
 }
 
-bool Tokenizer::IsEndOfGeneration(int32_t id) const {
-  return std::find(eog_.begin(), eog_.end(), id) != eog_.end();
-}
+bool Tokenizer::IsEndOfGeneration(int32_t id) const { return std::find(eog_.begin(), eog_.end(), id) != eog_.end(); }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, bool parse_special) const {
   // Split the text at special tokens (longest first at each position).
@@ -144,7 +144,8 @@ std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special, 
       continue;
     }
     if (data_.kind == TokenizerKind::kSpm) {
-      std::string s = (data_.add_space_prefix && prev_special) ? absl::StrCat(" ", std::string(f.text)) : std::string(f.text);
+      std::string s =
+          (data_.add_space_prefix && prev_special) ? absl::StrCat(" ", std::string(f.text)) : std::string(f.text);
       EncodeSpm(ReplaceAll(s, " ", kSpmSpace), &out);
     } else {
       EncodeBpe(f.text, &out);
@@ -303,8 +304,8 @@ std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special) c
   for (int32_t id : ids) {
     if (skip_special && IsControl(id)) continue;
     std::string piece = TokenBytes(id);
-    if (first && data_.kind == TokenizerKind::kSpm && data_.add_space_prefix && !IsControl(id) &&
-        !piece.empty() && piece[0] == ' ') {
+    if (first && data_.kind == TokenizerKind::kSpm && data_.add_space_prefix && !IsControl(id) && !piece.empty() &&
+        piece[0] == ' ') {
       piece.erase(0, 1);
     }
     if (!IsControl(id)) first = false;
@@ -338,7 +339,10 @@ std::string StreamDecoder::Push(int32_t id) {
 std::string StreamDecoder::Flush() {
   std::string out;
   for (char c : pending_) {
-    if (static_cast<uint8_t>(c) < 0x80) out.push_back(c); else out += "\xEF\xBF\xBD";
+    if (static_cast<uint8_t>(c) < 0x80)
+      out.push_back(c);
+    else
+      out += "\xEF\xBF\xBD";
   }
   pending_.clear();
   return out;

@@ -23,7 +23,12 @@ enum class TokenizerKind { kSpm, kBpe };
 
 // GGUF token types.
 enum class TokenType : int32_t {
-  kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,
+  kUserDefined = 4,
+  kUnused = 5,
+  kByte = 6,
 };
 
 struct VocabData {
@@ -81,9 +86,9 @@ class Tokenizer {
 
   VocabData data_;
   std::unordered_map<std::string, int32_t> token_to_id_;
-  std::vector<int32_t> special_;     // tokens matched in text before tokenisation, longest first
+  std::vector<int32_t> special_;  // tokens matched in text before tokenisation, longest first
   std::vector<int32_t> eog_;
-  int32_t byte_tokens_[256];         // SPM: id of <0xXX>; BPE: id of the mapped byte character
+  int32_t byte_tokens_[256];  // SPM: id of <0xXX>; BPE: id of the mapped byte character
   // BPE: (left id, right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merge_ranks_;
   // SPM: merged token -> the pair it was built from (for resegmentation)

@@ -49,7 +49,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f
   auto get_id = [&](const char* key, int32_t* out) -> absl::Status {
     PS_ASSIGN_OR_RETURN(auto v, f.GetInt(key));
     if (v) {
-      if (*v < 0 || *v >= static_cast<int64_t>(n)) return absl::InvalidArgumentError(absl::StrCat(key, " out of range"));
+      if (*v < 0 || *v >= static_cast<int64_t>(n))
+        return absl::InvalidArgumentError(absl::StrCat(key, " out of range"));
       *out = static_cast<int32_t>(*v);
     }
     return absl::OkStatus();
@@ -98,13 +99,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(std::string_vie
   try {
     const json& model = j.at("model");
     if (model.value("type", "") != "BPE") {
-      return absl::UnimplementedError(absl::StrCat("tokenizer.json model type '", model.value("type", ""),
-                                                   "' is not supported (only BPE)"));
+      return absl::UnimplementedError(
+          absl::StrCat("tokenizer.json model type '", model.value("type", ""), "' is not supported (only BPE)"));
     }
     const json& vocab = model.at("vocab");
     int64_t max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
-    for (const json& t : j.value("added_tokens", json::array())) max_id = std::max<int64_t>(max_id, t.at("id").get<int64_t>());
+    for (auto it = vocab.begin(); it != vocab.end(); ++it)
+      max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
+    for (const json& t : j.value("added_tokens", json::array()))
+      max_id = std::max<int64_t>(max_id, t.at("id").get<int64_t>());
     if (max_id < 0 || max_id > (1 << 24)) return absl::InvalidArgumentError("tokenizer.json: bad vocabulary ids");
     d.tokens.assign(max_id + 1, "");
     d.types.assign(max_id + 1, TokenType::kUnused);

@@ -11,8 +11,8 @@ struct CodepointRange {
 
 template <size_t N>
 bool InRanges(const CodepointRange (&r)[N], uint32_t cp) {
-  auto it = std::upper_bound(std::begin(r), std::end(r), cp,
-                             [](uint32_t v, const CodepointRange& x) { return v < x.first; });
+  auto it =
+      std::upper_bound(std::begin(r), std::end(r), cp, [](uint32_t v, const CodepointRange& x) { return v < x.first; });
   return it != std::begin(r) && cp <= (it - 1)->last;
 }
 }  // namespace
@@ -90,11 +90,21 @@ bool IsNumber(uint32_t cp) { return cp < kRawByteBase && InRanges(kNumberRanges,
 
 bool IsWhitespace(uint32_t cp) {
   switch (cp) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0x85: case 0xA0:
-    case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
-      return true;
-    default:
-      return cp >= 0x2000 && cp <= 0x200A;
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000: return true;
+    default: return cp >= 0x2000 && cp <= 0x200A;
   }
 }
 

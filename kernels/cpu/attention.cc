@@ -84,7 +84,7 @@ struct SegmentArgs {
   std::span<const Chunk> chunks;
   const int32_t* row_ids = nullptr;
   int64_t q_begin = 0, q_end = 0;
-  int64_t stats_n = 0;  // length of each head's statistics row (the caller's kv.n)
+  int64_t stats_n = 0;           // length of each head's statistics row (the caller's kv.n)
   float* last_probs = nullptr;   // [n_heads, stats_n] or null
   float* last_logits = nullptr;  // [n_heads, stats_n] or null
 };

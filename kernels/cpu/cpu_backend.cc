@@ -20,7 +20,8 @@ constexpr int kMaxRopeDims = 1024;  // ValidateConfig bounds head_dim by this
 absl::StatusOr<MemoryRegion> CpuBackend::AllocateTier(bool device_tier, size_t bytes) {
   (void)device_tier;  // both tiers are ordinary host memory (pages committed as they are touched)
   auto* base = static_cast<uint8_t*>(::operator new[](bytes + 1, std::align_val_t(64), std::nothrow));
-  if (base == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes for a KV tier"));
+  if (base == nullptr)
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes for a KV tier"));
   return MemoryRegion{.base = base, .release = [](uint8_t* p) { ::operator delete[](p, std::align_val_t(64)); }};
 }
 
@@ -81,8 +82,8 @@ void CpuBackend::Attention(const AttentionShape& shape, const KvRows& kv, const 
   ps::Attention(shape, kv, args, pool_);
 }
 
-void CpuBackend::StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v,
-                         uint8_t* const* k_dst, uint8_t* const* v_dst) {
+void CpuBackend::StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v, uint8_t* const* k_dst,
+                         uint8_t* const* v_dst) {
   for (int64_t i = 0; i < n; ++i) {
     if (dtype == DType::kF32) {
       std::memcpy(k_dst[i], k + i * kv_dim, kv_dim * sizeof(float));

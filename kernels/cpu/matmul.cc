@@ -73,9 +73,8 @@ void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
   if (w.type == DType::kF32) {
     pool.ParallelFor(w.rows, 64, [&](int64_t r0, int64_t r1) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(r1 - r0),
-                  static_cast<int>(k), 1.0f, x, static_cast<int>(k),
-                  reinterpret_cast<const float*>(w.Row(r0)), static_cast<int>(k), 0.0f, y + r0,
-                  static_cast<int>(w.rows));
+                  static_cast<int>(k), 1.0f, x, static_cast<int>(k), reinterpret_cast<const float*>(w.Row(r0)),
+                  static_cast<int>(k), 0.0f, y + r0, static_cast<int>(w.rows));
     });
     return;
   }
@@ -108,8 +107,8 @@ void InitBlas() {
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
 
-void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool,
-                    MatMulPath path, bool int8_activations) {
+void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool, MatMulPath path,
+                    bool int8_activations) {
   PS_CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "empty matrix";
   if (m <= 0) return;
   InitBlas();

@@ -11,15 +11,15 @@
 
 namespace ps {
 
-constexpr int kQK = 32;    // elements per Q4_0 / Q4_1 / Q8_0 block and per activation block
-constexpr int kQK_K = 256; // elements per K-quant super-block
+constexpr int kQK = 32;     // elements per Q4_0 / Q4_1 / Q8_0 block and per activation block
+constexpr int kQK_K = 256;  // elements per K-quant super-block
 
 struct BlockQ4_0 {
-  uint16_t d;            // fp16 scale
-  uint8_t qs[kQK / 2];   // element j in low nibble of qs[j], element j+16 in the high nibble
+  uint16_t d;           // fp16 scale
+  uint8_t qs[kQK / 2];  // element j in low nibble of qs[j], element j+16 in the high nibble
 };
 struct BlockQ4_1 {
-  uint16_t d, m;         // fp16 scale and minimum: x = q * d + m
+  uint16_t d, m;  // fp16 scale and minimum: x = q * d + m
   uint8_t qs[kQK / 2];
 };
 struct BlockQ8_0 {
@@ -27,13 +27,13 @@ struct BlockQ8_0 {
   int8_t qs[kQK];
 };
 struct BlockQ4_K {
-  uint16_t d, dmin;      // super-block scales for the 6-bit sub-block scales / mins
-  uint8_t scales[12];    // 8 (scale, min) pairs, 6 bits each
-  uint8_t qs[kQK_K / 2]; // 4-bit quants, 64 elements per 32 bytes (low nibbles first)
+  uint16_t d, dmin;       // super-block scales for the 6-bit sub-block scales / mins
+  uint8_t scales[12];     // 8 (scale, min) pairs, 6 bits each
+  uint8_t qs[kQK_K / 2];  // 4-bit quants, 64 elements per 32 bytes (low nibbles first)
 };
 struct BlockQ6_K {
-  uint8_t ql[kQK_K / 2]; // low 4 bits
-  uint8_t qh[kQK_K / 4]; // high 2 bits
+  uint8_t ql[kQK_K / 2];  // low 4 bits
+  uint8_t qh[kQK_K / 4];  // high 2 bits
   int8_t scales[kQK_K / 16];
   uint16_t d;
 };

@@ -28,9 +28,7 @@ inline __m256 DotU8S8(__m256i u, __m256i s) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 // Sum of products of two signed byte vectors, as 8 floats.
-inline __m256 DotS8S8(__m256i a, __m256i b) {
-  return DotU8S8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
-}
+inline __m256 DotS8S8(__m256i a, __m256i b) { return DotU8S8(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a)); }
 // 16 packed bytes -> 32 nibbles: low nibbles in bytes 0..15, high nibbles in 16..31.
 inline __m256i UnpackNibbles(const uint8_t* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -75,8 +73,8 @@ float DotQ4_1(const BlockQ4_1* b, const BlockQ8* x, int64_t nb) {
 float DotQ8_0(const BlockQ8_0* b, const BlockQ8* x, int64_t nb) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d) * x[i].d),
-                          DotS8S8(Load256(b[i].qs), Load256(x[i].qs)), acc);
+    acc =
+        _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d) * x[i].d), DotS8S8(Load256(b[i].qs), Load256(x[i].qs)), acc);
   }
   return HorizontalSum(acc);
 }

@@ -50,7 +50,8 @@ float DotQ4_1(const BlockQ4_1* b, const float* x, const float* sums, int64_t nb)
 float DotQ8_0(const BlockQ8_0* b, const float* x, int64_t nb) {
   __m512 acc = _mm512_setzero_ps();
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs))));
+    const __m512 lo =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs))));
     const __m512 hi =
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs + 16))));
     const __m512 p = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
@@ -68,7 +69,8 @@ void DequantizeRow(DType type, const void* row, float* out, int64_t n) {
     if (type == DType::kQ8_0) {
       const BlockQ8_0& b = static_cast<const BlockQ8_0*>(row)[i];
       const __m512 d = _mm512_set1_ps(HalfToFloat(b.d));
-      lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)))), d);
+      lo = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs)))), d);
       hi = _mm512_mul_ps(
           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16)))), d);
     } else if (type == DType::kQ4_0) {

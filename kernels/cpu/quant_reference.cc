@@ -35,9 +35,7 @@ namespace reference {
 
 void DequantizeRow(DType type, const void* row, float* out, int64_t n) {
   switch (type) {
-    case DType::kF32:
-      std::memcpy(out, row, n * sizeof(float));
-      return;
+    case DType::kF32: std::memcpy(out, row, n * sizeof(float)); return;
     case DType::kF16: {
       const auto* h = static_cast<const uint16_t*>(row);
       for (int64_t i = 0; i < n; ++i) out[i] = Fp16ToFp32(h[i]);
@@ -128,8 +126,8 @@ float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n) {
         for (int j = 0; j < 16; ++j) {
           acc += (b[i].qs[j] & 0xF) * x[i].qs[j] + (b[i].qs[j] >> 4) * x[i].qs[j + 16];
         }
-        sum += static_cast<double>(Fp16ToFp32(b[i].d)) * x[i].d * acc +
-               static_cast<double>(Fp16ToFp32(b[i].m)) * x[i].s;
+        sum +=
+            static_cast<double>(Fp16ToFp32(b[i].d)) * x[i].d * acc + static_cast<double>(Fp16ToFp32(b[i].m)) * x[i].s;
       }
       break;
     }
@@ -173,8 +171,7 @@ float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n) {
       }
       break;
     }
-    default:
-      PS_CHECK(false) << "DotQ8: unsupported type " << static_cast<int>(type);
+    default: PS_CHECK(false) << "DotQ8: unsupported type " << static_cast<int>(type);
   }
   return static_cast<float>(sum);
 }

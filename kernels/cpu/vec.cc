@@ -4,7 +4,6 @@
 #include <cstring>
 #include <limits>
 
-
 #if !defined(__clang__)
 // GCC notes that 64-byte vector values change the ABI of non-AVX-512 clones; none
 // crosses a call boundary here.

@@ -13,9 +13,9 @@ absl::Status CudaError(cudaError_t e, const char* what) {
   return absl::InternalError(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-#define PS_CUDA_RETURN_IF_ERROR(expr)                       \
-  do {                                                      \
-    cudaError_t ps_err_ = (expr);                           \
+#define PS_CUDA_RETURN_IF_ERROR(expr)                             \
+  do {                                                            \
+    cudaError_t ps_err_ = (expr);                                 \
     if (ps_err_ != cudaSuccess) return CudaError(ps_err_, #expr); \
   } while (0)
 
@@ -88,7 +88,8 @@ const Cublas& LoadCublas() {
     c.create = reinterpret_cast<decltype(c.create)>(dlsym(h, "cublasCreate_v2"));
     c.destroy = reinterpret_cast<decltype(c.destroy)>(dlsym(h, "cublasDestroy_v2"));
     c.sgemm = reinterpret_cast<decltype(c.sgemm)>(dlsym(h, "cublasSgemm_v2"));
-    if (c.create == nullptr || c.destroy == nullptr || c.sgemm == nullptr) c.error = name + " lacks a cuBLAS entry point";
+    if (c.create == nullptr || c.destroy == nullptr || c.sgemm == nullptr)
+      c.error = name + " lacks a cuBLAS entry point";
     return c;
   }();
   return lib;
@@ -105,7 +106,9 @@ int DeviceCount() {
 absl::Status DeviceAvailable() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) return absl::UnavailableError(std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")");
+  if (e != cudaSuccess)
+    return absl::UnavailableError(std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) +
+                                  ")");
   if (n == 0) return absl::UnavailableError("no CUDA device: cudaGetDeviceCount found none");
   return absl::OkStatus();
 }

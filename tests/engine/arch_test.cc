@@ -66,8 +66,8 @@ std::unique_ptr<TinyModel> MakeTiny(ModelConfig c) {
       dims = {cols, static_cast<int64_t>(v.size()) / cols};
       (void)embd;
     }
-    tensors[name] = TensorRef{.type = DType::kF32, .dims = dims,
-                              .data = reinterpret_cast<const uint8_t*>(v.data()), .nbytes = v.size() * 4};
+    tensors[name] = TensorRef{
+        .type = DType::kF32, .dims = dims, .data = reinterpret_cast<const uint8_t*>(v.data()), .nbytes = v.size() * 4};
   }
   auto m = Model::Build(c, tensors, nullptr, nullptr);
   EXPECT_TRUE(m.ok()) << m.status();
@@ -230,8 +230,8 @@ TEST(ArchTest, Llama3RopeScaling) {
   c.rope.freq_base = 500000.0f;
   c.rope.freq_factors = Llama3FreqFactors(c.rope.n_dims, c.rope.freq_base, 8.0f, 1.0f, 4.0f, 64);
   ASSERT_EQ(c.rope.freq_factors.size(), 8u);
-  EXPECT_FLOAT_EQ(c.rope.freq_factors.front(), 1.0f);   // high frequency: unscaled
-  EXPECT_FLOAT_EQ(c.rope.freq_factors.back(), 8.0f);    // low frequency: scaled by the factor
+  EXPECT_FLOAT_EQ(c.rope.freq_factors.front(), 1.0f);  // high frequency: unscaled
+  EXPECT_FLOAT_EQ(c.rope.freq_factors.back(), 8.0f);   // low frequency: scaled by the factor
   CheckAgainstReference(c);
 }
 
@@ -262,8 +262,10 @@ TEST(ArchTest, MissingOrMisshapenTensorsAreErrors) {
   TensorMap tensors;
   for (auto& [name, v] : t->data) {
     if (name == "blk.1.ffn_up.weight") continue;
-    tensors[name] = TensorRef{.type = DType::kF32, .dims = {static_cast<int64_t>(v.size())},
-                              .data = reinterpret_cast<const uint8_t*>(v.data()), .nbytes = v.size() * 4};
+    tensors[name] = TensorRef{.type = DType::kF32,
+                              .dims = {static_cast<int64_t>(v.size())},
+                              .data = reinterpret_cast<const uint8_t*>(v.data()),
+                              .nbytes = v.size() * 4};
   }
   auto m = Model::Build(c, tensors, nullptr, nullptr);
   ASSERT_FALSE(m.ok());

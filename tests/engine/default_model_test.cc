@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/mapped_file.h"
 #include "engine/tokenizer/chat_template.h"
 #include "gtest/gtest.h"
@@ -31,9 +31,7 @@ class DefaultModelTest : public ::testing::Test {
     delete model_;
     delete file_;
   }
-  void SetUp() override {
-    ASSERT_NE(model_, nullptr) << "default model missing: run scripts/fetch_model.sh";
-  }
+  void SetUp() override { ASSERT_NE(model_, nullptr) << "default model missing: run scripts/fetch_model.sh"; }
   // The same weights with every quantised tensor dequantised to F32 in memory.
   std::unique_ptr<Model> Dequantised() {
     TensorMap tensors;
@@ -168,8 +166,9 @@ TEST_F(DefaultModelTest, GreedyMatchesLlamaCppGolden) {
       const float ours = top[0].logprob - top[1].logprob;  // logit margin: same as logprob margin
       EXPECT_LT(margins[i], kNearTie) << "diverged at step " << i << " without a near-tie in llama.cpp";
       EXPECT_LT(ours, kNearTie) << "diverged at step " << i << " without a near-tie here";
-      std::printf("golden '%.24s...': %zu/%zu tokens equal; divergence at a near-tie (llama.cpp margin %.3f, ours %.3f)\n",
-                  row[0].c_str(), i, want.size(), margins[i], ours);
+      std::printf(
+          "golden '%.24s...': %zu/%zu tokens equal; divergence at a near-tie (llama.cpp margin %.3f, ours %.3f)\n",
+          row[0].c_str(), i, want.size(), margins[i], ours);
     } else {
       std::printf("golden '%.24s...': %zu/%zu tokens equal\n", row[0].c_str(), i, want.size());
     }
@@ -185,7 +184,8 @@ TEST_F(DefaultModelTest, AnswersChatSensibly) {
   auto text = ApplyChatTemplate(t, msgs);
   ASSERT_TRUE(text.ok());
   Generator gen(*model_, backend_);
-  auto r = gen.Generate(tok->Encode(*text, true, true), SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = 32});
+  auto r = gen.Generate(tok->Encode(*text, true, true), SamplingParams{.temperature = 0},
+                        StopCriteria{.max_new_tokens = 32});
   ASSERT_TRUE(r.ok());
   EXPECT_NE(r->text.find("Paris"), std::string::npos) << r->text;
   EXPECT_EQ(r->finish_reason, FinishReason::kStop) << "the answer should end with <|im_end|>";
@@ -199,10 +199,12 @@ TEST_F(DefaultModelTest, NoOpPruningGivesExactlyFullTokens) {
   const int n = static_cast<int>(prompt.size());
   ASSERT_GT(n, 200);
   auto run = [&](const std::string& name, std::vector<std::string> args) {
-    const std::unique_ptr<PruningStrategy> strategy = testing::Strategy(model_->config(), name, args).Make(model_->config());
+    const std::unique_ptr<PruningStrategy> strategy =
+        testing::Strategy(model_->config(), name, args).Make(model_->config());
     Generator gen(*model_, backend_);
-    return gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = 24, .ignore_eos = true},
-                        nullptr, strategy.get())
+    return gen
+        .Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = 24, .ignore_eos = true},
+                  nullptr, strategy.get())
         ->tokens;
   };
   const std::vector<int32_t> full = run("full", {});

@@ -13,18 +13,54 @@ class GgufWriter {
  public:
   explicit GgufWriter(uint32_t version = 3) : version_(version) {}
 
-  void KvU8(const std::string& k, uint8_t v) { Key(k, 0); Pod(meta_, v); }
-  void KvI8(const std::string& k, int8_t v) { Key(k, 1); Pod(meta_, v); }
-  void KvU16(const std::string& k, uint16_t v) { Key(k, 2); Pod(meta_, v); }
-  void KvI16(const std::string& k, int16_t v) { Key(k, 3); Pod(meta_, v); }
-  void KvU32(const std::string& k, uint32_t v) { Key(k, 4); Pod(meta_, v); }
-  void KvI32(const std::string& k, int32_t v) { Key(k, 5); Pod(meta_, v); }
-  void KvF32(const std::string& k, float v) { Key(k, 6); Pod(meta_, v); }
-  void KvBool(const std::string& k, bool v) { Key(k, 7); Pod(meta_, static_cast<uint8_t>(v)); }
-  void KvStr(const std::string& k, const std::string& v) { Key(k, 8); Str(meta_, v); }
-  void KvU64(const std::string& k, uint64_t v) { Key(k, 10); Pod(meta_, v); }
-  void KvI64(const std::string& k, int64_t v) { Key(k, 11); Pod(meta_, v); }
-  void KvF64(const std::string& k, double v) { Key(k, 12); Pod(meta_, v); }
+  void KvU8(const std::string& k, uint8_t v) {
+    Key(k, 0);
+    Pod(meta_, v);
+  }
+  void KvI8(const std::string& k, int8_t v) {
+    Key(k, 1);
+    Pod(meta_, v);
+  }
+  void KvU16(const std::string& k, uint16_t v) {
+    Key(k, 2);
+    Pod(meta_, v);
+  }
+  void KvI16(const std::string& k, int16_t v) {
+    Key(k, 3);
+    Pod(meta_, v);
+  }
+  void KvU32(const std::string& k, uint32_t v) {
+    Key(k, 4);
+    Pod(meta_, v);
+  }
+  void KvI32(const std::string& k, int32_t v) {
+    Key(k, 5);
+    Pod(meta_, v);
+  }
+  void KvF32(const std::string& k, float v) {
+    Key(k, 6);
+    Pod(meta_, v);
+  }
+  void KvBool(const std::string& k, bool v) {
+    Key(k, 7);
+    Pod(meta_, static_cast<uint8_t>(v));
+  }
+  void KvStr(const std::string& k, const std::string& v) {
+    Key(k, 8);
+    Str(meta_, v);
+  }
+  void KvU64(const std::string& k, uint64_t v) {
+    Key(k, 10);
+    Pod(meta_, v);
+  }
+  void KvI64(const std::string& k, int64_t v) {
+    Key(k, 11);
+    Pod(meta_, v);
+  }
+  void KvF64(const std::string& k, double v) {
+    Key(k, 12);
+    Pod(meta_, v);
+  }
   void KvStrArray(const std::string& k, const std::vector<std::string>& v) {
     Key(k, 9);
     Pod(meta_, uint32_t{8});

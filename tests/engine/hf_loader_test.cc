@@ -12,11 +12,11 @@
 #include "base/fp16.h"
 #include "engine/forward.h"
 #include "engine/generator.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 #include "engine/tokenizer/byte_level.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace ps {
 namespace {
@@ -27,9 +27,9 @@ using nlohmann::json;
 constexpr int kVocab = 260, kEmbd = 32, kHeads = 4, kKvHeads = 2, kHeadDim = 8, kFf = 48, kLayers = 2;
 
 struct HfTensor {
-  std::string dtype;            // F32 | F16 | BF16
-  std::vector<int64_t> shape;   // HF order [out, in]
-  std::vector<float> values;    // exactly representable in dtype
+  std::string dtype;           // F32 | F16 | BF16
+  std::vector<int64_t> shape;  // HF order [out, in]
+  std::vector<float> values;   // exactly representable in dtype
 };
 
 void WriteSafetensors(const std::string& path, const std::map<std::string, HfTensor>& tensors) {
@@ -104,9 +104,9 @@ class HfLoaderTest : public ::testing::Test {
     }
     hf_["model.layers.0.self_attn.rotary_emb.inv_freq"] = make("F32", {kHeadDim / 2});  // ignored buffer
     WriteSafetensors((dir_ / "model.safetensors").string(), hf_);
-    json config = {{"model_type", "llama"}, {"vocab_size", kVocab}, {"hidden_size", kEmbd},
-                   {"num_hidden_layers", kLayers}, {"num_attention_heads", kHeads}, {"num_key_value_heads", kKvHeads},
-                   {"intermediate_size", kFf}, {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-5},
+    json config = {{"model_type", "llama"},        {"vocab_size", kVocab},           {"hidden_size", kEmbd},
+                   {"num_hidden_layers", kLayers}, {"num_attention_heads", kHeads},  {"num_key_value_heads", kKvHeads},
+                   {"intermediate_size", kFf},     {"max_position_embeddings", 128}, {"rms_norm_eps", 1e-5},
                    {"rope_theta", 10000.0}};
     std::ofstream(dir_ / "config.json") << config.dump();
     std::ofstream(dir_ / "tokenizer.json") << TinyTokenizerJson();
@@ -156,9 +156,9 @@ TEST_F(HfLoaderTest, LoadsAndMatchesGgufLayout) {
   EXPECT_EQ(tok->Decode(std::vector<int32_t>{258, 'o'}), "hello");
 
   // The same weights in GGUF naming and layout.
-  const std::map<std::string, std::string> names = {
-      {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
-      {"lm_head.weight", "output.weight"}};
+  const std::map<std::string, std::string> names = {{"model.embed_tokens.weight", "token_embd.weight"},
+                                                    {"model.norm.weight", "output_norm.weight"},
+                                                    {"lm_head.weight", "output.weight"}};
   TensorMap tensors;
   for (const auto& [name, t] : hf_) {
     std::string g;
@@ -182,8 +182,10 @@ TEST_F(HfLoaderTest, LoadsAndMatchesGgufLayout) {
     if (g.find("attn_k.weight") != std::string::npos) v = Permuted(v, kKvHeads);
     gguf_data_[g] = std::move(v);
     const auto& stored = gguf_data_[g];
-    tensors[g] = TensorRef{.type = DType::kF32, .dims = std::vector<int64_t>(t.shape.rbegin(), t.shape.rend()),
-                           .data = reinterpret_cast<const uint8_t*>(stored.data()), .nbytes = stored.size() * 4};
+    tensors[g] = TensorRef{.type = DType::kF32,
+                           .dims = std::vector<int64_t>(t.shape.rbegin(), t.shape.rend()),
+                           .data = reinterpret_cast<const uint8_t*>(stored.data()),
+                           .nbytes = stored.size() * 4};
   }
   ModelConfig c = (*hf)->config();
   c.rope.neox = false;

@@ -9,10 +9,10 @@
 #include "engine/pruning/gemfilter.h"
 #include "engine/pruning/lazyllm.h"
 #include "engine/pruning/registry.h"
-#include "pruneserve/v1/generation.pb.h"
 #include "engine/pruning/selection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pruneserve/v1/generation.pb.h"
 #include "tests/engine/test_util.h"
 
 namespace ps {
@@ -122,8 +122,8 @@ class PruningModelTest : public ::testing::Test {
   std::vector<int32_t> Run(const std::vector<int32_t>& prompt, int n, PruningStrategy* strategy,
                            int64_t* rows = nullptr) {
     Generator gen(*model_, backend_);
-    auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
-                          nullptr, strategy);
+    auto r = gen.Generate(prompt, SamplingParams{.temperature = 0},
+                          StopCriteria{.max_new_tokens = n, .ignore_eos = true}, nullptr, strategy);
     EXPECT_TRUE(r.ok()) << r.status();
     if (rows != nullptr) *rows = r->prompt_rows_computed;
     return r->tokens;

@@ -34,7 +34,8 @@ TEST(Sampler, SameSeedSameTokens) {
 }
 
 TEST(Sampler, TopKOneIsGreedy) {
-  for (uint64_t seed = 0; seed < 20; ++seed) EXPECT_EQ(SampleOnce({.temperature = 5.0f, .top_k = 1, .seed = seed}, Logits()), 1);
+  for (uint64_t seed = 0; seed < 20; ++seed)
+    EXPECT_EQ(SampleOnce({.temperature = 5.0f, .top_k = 1, .seed = seed}, Logits()), 1);
 }
 
 TEST(Sampler, TopKRestrictsSupport) {
@@ -47,7 +48,8 @@ TEST(Sampler, TopKRestrictsSupport) {
 TEST(Sampler, TopPKeepsSmallestNucleus) {
   // probabilities at T=1: token 1 ~0.39, token 4 ~0.35, token 2 ~0.14 ... top_p 0.5 keeps {1, 4}
   std::map<int32_t, int> seen;
-  for (uint64_t seed = 0; seed < 300; ++seed) ++seen[SampleOnce({.temperature = 1.0f, .top_p = 0.5f, .seed = seed}, Logits())];
+  for (uint64_t seed = 0; seed < 300; ++seed)
+    ++seen[SampleOnce({.temperature = 1.0f, .top_p = 0.5f, .seed = seed}, Logits())];
   EXPECT_EQ(seen.size(), 2u);
   EXPECT_GT(seen[1], 0);
   EXPECT_GT(seen[4], 0);
@@ -62,10 +64,10 @@ TEST(Sampler, MinPDropsUnlikelyTokens) {
 }
 
 TEST(Sampler, PenaltiesDemoteSeenTokens) {
-  EXPECT_EQ(SampleOnce({.temperature = 0, .repetition_penalty = 2.0f}, Logits(), {1}), 4);   // 3/2 < 2.9
-  EXPECT_EQ(SampleOnce({.temperature = 0, .presence_penalty = 0.2f}, Logits(), {1}), 4);     // 2.8 < 2.9
-  EXPECT_EQ(SampleOnce({.temperature = 0, .frequency_penalty = 0.06f}, Logits(), {1, 1}), 4); // 2.88
-  EXPECT_EQ(SampleOnce({.temperature = 0, .frequency_penalty = 0.06f}, Logits(), {1}), 1);    // 2.94
+  EXPECT_EQ(SampleOnce({.temperature = 0, .repetition_penalty = 2.0f}, Logits(), {1}), 4);     // 3/2 < 2.9
+  EXPECT_EQ(SampleOnce({.temperature = 0, .presence_penalty = 0.2f}, Logits(), {1}), 4);       // 2.8 < 2.9
+  EXPECT_EQ(SampleOnce({.temperature = 0, .frequency_penalty = 0.06f}, Logits(), {1, 1}), 4);  // 2.88
+  EXPECT_EQ(SampleOnce({.temperature = 0, .frequency_penalty = 0.06f}, Logits(), {1}), 1);     // 2.94
 }
 
 TEST(Sampler, LogprobsOfRawDistribution) {

@@ -53,7 +53,8 @@ std::unique_ptr<Model> LoadOrDie(const std::string& path) {
 
 std::vector<int32_t> Greedy(const Model& m, Backend& backend, const std::vector<int32_t>& prompt, int n) {
   Generator gen(m, backend);
-  auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true});
+  auto r =
+      gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true});
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? r->tokens : std::vector<int32_t>{};
 }

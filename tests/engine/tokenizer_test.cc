@@ -49,7 +49,8 @@ std::vector<Vector> LoadVectors(const std::string& stem) {
   std::vector<Vector> v;
   for (size_t i = 0; i < texts.size(); ++i) {
     Vector x{texts[i], {}};
-    for (absl::string_view s : absl::StrSplit(lines.at(i), ' ', absl::SkipEmpty())) x.ids.push_back(std::stoi(std::string(s)));
+    for (absl::string_view s : absl::StrSplit(lines.at(i), ' ', absl::SkipEmpty()))
+      x.ids.push_back(std::stoi(std::string(s)));
     v.push_back(std::move(x));
   }
   return v;
@@ -70,9 +71,15 @@ void CheckVectors(const Tokenizer& tok, const std::string& stem, bool check_deco
   EXPECT_EQ(failures, 0) << stem << ": " << failures << " of " << vectors.size() << " strings differ";
 }
 
-TEST(TokenizerVectors, LlamaSpm) { CheckVectors(*FromGgufPath(kVectors + "ggml-vocab-llama-spm.gguf"), "ggml-vocab-llama-spm.gguf"); }
-TEST(TokenizerVectors, Phi3) { CheckVectors(*FromGgufPath(kVectors + "ggml-vocab-phi-3.gguf"), "ggml-vocab-phi-3.gguf"); }
-TEST(TokenizerVectors, Gpt2) { CheckVectors(*FromGgufPath(kVectors + "ggml-vocab-gpt-2.gguf"), "ggml-vocab-gpt-2.gguf"); }
+TEST(TokenizerVectors, LlamaSpm) {
+  CheckVectors(*FromGgufPath(kVectors + "ggml-vocab-llama-spm.gguf"), "ggml-vocab-llama-spm.gguf");
+}
+TEST(TokenizerVectors, Phi3) {
+  CheckVectors(*FromGgufPath(kVectors + "ggml-vocab-phi-3.gguf"), "ggml-vocab-phi-3.gguf");
+}
+TEST(TokenizerVectors, Gpt2) {
+  CheckVectors(*FromGgufPath(kVectors + "ggml-vocab-gpt-2.gguf"), "ggml-vocab-gpt-2.gguf");
+}
 TEST(TokenizerVectors, Llama3Json) { CheckVectors(*FromJson("llama3"), "ggml-vocab-llama-bpe.gguf"); }
 TEST(TokenizerVectors, Qwen2Json) { CheckVectors(*FromJson("qwen2"), "ggml-vocab-qwen2.gguf"); }
 
@@ -171,9 +178,10 @@ TEST(ChatTemplate, ChatMLWithDefaultSystem) {
 
 TEST(ChatTemplate, Llama3Format) {
   std::vector<ChatMessage> msgs = {{"system", "S"}, {"user", "U"}};
-  EXPECT_EQ(*ApplyChatTemplate(ChatTemplate{ChatFormat::kLlama3, ""}, msgs),
-            "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
-            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(
+      *ApplyChatTemplate(ChatTemplate{ChatFormat::kLlama3, ""}, msgs),
+      "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
+      "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 }  // namespace

@@ -7,11 +7,11 @@
 
 #include "base/thread_pool.h"
 #include "gtest/gtest.h"
-#include "tests/kernels/random.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "memory/cuda_swap_engine.h"
+#include "tests/kernels/random.h"
 
 namespace ps {
 namespace {

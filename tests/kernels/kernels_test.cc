@@ -9,12 +9,12 @@
 #include "absl/strings/str_cat.h"
 #include "base/fp16.h"
 #include "gtest/gtest.h"
-#include "tests/kernels/random.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/vec.h"
+#include "tests/kernels/random.h"
 
 namespace ps {
 namespace {
@@ -69,8 +69,8 @@ TEST(Vec, ElementwiseKernelsMatchScalarMath) {
 TEST(MatMul, PathsAgreeWithReference) {
   ThreadPool pool(2);
   std::mt19937 rng(5);
-  for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K,
-                     DType::kQ6_K}) {
+  for (DType type :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
     const int64_t cols = Traits(type).block_elems == 256 ? 512 : 96;
     for (int64_t rows : {1, 17, 300}) {
       // random valid row data: quantise random floats through dequantise of random blocks
@@ -157,48 +157,60 @@ TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
   constexpr int kHd = 24, kHeads = 6, kKvHeads = 2, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
   const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.2f};
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
-  for (int64_t block_rows : {50, 16, 7})
-  for (int64_t nq : {1, 5, 40}) {
-    const int64_t nkv = 50;
-    auto q = Randn(nq * kQd, 1), k = Randn(nkv * kKvd, 2), v = Randn(nkv * kKvd, 3);
-    std::vector<uint16_t> kh(k.size()), vh(v.size());
-    if (dtype != DType::kF32) {  // store as halves; the reference sees the rounded values
-      F32ToHalf(dtype, k.data(), kh.data(), static_cast<int64_t>(k.size()));
-      F32ToHalf(dtype, v.data(), vh.data(), static_cast<int64_t>(v.size()));
-      HalfToF32(dtype, kh.data(), k.data(), static_cast<int64_t>(k.size()));
-      HalfToF32(dtype, vh.data(), v.data(), static_cast<int64_t>(v.size()));
-    }
-    std::vector<int32_t> kv_pos(nkv), q_pos(nq);
-    for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>((j * 7) % nkv);  // a permutation
-    for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
-    std::vector<float> out(nq * kQd), probs(nkv);
-    // Every block in its own allocation: the kernel must follow the block table.
-    std::vector<std::vector<float>> kb, vb;
-    std::vector<std::vector<uint16_t>> khb, vhb;
-    std::vector<const void*> kp, vp;
-    for (int64_t b = 0; b * block_rows < nkv; ++b) {
-      const int64_t first = b * block_rows * kKvd, last = std::min(nkv, (b + 1) * block_rows) * kKvd;
-      kb.emplace_back(k.begin() + first, k.begin() + last);
-      vb.emplace_back(v.begin() + first, v.begin() + last);
-      khb.emplace_back(kh.begin() + first, kh.begin() + last);
-      vhb.emplace_back(vh.begin() + first, vh.begin() + last);
-    }
-    for (size_t b = 0; b < kb.size(); ++b) {
-      kp.push_back(dtype == DType::kF32 ? static_cast<const void*>(kb[b].data()) : khb[b].data());
-      vp.push_back(dtype == DType::kF32 ? static_cast<const void*>(vb[b].data()) : vhb[b].data());
-    }
-    Attention(s, KvRows{.k_blocks = kp.data(), .v_blocks = vp.data(), .block_rows = block_rows,
-                        .positions = kv_pos.data(), .n = nkv, .stride = kKvd, .dtype = dtype},
-              AttentionArgs{.q = q.data(), .q_pos = q_pos.data(), .n_q = nq, .q_stride = kQd, .out = out.data(),
-                            .out_stride = kQd, .last_query_probs = probs.data()},
-              pool);
-    std::vector<double> want_probs, want_logits;
-    const std::vector<double> want = NaiveAttention(
-        s, q, k, v, nq, nkv, [&](int64_t i, int64_t j) { return kv_pos[j] <= q_pos[i]; }, &want_probs, &want_logits);
-    const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows);
-    EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
-    EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
-  }
+    for (int64_t block_rows : {50, 16, 7})
+      for (int64_t nq : {1, 5, 40}) {
+        const int64_t nkv = 50;
+        auto q = Randn(nq * kQd, 1), k = Randn(nkv * kKvd, 2), v = Randn(nkv * kKvd, 3);
+        std::vector<uint16_t> kh(k.size()), vh(v.size());
+        if (dtype != DType::kF32) {  // store as halves; the reference sees the rounded values
+          F32ToHalf(dtype, k.data(), kh.data(), static_cast<int64_t>(k.size()));
+          F32ToHalf(dtype, v.data(), vh.data(), static_cast<int64_t>(v.size()));
+          HalfToF32(dtype, kh.data(), k.data(), static_cast<int64_t>(k.size()));
+          HalfToF32(dtype, vh.data(), v.data(), static_cast<int64_t>(v.size()));
+        }
+        std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+        for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>((j * 7) % nkv);  // a permutation
+        for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
+        std::vector<float> out(nq * kQd), probs(nkv);
+        // Every block in its own allocation: the kernel must follow the block table.
+        std::vector<std::vector<float>> kb, vb;
+        std::vector<std::vector<uint16_t>> khb, vhb;
+        std::vector<const void*> kp, vp;
+        for (int64_t b = 0; b * block_rows < nkv; ++b) {
+          const int64_t first = b * block_rows * kKvd, last = std::min(nkv, (b + 1) * block_rows) * kKvd;
+          kb.emplace_back(k.begin() + first, k.begin() + last);
+          vb.emplace_back(v.begin() + first, v.begin() + last);
+          khb.emplace_back(kh.begin() + first, kh.begin() + last);
+          vhb.emplace_back(vh.begin() + first, vh.begin() + last);
+        }
+        for (size_t b = 0; b < kb.size(); ++b) {
+          kp.push_back(dtype == DType::kF32 ? static_cast<const void*>(kb[b].data()) : khb[b].data());
+          vp.push_back(dtype == DType::kF32 ? static_cast<const void*>(vb[b].data()) : vhb[b].data());
+        }
+        Attention(s,
+                  KvRows{.k_blocks = kp.data(),
+                         .v_blocks = vp.data(),
+                         .block_rows = block_rows,
+                         .positions = kv_pos.data(),
+                         .n = nkv,
+                         .stride = kKvd,
+                         .dtype = dtype},
+                  AttentionArgs{.q = q.data(),
+                                .q_pos = q_pos.data(),
+                                .n_q = nq,
+                                .q_stride = kQd,
+                                .out = out.data(),
+                                .out_stride = kQd,
+                                .last_query_probs = probs.data()},
+                  pool);
+        std::vector<double> want_probs, want_logits;
+        const std::vector<double> want = NaiveAttention(
+            s, q, k, v, nq, nkv, [&](int64_t i, int64_t j) { return kv_pos[j] <= q_pos[i]; }, &want_probs,
+            &want_logits);
+        const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows);
+        EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
+        EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
+      }
 }
 
 // Attention over a KV selection (segments of query rows, each with its row ranges)
@@ -215,65 +227,82 @@ TEST(Attention, ReadsExactlyTheSelection) {
   // Rows 14..20 are read by no segment.
   const std::vector<KvRange> first = {{0, 10}, {21, 22}, {30, 45}}, second = {{3, 4}, {24, 50}};
   for (DType dtype : {DType::kF32, DType::kF16})
-  for (bool ascending : {true, false})
-  for (int64_t block_rows : {16, 7})
-  for (int64_t nq : {1, 5, 40}) {
-    auto q = Randn(nq * kQd, 11), k = Randn(nkv * kKvd, 12), v = Randn(nkv * kKvd, 13);
-    std::vector<uint16_t> kh(k.size()), vh(v.size());
-    if (dtype != DType::kF32) {
-      F32ToHalf(dtype, k.data(), kh.data(), static_cast<int64_t>(k.size()));
-      F32ToHalf(dtype, v.data(), vh.data(), static_cast<int64_t>(v.size()));
-      HalfToF32(dtype, kh.data(), k.data(), static_cast<int64_t>(k.size()));
-      HalfToF32(dtype, vh.data(), v.data(), static_cast<int64_t>(v.size()));
-    }
-    std::vector<int32_t> kv_pos(nkv), q_pos(nq);
-    for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(ascending ? j : (j * 7) % nkv);
-    for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
-    KvSelection sel;
-    const int32_t split = nq >= 2 ? static_cast<int32_t>(nq / 2) : static_cast<int32_t>(nq);
-    sel.segments.push_back({.q_begin = 0, .q_end = split, .ranges = first});
-    if (split < nq) sel.segments.push_back({.q_begin = split, .q_end = static_cast<int32_t>(nq), .ranges = second});
-    ASSERT_TRUE(sel.Validate(nq, nkv).ok()) << sel.Validate(nq, nkv);
-    auto selected = [&](int64_t i, int64_t j) {
-      for (const KvRange& r : i < split ? first : second) {
-        if (j >= r.begin && j < r.end) return true;
-      }
-      return false;
-    };
-    std::vector<const void*> kp, vp;
-    for (int64_t b = 0; b * block_rows < nkv; ++b) {
-      bool read = false;
-      for (int64_t j = b * block_rows; j < std::min(nkv, (b + 1) * block_rows); ++j) {
-        for (int64_t i = 0; i < nq; ++i) read = read || selected(i, j);
-      }
-      const bool f32 = dtype == DType::kF32;
-      kp.push_back(!read ? nullptr : f32 ? static_cast<const void*>(k.data() + b * block_rows * kKvd) : kh.data() + b * block_rows * kKvd);
-      vp.push_back(!read ? nullptr : f32 ? static_cast<const void*>(v.data() + b * block_rows * kKvd) : vh.data() + b * block_rows * kKvd);
-    }
-    std::vector<float> out(nq * kQd), probs(nkv), logits(nkv);
-    Attention(s, KvRows{.k_blocks = kp.data(), .v_blocks = vp.data(), .block_rows = block_rows,
-                        .positions = kv_pos.data(), .n = nkv, .stride = kKvd, .positions_ascending = ascending,
-                        .dtype = dtype},
-              AttentionArgs{.q = q.data(), .q_pos = q_pos.data(), .n_q = nq, .q_stride = kQd, .out = out.data(),
-                            .out_stride = kQd, .selection = &sel, .last_query_probs = probs.data(),
-                            .last_query_logits = logits.data()},
-              pool);
-    std::vector<double> want_probs, want_logits;
-    const std::vector<double> want = NaiveAttention(
-        s, q, k, v, nq, nkv, [&](int64_t i, int64_t j) { return selected(i, j) && kv_pos[j] <= q_pos[i]; },
-        &want_probs, &want_logits);
-    const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows,
-                                          ascending ? " ascending" : " permuted");
-    EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
-    EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
-    for (int64_t j = 0; j < nkv; ++j) {
-      if (want_logits[j] < -1e299) {
-        EXPECT_TRUE(std::isinf(logits[j]) && logits[j] < 0) << what << " row " << j;
-      } else {
-        EXPECT_NEAR(logits[j], want_logits[j], 1e-4 * (1 + std::fabs(want_logits[j]))) << what << " row " << j;
-      }
-    }
-  }
+    for (bool ascending : {true, false})
+      for (int64_t block_rows : {16, 7})
+        for (int64_t nq : {1, 5, 40}) {
+          auto q = Randn(nq * kQd, 11), k = Randn(nkv * kKvd, 12), v = Randn(nkv * kKvd, 13);
+          std::vector<uint16_t> kh(k.size()), vh(v.size());
+          if (dtype != DType::kF32) {
+            F32ToHalf(dtype, k.data(), kh.data(), static_cast<int64_t>(k.size()));
+            F32ToHalf(dtype, v.data(), vh.data(), static_cast<int64_t>(v.size()));
+            HalfToF32(dtype, kh.data(), k.data(), static_cast<int64_t>(k.size()));
+            HalfToF32(dtype, vh.data(), v.data(), static_cast<int64_t>(v.size()));
+          }
+          std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+          for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(ascending ? j : (j * 7) % nkv);
+          for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
+          KvSelection sel;
+          const int32_t split = nq >= 2 ? static_cast<int32_t>(nq / 2) : static_cast<int32_t>(nq);
+          sel.segments.push_back({.q_begin = 0, .q_end = split, .ranges = first});
+          if (split < nq)
+            sel.segments.push_back({.q_begin = split, .q_end = static_cast<int32_t>(nq), .ranges = second});
+          ASSERT_TRUE(sel.Validate(nq, nkv).ok()) << sel.Validate(nq, nkv);
+          auto selected = [&](int64_t i, int64_t j) {
+            for (const KvRange& r : i < split ? first : second) {
+              if (j >= r.begin && j < r.end) return true;
+            }
+            return false;
+          };
+          std::vector<const void*> kp, vp;
+          for (int64_t b = 0; b * block_rows < nkv; ++b) {
+            bool read = false;
+            for (int64_t j = b * block_rows; j < std::min(nkv, (b + 1) * block_rows); ++j) {
+              for (int64_t i = 0; i < nq; ++i) read = read || selected(i, j);
+            }
+            const bool f32 = dtype == DType::kF32;
+            kp.push_back(!read ? nullptr
+                         : f32 ? static_cast<const void*>(k.data() + b * block_rows * kKvd)
+                               : kh.data() + b * block_rows * kKvd);
+            vp.push_back(!read ? nullptr
+                         : f32 ? static_cast<const void*>(v.data() + b * block_rows * kKvd)
+                               : vh.data() + b * block_rows * kKvd);
+          }
+          std::vector<float> out(nq * kQd), probs(nkv), logits(nkv);
+          Attention(s,
+                    KvRows{.k_blocks = kp.data(),
+                           .v_blocks = vp.data(),
+                           .block_rows = block_rows,
+                           .positions = kv_pos.data(),
+                           .n = nkv,
+                           .stride = kKvd,
+                           .positions_ascending = ascending,
+                           .dtype = dtype},
+                    AttentionArgs{.q = q.data(),
+                                  .q_pos = q_pos.data(),
+                                  .n_q = nq,
+                                  .q_stride = kQd,
+                                  .out = out.data(),
+                                  .out_stride = kQd,
+                                  .selection = &sel,
+                                  .last_query_probs = probs.data(),
+                                  .last_query_logits = logits.data()},
+                    pool);
+          std::vector<double> want_probs, want_logits;
+          const std::vector<double> want = NaiveAttention(
+              s, q, k, v, nq, nkv, [&](int64_t i, int64_t j) { return selected(i, j) && kv_pos[j] <= q_pos[i]; },
+              &want_probs, &want_logits);
+          const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows,
+                                                ascending ? " ascending" : " permuted");
+          EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
+          EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
+          for (int64_t j = 0; j < nkv; ++j) {
+            if (want_logits[j] < -1e299) {
+              EXPECT_TRUE(std::isinf(logits[j]) && logits[j] < 0) << what << " row " << j;
+            } else {
+              EXPECT_NEAR(logits[j], want_logits[j], 1e-4 * (1 + std::fabs(want_logits[j]))) << what << " row " << j;
+            }
+          }
+        }
   KvSelection bad;
   bad.segments.push_back({.q_begin = 0, .q_end = 3, .ranges = {{5, 9}, {8, 12}}});
   EXPECT_FALSE(bad.Validate(3, 50).ok()) << "overlapping ranges";

@@ -27,8 +27,13 @@ std::vector<uint8_t> RandomRow(DType type, int64_t n, std::mt19937& rng) {
   for (size_t off = 0; off < row.size(); off += bb) {
     uint8_t* b = row.data() + off;
     switch (type) {
-      case DType::kQ4_0: case DType::kQ8_0: set_half(b); break;
-      case DType::kQ4_1: case DType::kQ4_K: set_half(b); set_half(b + 2); break;
+      case DType::kQ4_0:
+      case DType::kQ8_0: set_half(b); break;
+      case DType::kQ4_1:
+      case DType::kQ4_K:
+        set_half(b);
+        set_half(b + 2);
+        break;
       case DType::kQ6_K: set_half(b + 208); break;
       default: break;
     }

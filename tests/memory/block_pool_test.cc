@@ -1,7 +1,7 @@
 // BlockPool without a model: exact block ids and free-list order after sequences
 // of allocations and releases, reference counts, integrity after every operation.
-#include "gtest/gtest.h"
 #include "memory/block_pool.h"
+#include "gtest/gtest.h"
 
 namespace ps {
 namespace {

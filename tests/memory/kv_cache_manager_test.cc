@@ -54,7 +54,7 @@ TEST_F(KvCacheManagerTest, BlocksAreTakenAsSlotsNeedThem) {
 
 TEST_F(KvCacheManagerTest, NoRoomIsAValueAndChangesNothing) {
   ASSERT_TRUE(m_.Append(1, 0, Positions(0, 16 * 11)));  // 11 of 12 blocks
-  EXPECT_FALSE(m_.Append(1, 1, Positions(0, 17)));       // needs 2
+  EXPECT_FALSE(m_.Append(1, 1, Positions(0, 17)));      // needs 2
   EXPECT_TRUE(m_.Table(1, 1).positions.empty());
   EXPECT_EQ(device_.num_free(), 1);
   EXPECT_INTACT(m_);

@@ -107,8 +107,9 @@ class Planner {
   }
   std::string Runs(const StepPlan& p) const {  // "id:begin+count[*]" where * = sample
     std::vector<std::string> out;
-    for (const StepPlan::Run& r : p.run) out.push_back(Id(r.seq_id) + ":" + std::to_string(r.begin) + "+" +
-                                                       std::to_string(r.count) + (r.sample ? "*" : ""));
+    for (const StepPlan::Run& r : p.run)
+      out.push_back(Id(r.seq_id) + ":" + std::to_string(r.begin) + "+" + std::to_string(r.count) +
+                    (r.sample ? "*" : ""));
     return absl::StrJoin(out, " ");
   }
   int64_t Seq(const std::string& id) const {
@@ -238,8 +239,8 @@ TEST(Planner, SwapPreemptionAndResumeOrder) {
 // KV is dropped, and it later runs its whole history (prompt and tokens so far) in
 // one step and goes on with the same tokens.
 TEST(Planner, RecomputePreemptionRerunsTheHistory) {
-  for (const Options& o : {Options{.scheduler = {.preemption = PreemptionMode::kRecompute}},
-                           Options{.host_blocks = 4}}) {
+  for (const Options& o :
+       {Options{.scheduler = {.preemption = PreemptionMode::kRecompute}}, Options{.host_blocks = 4}}) {
     Planner p(o);
     p.Add("a", 8, 10);
     p.Add("b", 8, 10);
@@ -396,9 +397,10 @@ TEST(Planner, CheckFitsGivesTheNumbers) {
   EXPECT_TRUE(p.scheduler_.CheckFits(fits).ok());
   const absl::Status s = p.scheduler_.CheckFits(too_big);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(s.message(),
-            "the KV cache cannot hold this request's prompt: 25 tokens need 14 blocks (7 per layer x 2 layers, 4 tokens "
-            "per block), but the device tier has 12 blocks in all (6 per layer: 24 tokens)");
+  EXPECT_EQ(
+      s.message(),
+      "the KV cache cannot hold this request's prompt: 25 tokens need 14 blocks (7 per layer x 2 layers, 4 tokens "
+      "per block), but the device tier has 12 blocks in all (6 per layer: 24 tokens)");
 }
 
 }  // namespace

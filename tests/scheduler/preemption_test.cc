@@ -68,7 +68,7 @@ void ExpectEverythingFree(const Served& s) {
 // Sized so that requests fit one by one but far from all at once: a request of up
 // to 162 + 32 tokens takes at most 13 blocks x 5 layers = 65 of the 120 blocks.
 const server::ServingOptions kTight{.engine = {.kv_block_tokens = 16, .kv_device_blocks = 120, .kv_host_blocks = 2000},
-                                   .scheduler = {.max_batch_tokens = 256, .prefill_chunk = 64}};
+                                    .scheduler = {.max_batch_tokens = 256, .prefill_chunk = 64}};
 
 TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
   constexpr int kRequests = 24;
@@ -140,7 +140,8 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
     }
     void OnPreemption(PreemptionMode) override {}
     void OnSwap(Tier, uint64_t, double) override {}
-    std::vector<std::vector<std::function<void()>>> at_step = std::vector<std::vector<std::function<void()>>>(kLastStep + 2);
+    std::vector<std::vector<std::function<void()>>> at_step =
+        std::vector<std::vector<std::function<void()>>>(kLastStep + 2);
     int step = 0;
     std::atomic<Served*> scheduler{nullptr};
   } canceller;
@@ -165,9 +166,10 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
     if (i % 2 == 0) continue;
     cancel_step[i] = static_cast<int>(rng() % (kLastStep + 1));
     if (cancel_step[i] == 0) continue;  // cancelled by this thread right after submission
-    canceller.at_step[cancel_step[i]].push_back(i % 4 == 1
-        ? std::function<void()>([r = requests[i]] { r->Cancel(CancelReason::kClient); })
-        : std::function<void()>([&canceller, name = id(i)] { EXPECT_TRUE(canceller.scheduler.load()->Abort(name)); }));
+    canceller.at_step[cancel_step[i]].push_back(
+        i % 4 == 1 ? std::function<void()>([r = requests[i]] { r->Cancel(CancelReason::kClient); })
+                   : std::function<void()>(
+                         [&canceller, name = id(i)] { EXPECT_TRUE(canceller.scheduler.load()->Abort(name)); }));
   }
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_TRUE(s.Submit(requests[i]).ok());
@@ -194,8 +196,8 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   const LoadSnapshot load = s.Load();
   EXPECT_GT(load.preemptions[static_cast<int>(PreemptionMode::kSwap)], 0);
   EXPECT_GT(load.preemptions[static_cast<int>(PreemptionMode::kRecompute)], 0);
-  std::printf("steps %d, preemptions: swap %ld, recompute %ld\n", canceller.step,
-              load.preemptions[0], load.preemptions[1]);
+  std::printf("steps %d, preemptions: swap %ld, recompute %ld\n", canceller.step, load.preemptions[0],
+              load.preemptions[1]);
 }
 
 // Every third block copy fails: the scheduler drops that sequence's KV and
@@ -214,7 +216,8 @@ TEST_F(SchedulerTest, FailingSwapsFallBackToRecompute) {
     return absl::OkStatus();
   };
   Served s(*model_, engine_pool, options);
-  for (int i = 0; i < kRequests; ++i) ASSERT_TRUE(s.Submit(Make("f" + std::to_string(i), MixedPrompt(i), NewTokens(i))).ok());
+  for (int i = 0; i < kRequests; ++i)
+    ASSERT_TRUE(s.Submit(Make("f" + std::to_string(i), MixedPrompt(i), NewTokens(i))).ok());
   for (int i = 0; i < kRequests; ++i) {
     CollectingSink& sink = *sinks_["f" + std::to_string(i)];
     ASSERT_TRUE(sink.Wait());

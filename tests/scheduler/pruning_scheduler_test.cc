@@ -15,10 +15,9 @@ std::vector<int32_t> LongPrompt(int i) {
 }
 
 TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
-  const PruningParams strategies[] = {Pruning("full"), Pruning("lazyllm"),
-                                      Pruning("gemfilter", {"top_k=40", "filter_layer=2"}),
-                                      Pruning("gemfilter", {"top_k=40", "original_positions=true"}),
-                                      Pruning("lazyllm", {"layers=2", "keep=0.3"})};
+  const PruningParams strategies[] = {
+      Pruning("full"), Pruning("lazyllm"), Pruning("gemfilter", {"top_k=40", "filter_layer=2"}),
+      Pruning("gemfilter", {"top_k=40", "original_positions=true"}), Pruning("lazyllm", {"layers=2", "keep=0.3"})};
   constexpr int kRequests = 10, kTokens = 24;
   auto strategy = [&](int i) { return strategies[i % 5]; };
   std::vector<std::string> offline(kRequests);

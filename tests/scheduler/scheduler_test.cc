@@ -41,9 +41,10 @@ TEST_F(SchedulerTest, PromptLargerThanTheKvCacheIsRefusedAtSubmission) {
   std::vector<int32_t> long_prompt(40, 300);  // 3 blocks x 5 layers > 10
   const absl::Status refused = s.Submit(Make("long", long_prompt, 4));
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
-  EXPECT_NE(refused.message().find("cannot hold this request's prompt: 40 tokens need 15 blocks (3 per layer x 5 layers, "
-                                   "16 tokens per block), but the device tier has 10 blocks in all (2 per layer: 32 tokens)"),
-            std::string::npos)
+  EXPECT_NE(
+      refused.message().find("cannot hold this request's prompt: 40 tokens need 15 blocks (3 per layer x 5 layers, "
+                             "16 tokens per block), but the device tier has 10 blocks in all (2 per layer: 32 tokens)"),
+      std::string::npos)
       << refused;
   EXPECT_EQ(s.Load().in_flight, 0);
   ASSERT_TRUE(s.Submit(Make("short", {1, 300}, 4)).ok());

@@ -91,8 +91,9 @@ class SchedulerTest : public ::testing::Test {
   std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n, const PruningParams& pruning = {}) {
     Generator gen(*model_, backend_);
     const std::unique_ptr<PruningStrategy> strategy = pruning.Make(model_->config());
-    return gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
-                        nullptr, strategy.get())
+    return gen
+        .Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
+                  nullptr, strategy.get())
         ->tokens;
   }
   // The model's defaults for strategy `name` with `args` applied.

@@ -7,8 +7,8 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
-#include <chrono>
 #include <fcntl.h>
+#include <chrono>
 
 #include <filesystem>
 #include <fstream>
@@ -49,8 +49,17 @@ class ServerProcess {
     std::filesystem::remove_all(dir_);  // a stale port file of an earlier process with this pid
     std::filesystem::create_directories(dir_);
     const std::string port_file = dir_ + "/ports", log = dir_ + "/server.log";
-    std::vector<std::string> argv = {std::string(PS_BINARY_DIR) + "/pruneserve", "--host", "127.0.0.1", "--port", "0",
-                                     "--metrics-port", "0", "--port-file", port_file, "--log-level", "info"};
+    std::vector<std::string> argv = {std::string(PS_BINARY_DIR) + "/pruneserve",
+                                     "--host",
+                                     "127.0.0.1",
+                                     "--port",
+                                     "0",
+                                     "--metrics-port",
+                                     "0",
+                                     "--port-file",
+                                     port_file,
+                                     "--log-level",
+                                     "info"};
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());

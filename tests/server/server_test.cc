@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_join.h"
 #include "engine/generator.h"
+#include "engine/pruning/registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "engine/pruning/registry.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/server/server_process.h"
 
@@ -119,17 +119,20 @@ TEST_F(ServerTest, SixteenConcurrentStreamsAndHealthChecks) {
 
 TEST_F(ServerTest, ClientCancelStopsAndFrees) {
   auto stub = server_->Stub();
-  const double before = MetricValue(server_->Metrics(), R"(pruneserve_requests_total{finish_reason="cancelled",strategy="full"})");
+  const double before =
+      MetricValue(server_->Metrics(), R"(pruneserve_requests_total{finish_reason="cancelled",strategy="full"})");
   StreamResult r = RunStream(*stub, GreedyRequest(PromptOf(1), 2000), [](grpc::ClientContext& ctx, int chunk) {
     if (chunk == 2) ctx.TryCancel();
   });
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_LT(r.tokens.size(), 2000u);
   EXPECT_TRUE(Drained(*server_));
-  EXPECT_TRUE(WaitFor([&] {
-    return MetricValue(server_->Metrics(), R"(pruneserve_requests_total{finish_reason="cancelled",strategy="full"})") ==
-           before + 1;
-  }, std::chrono::seconds(10)));
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return MetricValue(server_->Metrics(),
+                           R"(pruneserve_requests_total{finish_reason="cancelled",strategy="full"})") == before + 1;
+      },
+      std::chrono::seconds(10)));
   EXPECT_EQ(MetricValue(server_->Metrics(), "pruneserve_num_requests_running"), 0);
 }
 
@@ -227,14 +230,15 @@ TEST_F(ServerTest, ValidationTable) {
   }
   // duplicate active request id
   std::atomic<bool> dup_checked{false};
-  StreamResult first = RunStream(*stub, GreedyRequest(PromptOf(5), 2000, "dup"), [&](grpc::ClientContext& ctx, int chunk) {
-    if (chunk != 0) return;
-    auto s = server_->Stub();
-    StreamResult second = RunStream(*s, GreedyRequest(PromptOf(5), 4, "dup"));
-    EXPECT_EQ(second.status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << second.status.error_message();
-    dup_checked = true;
-    ctx.TryCancel();
-  });
+  StreamResult first =
+      RunStream(*stub, GreedyRequest(PromptOf(5), 2000, "dup"), [&](grpc::ClientContext& ctx, int chunk) {
+        if (chunk != 0) return;
+        auto s = server_->Stub();
+        StreamResult second = RunStream(*s, GreedyRequest(PromptOf(5), 4, "dup"));
+        EXPECT_EQ(second.status.error_code(), grpc::StatusCode::ALREADY_EXISTS) << second.status.error_message();
+        dup_checked = true;
+        ctx.TryCancel();
+      });
   EXPECT_TRUE(dup_checked.load());
   bystander.join();
   ASSERT_TRUE(good.status.ok());
@@ -271,7 +275,7 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   ASSERT_EQ(info.strategy_defaults_size(), 3);
   EXPECT_TRUE(info.strategy_defaults(0).has_full());
   EXPECT_EQ(absl::StrJoin(info.strategy_defaults(1).lazyllm().layers(), ","), "3,4");  // 60% and 80% of 5 layers
-  EXPECT_EQ(info.strategy_defaults(2).gemfilter().filter_layer(), 2u);  // 40% of 5 layers
+  EXPECT_EQ(info.strategy_defaults(2).gemfilter().filter_layer(), 2u);                 // 40% of 5 layers
   EXPECT_EQ(info.strategy_defaults(2).gemfilter().top_k(), 1024u);
 }
 
@@ -288,8 +292,16 @@ TEST_F(ServerTest, PruningStrategiesOverTheWire) {
   };
   const Bad bad[] = {
       {[](auto& p) { p.mutable_lazyllm()->add_keep(0.5f); }, "pruning.lazyllm.layers"},
-      {[](auto& p) { p.mutable_lazyllm()->add_layers(9); p.mutable_lazyllm()->add_keep(0.5f); }, "pruning.lazyllm.layers[0]"},
-      {[](auto& p) { p.mutable_lazyllm()->add_layers(2); p.mutable_lazyllm()->add_keep(1.5f); }, "pruning.lazyllm.keep[0]"},
+      {[](auto& p) {
+         p.mutable_lazyllm()->add_layers(9);
+         p.mutable_lazyllm()->add_keep(0.5f);
+       },
+       "pruning.lazyllm.layers[0]"},
+      {[](auto& p) {
+         p.mutable_lazyllm()->add_layers(2);
+         p.mutable_lazyllm()->add_keep(1.5f);
+       },
+       "pruning.lazyllm.keep[0]"},
       {[](auto& p) { p.mutable_gemfilter()->set_pool_kernel(4); }, "pruning.gemfilter.pool_kernel"},
       {[](auto& p) { p.mutable_gemfilter()->set_filter_layer(5); }, "pruning.gemfilter.filter_layer"},
       {[](auto& p) { p.mutable_gemfilter()->set_top_k(0); }, "pruning.gemfilter.top_k"},
@@ -339,23 +351,26 @@ TEST(ServerLimits, QueueFullIsResourceExhausted) {
   // One request runs; a second waits (queue of 1); a third is refused.
   std::thread waiting;
   StreamResult waiting_result;
-  StreamResult running = RunStream(*stub, GreedyRequest(PromptOf(0), 8000, "runs"), [&](grpc::ClientContext& ctx, int chunk) {
-    if (chunk != 0) return;
-    waiting = std::thread([&] {
-      auto st = s.Stub();
-      waiting_result = RunStream(*st, GreedyRequest(PromptOf(1), 4, "waits"));
-    });
-    ASSERT_TRUE(WaitFor([&] {
-      grpc::ClientContext c;
-      pb::LoadInfo load;
-      return s.Stub()->GetLoad(&c, {}, &load).ok() && load.waiting() == 1;
-    }, std::chrono::seconds(10)));
-    auto st = s.Stub();
-    StreamResult third = RunStream(*st, GreedyRequest(PromptOf(2), 4, "refused"));
-    EXPECT_EQ(third.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << third.status.error_message();
-    checked = true;
-    ctx.TryCancel();
-  });
+  StreamResult running =
+      RunStream(*stub, GreedyRequest(PromptOf(0), 8000, "runs"), [&](grpc::ClientContext& ctx, int chunk) {
+        if (chunk != 0) return;
+        waiting = std::thread([&] {
+          auto st = s.Stub();
+          waiting_result = RunStream(*st, GreedyRequest(PromptOf(1), 4, "waits"));
+        });
+        ASSERT_TRUE(WaitFor(
+            [&] {
+              grpc::ClientContext c;
+              pb::LoadInfo load;
+              return s.Stub()->GetLoad(&c, {}, &load).ok() && load.waiting() == 1;
+            },
+            std::chrono::seconds(10)));
+        auto st = s.Stub();
+        StreamResult third = RunStream(*st, GreedyRequest(PromptOf(2), 4, "refused"));
+        EXPECT_EQ(third.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << third.status.error_message();
+        checked = true;
+        ctx.TryCancel();
+      });
   waiting.join();
   EXPECT_TRUE(checked);
   EXPECT_TRUE(waiting_result.status.ok()) << waiting_result.status.error_message();

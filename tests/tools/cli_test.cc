@@ -43,7 +43,8 @@ TEST(Cli, GeneratesAndTokenizes) {
 }
 
 TEST(Cli, TakesAStrategyAndItsArguments) {
-  const std::string base = "--model " + kStories + " --prompt 'Once upon a time' --max-new-tokens 8 --print-ids --stats";
+  const std::string base =
+      "--model " + kStories + " --prompt 'Once upon a time' --max-new-tokens 8 --print-ids --stats";
   auto r = RunCli(base + " --strategy lazyllm --strategy-arg layers=1,2,3,4 --strategy-arg keep=1,1,1,1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("432 383 286 261 376 298 315 421\n"), std::string::npos) << r.output;  // keep 1.0 == full
@@ -63,13 +64,13 @@ TEST(Cli, TakesAStrategyAndItsArguments) {
 }
 
 TEST(Cli, BadArgumentsFailWithAMessage) {
-  for (const std::string& args : std::vector<std::string>{"--prompt hi", "--model /nonexistent.gguf --prompt hi",
-                                  "--model " + kStories + " --prompt hi --temperature -1",
-                                  "--model " + kStories + " --prompt hi --top-p 0",
-                                  "--model " + kStories + " --prompt hi --max-new-tokens 0",
-                                  "--model " + kStories + " --prompt hi --max-new-tokens 100000",
-                                  "--model " + kStories + " --prompt hi --threads abc",
-                                  "--model " + kStories + " --bogus-flag", "--model " + kStories + " --prompt '' --no-special"}) {
+  for (const std::string& args : std::vector<std::string>{
+           "--prompt hi", "--model /nonexistent.gguf --prompt hi",
+           "--model " + kStories + " --prompt hi --temperature -1", "--model " + kStories + " --prompt hi --top-p 0",
+           "--model " + kStories + " --prompt hi --max-new-tokens 0",
+           "--model " + kStories + " --prompt hi --max-new-tokens 100000",
+           "--model " + kStories + " --prompt hi --threads abc", "--model " + kStories + " --bogus-flag",
+           "--model " + kStories + " --prompt '' --no-special"}) {
     const Result r = RunCli(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("pruneserve-run: "), std::string::npos) << args << "\n" << r.output;

@@ -14,10 +14,11 @@ namespace {
 TEST(Eval, SmokeOnStories) {
   ServerProcess server({"--model", std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf", "--threads", "2"});
   const std::string csv = ::testing::TempDir() + "/eval_smoke_" + std::to_string(::getpid()) + ".csv";
-  const std::string cmd = std::string(PS_BINARY_DIR) + "/pruneserve-eval --addr " + server.address() + " --haystack " +
-                          PS_TESTDATA + "/haystack/paul_graham_essays --lengths 300,500 --depths 0,50,100 --csv " + csv +
-                          " --strategy-arg gemfilter.top_k=64 --strategy-arg gemfilter.filter_layer=1 --strategy-arg lazyllm.layers=1,3"
-                          " --strategy-arg lazyllm.keep=0.5,0.2 2>/dev/null";
+  const std::string cmd =
+      std::string(PS_BINARY_DIR) + "/pruneserve-eval --addr " + server.address() + " --haystack " + PS_TESTDATA +
+      "/haystack/paul_graham_essays --lengths 300,500 --depths 0,50,100 --csv " + csv +
+      " --strategy-arg gemfilter.top_k=64 --strategy-arg gemfilter.filter_layer=1 --strategy-arg lazyllm.layers=1,3"
+      " --strategy-arg lazyllm.keep=0.5,0.2 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string table;
