@@ -122,11 +122,11 @@ void Engine::End(int64_t seq_id, SeqStatus status, std::string error, SeqOutcome
 StepResult Engine::Execute(const StepPlan& plan) {
   StepResult r;
   r.seqs.reserve(plan.finish.size() + plan.run.size() + plan.swap_out.size() + plan.swap_in.size());
-  for (int64_t id : plan.finish) End(id, SeqStatus::kOk, "", &r.seqs.emplace_back());
   for (const StepPlan::Start& s : plan.start) {
     PS_CHECK(s.spec != nullptr && !seqs_.contains(s.seq_id)) << "bad start of sequence " << s.seq_id;
     seqs_[s.seq_id] = std::make_unique<Seq>(model_, *s.spec);
   }
+  for (int64_t id : plan.finish) End(id, SeqStatus::kOk, "", &r.seqs.emplace_back());  // may have started above
   for (int64_t id : plan.drop) DropKv(id, Find(id));
   std::set<int64_t> lost;
   Swap(plan, &r, &lost);

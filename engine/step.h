@@ -48,8 +48,9 @@ struct KeptSpan {
 };
 
 struct StepPlan {
-  // Sequences that end here (cancelled, or failed by the scheduler): the engine
-  // reports their usage and forgets them. Their KV is already freed.
+  // Sequences that end here (cancelled, or failed by the scheduler; possibly one
+  // started in this plan): the engine reports their usage and forgets them. Their
+  // KV is already freed.
   std::vector<int64_t> finish;
   // New sequences; `spec` stays valid until the sequence ends.
   struct Start {

@@ -34,8 +34,8 @@ class FakeEngine final : public StepExecutor {
 
   StepResult Execute(const StepPlan& plan) override {
     StepResult r;
-    for (int64_t id : plan.finish) End(id, &r.seqs.emplace_back());
     for (const StepPlan::Start& s : plan.start) seqs_[s.seq_id] = Seq{.spec = s.spec, .history = s.spec->prompt};
+    for (int64_t id : plan.finish) End(id, &r.seqs.emplace_back());
     for (int64_t id : plan.drop) seqs_.at(id).computed = 0;
     for (const StepPlan::SwapOut& s : plan.swap_out) {
       kv_.Complete(s.plan);
