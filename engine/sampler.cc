@@ -73,10 +73,8 @@ SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> h
     order_ = TopK(logits, k);
     const float m = logits[order_[0]];
     std::vector<double> probs(order_.size());
-    double sum = 0;
     for (size_t i = 0; i < order_.size(); ++i) {
       probs[i] = std::exp(static_cast<double>(logits[order_[i]] - m) / p_.temperature);
-      sum += probs[i];
     }
     size_t keep = order_.size();
     if (p_.min_p > 0) {  // relative to the most likely token

@@ -1,6 +1,8 @@
 // GCC 12 warns inside its own AVX-512 headers (a known false positive).
+#if defined(__GNUC__) && !defined(__clang__)  // GCC only: clang knows neither the warnings nor the false positives
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include "kernels/cpu/half_rows.h"
 
 #include <immintrin.h>

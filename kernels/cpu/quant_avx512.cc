@@ -2,7 +2,9 @@
 // 32-element formats (Q4_0, Q4_1, Q8_0): 16 lanes halve the decode instructions
 // of the AVX2 versions. Compiled with AVX-512 flags; called only when available.
 // GCC 12 warns inside its own AVX-512 headers (a known false positive).
+#if defined(__GNUC__) && !defined(__clang__)  // GCC only: clang knows neither the warnings nor the false positives
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include "kernels/cpu/quant.h"
