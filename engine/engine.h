@@ -35,7 +35,6 @@ class Engine final : public StepExecutor {
 
   StepResult Execute(const StepPlan& plan) override;
   KvCacheManager& kv() override { return kv_->manager(); }
-  const KvGeometry& geometry() const { return kv_->geometry(); }
 
  private:
   struct Seq;

@@ -27,7 +27,6 @@ class Serving {
   ~Serving();  // stops the loop first
 
   EngineLoop& loop() { return *loop_; }
-  const KvGeometry& geometry() const { return engine_->geometry(); }
 
  private:
   Serving() = default;

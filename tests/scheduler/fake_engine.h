@@ -28,7 +28,6 @@ class FakeEngine final : public StepExecutor {
   void AddRogueRows(const GenerationSpec* spec, int rows, int times) { rogue_[spec] = {rows, times}; }
   // Swaps of the sequence of `spec` fail (its KV is lost).
   void FailSwaps(const GenerationSpec* spec) { failing_swaps_[spec] = true; }
-  int64_t rows_run() const { return rows_run_; }
 
   KvCacheManager& kv() override { return kv_; }
 
@@ -70,7 +69,6 @@ class FakeEngine final : public StepExecutor {
         Lose(run.seq_id, SeqStatus::kKvShort, &r);
         continue;
       }
-      rows_run_ += run.count;
       r.batch_tokens += run.count;
       s.computed += run.count;
       SeqOutcome& o = r.seqs.emplace_back(SeqOutcome{.seq_id = run.seq_id, .computed = s.computed});
@@ -112,7 +110,6 @@ class FakeEngine final : public StepExecutor {
   std::map<int64_t, Seq> seqs_;
   std::map<const GenerationSpec*, std::pair<int, int>> rogue_;
   std::map<const GenerationSpec*, bool> failing_swaps_;
-  int64_t rows_run_ = 0;
 };
 
 }  // namespace ps::testing
