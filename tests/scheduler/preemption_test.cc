@@ -133,9 +133,11 @@ TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
 // happens), half of those through Abort(). Afterwards nothing is left anywhere.
 TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   constexpr int kRequests = 64, kLastStep = 150;
-  // Cancels the requests due at each step, on the engine thread.
+  // Cancels the requests due at each step, on the engine thread; steps count from
+  // the moment every request is submitted (an Abort before its Submit would find nothing).
   struct Canceller : SchedulerObserver {
     void OnStep(const LoadSnapshot&, int) override {
+      if (!counting.load()) return;
       for (const auto& cancel : at_step[std::min(step++, kLastStep + 1)]) cancel();
     }
     void OnPreemption(PreemptionMode) override {}
@@ -143,6 +145,7 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
     std::vector<std::vector<std::function<void()>>> at_step =
         std::vector<std::vector<std::function<void()>>>(kLastStep + 2);
     int step = 0;
+    std::atomic<bool> counting{false};
     std::atomic<Served*> scheduler{nullptr};
   } canceller;
   ThreadPool engine_pool(2);
@@ -181,6 +184,7 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
       }
     }
   }
+  canceller.counting = true;
   for (int i = 0; i < kRequests; ++i) {
     CollectingSink& sink = *sinks_[id(i)];
     ASSERT_TRUE(sink.Wait());
