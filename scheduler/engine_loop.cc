@@ -96,13 +96,13 @@ void EngineLoop::Step() {
     for (const SwapRecord& s : result.swaps) observer_->OnSwap(s.to, s.bytes, s.seconds);
   }
   std::vector<Outgoing> events = scheduler_.TakeEvents();
-  Publish(result.batch_tokens, result, events);
+  Publish(result, events);
   // Events go out after the load is published: a client that sees its request
   // finish also sees its blocks free in Load().
   for (Outgoing& o : events) o.request->sink->OnEvent(std::move(o.event));
 }
 
-void EngineLoop::Publish(int batch_tokens, const StepResult& result, const std::vector<Outgoing>& events) {
+void EngineLoop::Publish(const StepResult& result, const std::vector<Outgoing>& events) {
   LoadSnapshot snapshot;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -122,7 +122,7 @@ void EngineLoop::Publish(int batch_tokens, const StepResult& result, const std::
     snapshot.waiting += static_cast<int>(incoming_.size());
     snapshot.in_flight = static_cast<int>(active_.size());
   }
-  if (observer_ != nullptr) observer_->OnStep(snapshot, batch_tokens);
+  if (observer_ != nullptr) observer_->OnStep(snapshot, result.batch_tokens);
 }
 
 }  // namespace ps

@@ -44,7 +44,7 @@ class EngineLoop {
  private:
   void Loop();
   void Step();
-  void Publish(int batch_tokens, const StepResult& result, const std::vector<Outgoing>& events);
+  void Publish(const StepResult& result, const std::vector<Outgoing>& events);
 
   Scheduler& scheduler_;
   StepExecutor& executor_;
