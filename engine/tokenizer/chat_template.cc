@@ -2,6 +2,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/strip.h"
 
 namespace ps {
@@ -21,16 +22,30 @@ ChatTemplate DetectChatTemplate(std::string_view t) {
   ChatTemplate out;
   if (t.find("<|im_start|>") != std::string_view::npos) {
     out.format = ChatFormat::kChatML;
-    // A literal default system turn, e.g. SmolLM2's "You are a helpful AI assistant named SmolLM ...".
-    const std::string_view open = "<|im_start|>system\n";
-    const size_t a = t.find(open);
-    if (a != std::string_view::npos && t.find("!= 'system'") != std::string_view::npos) {
-      const size_t b = t.find("<|im_end|>", a);
-      const std::string_view body = t.substr(a + open.size(), b == std::string_view::npos ? 0 : b - a - open.size());
-      if (body.find("{{") == std::string_view::npos && body.find("{%") == std::string_view::npos &&
-          body.find('\'') == std::string_view::npos) {
-        out.default_system = std::string(body);
+    // A literal default system turn used when the conversation has none: SmolLM2's
+    // "You are a helpful AI assistant named SmolLM ...", Qwen2.5's "You are Qwen, ...".
+    // The newline may be written as a real one or as the Jinja escape "\\n".
+    const bool conditional = t.find("!= 'system'") != std::string_view::npos ||
+                             t.find("== 'system'") != std::string_view::npos;
+    const std::string_view open = "<|im_start|>system";
+    for (size_t a = t.find(open); conditional && a != std::string_view::npos; a = t.find(open, a + 1)) {
+      std::string_view rest = t.substr(a + open.size());
+      if (rest.starts_with("\n")) {
+        rest.remove_prefix(1);
+      } else if (rest.starts_with("\\n")) {
+        rest.remove_prefix(2);
+      } else {
+        continue;
       }
+      const size_t b = rest.find("<|im_end|>");
+      if (b == std::string_view::npos) continue;
+      const std::string_view body = rest.substr(0, b);
+      if (body.empty() || body.find("{{") != std::string_view::npos || body.find("{%") != std::string_view::npos ||
+          body.find('\'') != std::string_view::npos) {
+        continue;  // an expression (the caller's system message), not a literal
+      }
+      out.default_system = absl::StrReplaceAll(absl::string_view(body.data(), body.size()), {{"\\n", "\n"}});
+      break;
     }
   } else if (t.find("<|start_header_id|>") != std::string_view::npos) {
     out.format = ChatFormat::kLlama3;

@@ -1,8 +1,10 @@
-// AVX2 + FMA + F16C kernels for the quantised dot products. Compiled with those
+// AVX2 + FMA + F16C kernels for the quantised dot products and dequantisation. Compiled with those
 // flags and only called after avx2::Available() said yes.
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
+#include <span>
 
 #include "base/fp16.h"
 #include "base/status.h"
@@ -49,6 +51,31 @@ inline void UnpackQ6KHalf(const uint8_t* ql, const uint8_t* qh, __m256i q[4]) {
   q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), high(6));
 }
 
+// The 32 bits at p as 32 bytes: 0x10 where the bit is set (the fifth bit of Q5 quants).
+inline __m256i FifthBits(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+// The 32 five-bit quants (0..31) of a Q5_0 / Q5_1 block, in element order.
+inline __m256i UnpackQ5(const uint8_t* qh, const uint8_t* qs) {
+  return _mm256_or_si256(UnpackNibbles(qs), FifthBits(qh));
+}
+// Sub-block s (0..7) of a Q4_K / Q5_K super-block as 32 quants (0..15); qh (Q5_K's fifth
+// bits, loaded once per super-block) adds 16 where bit s of qh[l] is set.
+inline __m256i UnpackKSub(const uint8_t* qs, int s) {
+  const __m256i raw = Load256(qs + 32 * (s / 2));
+  return _mm256_and_si256(s % 2 == 0 ? raw : _mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0F));
+}
+inline __m256i KFifthBits(__m256i qh, int s) {
+  const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
+  return _mm256_slli_epi16(bit, 4);
+}
+
 float DotQ4_0(const BlockQ4_0* b, const BlockQ8* x, int64_t nb) {
   __m256 acc = _mm256_setzero_ps();
   const __m256i eight = _mm256_set1_epi8(8);
@@ -77,6 +104,45 @@ float DotQ8_0(const BlockQ8_0* b, const BlockQ8* x, int64_t nb) {
         _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d) * x[i].d), DotS8S8(Load256(b[i].qs), Load256(x[i].qs)), acc);
   }
   return HorizontalSum(acc);
+}
+
+float DotQ5_0(const BlockQ5_0* b, const BlockQ8* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i q = _mm256_sub_epi8(UnpackQ5(b[i].qh, b[i].qs), sixteen);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d) * x[i].d), DotS8S8(q, Load256(x[i].qs)), acc);
+  }
+  return HorizontalSum(acc);
+}
+
+float DotQ5_1(const BlockQ5_1* b, const BlockQ8* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const __m256i q = UnpackQ5(b[i].qh, b[i].qs);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d) * x[i].d), DotU8S8(q, Load256(x[i].qs)), acc);
+    mins += HalfToFloat(b[i].m) * x[i].s;
+  }
+  return HorizontalSum(acc) + mins;
+}
+
+float DotQ5_K(const BlockQ5_K* b, const BlockQ8* x, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = HalfToFloat(b[i].d), dmin = HalfToFloat(b[i].dmin);
+    const __m256i qh = Load256(b[i].qh);
+    const BlockQ8* xb = x + i * 8;
+    for (int s = 0; s < 8; ++s) {
+      int sc, m;
+      Q4KScaleMin(s, b[i].scales, &sc, &m);
+      const __m256i q = _mm256_or_si256(UnpackKSub(b[i].qs, s), KFifthBits(qh, s));
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc * xb[s].d), DotU8S8(q, Load256(xb[s].qs)), acc);
+      mins += dmin * m * xb[s].s;
+    }
+  }
+  return HorizontalSum(acc) - mins;
 }
 
 float DotQ4_K(const BlockQ4_K* b, const BlockQ8* x, int64_t nb) {
@@ -171,6 +237,44 @@ float F32DotQ8_0(const BlockQ8_0* b, const float* x, int64_t nb) {
   return HorizontalSum(acc);
 }
 
+float F32DotQ5_0(const BlockQ5_0* b, const float* x, const float* sums, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float off = 0;
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    const float d = HalfToFloat(b[i].d);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), Dot32<false>(UnpackQ5(b[i].qh, b[i].qs), x), acc);
+    off += d * sums[i];
+  }
+  return HorizontalSum(acc) - 16.0f * off;
+}
+
+float F32DotQ5_1(const BlockQ5_1* b, const float* x, const float* sums, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float off = 0;
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(HalfToFloat(b[i].d)), Dot32<false>(UnpackQ5(b[i].qh, b[i].qs), x), acc);
+    off += HalfToFloat(b[i].m) * sums[i];
+  }
+  return HorizontalSum(acc) + off;
+}
+
+float F32DotQ5_K(const BlockQ5_K* b, const float* x, const float* sums, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  float off = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = HalfToFloat(b[i].d), dmin = HalfToFloat(b[i].dmin);
+    const __m256i qh = Load256(b[i].qh);
+    for (int s = 0; s < 8; ++s, x += 32) {
+      int sc, m;
+      Q4KScaleMin(s, b[i].scales, &sc, &m);
+      const __m256i q = _mm256_or_si256(UnpackKSub(b[i].qs, s), KFifthBits(qh, s));
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc), Dot32<false>(q, x), acc);
+      off += dmin * m * sums[i * 8 + s];
+    }
+  }
+  return HorizontalSum(acc) - off;
+}
+
 float F32DotQ4_K(const BlockQ4_K* b, const float* x, const float* sums, int64_t nb) {
   __m256 acc = _mm256_setzero_ps();
   float off = 0;
@@ -217,7 +321,115 @@ float F32DotQ6_K(const BlockQ6_K* b, const float* x, int64_t nb) {
   return HorizontalSum(acc);
 }
 
+// ---- dequantisation: multiply, then add (no FMA; the file is built with
+// -ffp-contract=off), so the results equal the reference's bit for bit ----
+
+// out[0..31] = q[j] * d (+ m) for 32 signed byte quants; d0/m0 scale elements 0..15
+// and d1/m1 elements 16..31.
+template <bool kMin>
+inline void Store32(__m256i q, float d0, float d1, float m0, float m1, float* out) {
+  const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int k = 0; k < 4; ++k) {
+    __m256 v = _mm256_mul_ps(S8ToFloat(parts[k]), _mm256_set1_ps(k < 2 ? d0 : d1));
+    if (kMin) v = _mm256_add_ps(v, _mm256_set1_ps(k < 2 ? m0 : m1));
+    _mm256_storeu_ps(out + 8 * k, v);
+  }
+}
+
+void Dequantize(DType type, const void* row, float* out, int64_t n) {
+  const __m256i eight = _mm256_set1_epi8(8), sixteen = _mm256_set1_epi8(16), off32 = _mm256_set1_epi8(32);
+  switch (type) {
+    case DType::kQ4_0:
+      for (const BlockQ4_0& b : std::span(static_cast<const BlockQ4_0*>(row), n / kQK)) {
+        const float d = HalfToFloat(b.d);
+        Store32<false>(_mm256_sub_epi8(UnpackNibbles(b.qs), eight), d, d, 0, 0, out);
+        out += kQK;
+      }
+      return;
+    case DType::kQ4_1:
+      for (const BlockQ4_1& b : std::span(static_cast<const BlockQ4_1*>(row), n / kQK)) {
+        const float d = HalfToFloat(b.d), m = HalfToFloat(b.m);
+        Store32<true>(UnpackNibbles(b.qs), d, d, m, m, out);
+        out += kQK;
+      }
+      return;
+    case DType::kQ5_0:
+      for (const BlockQ5_0& b : std::span(static_cast<const BlockQ5_0*>(row), n / kQK)) {
+        const float d = HalfToFloat(b.d);
+        Store32<false>(_mm256_sub_epi8(UnpackQ5(b.qh, b.qs), sixteen), d, d, 0, 0, out);
+        out += kQK;
+      }
+      return;
+    case DType::kQ5_1:
+      for (const BlockQ5_1& b : std::span(static_cast<const BlockQ5_1*>(row), n / kQK)) {
+        const float d = HalfToFloat(b.d), m = HalfToFloat(b.m);
+        Store32<true>(UnpackQ5(b.qh, b.qs), d, d, m, m, out);
+        out += kQK;
+      }
+      return;
+    case DType::kQ8_0:
+      for (const BlockQ8_0& b : std::span(static_cast<const BlockQ8_0*>(row), n / kQK)) {
+        const float d = HalfToFloat(b.d);
+        Store32<false>(Load256(b.qs), d, d, 0, 0, out);
+        out += kQK;
+      }
+      return;
+    case DType::kQ4_K:
+    case DType::kQ5_K: {
+      const bool q5 = type == DType::kQ5_K;
+      for (int64_t i = 0; i < n / kQK_K; ++i) {
+        const auto* b4 = static_cast<const BlockQ4_K*>(row) + i;
+        const auto* b5 = static_cast<const BlockQ5_K*>(row) + i;
+        const uint16_t dh = q5 ? b5->d : b4->d, dminh = q5 ? b5->dmin : b4->dmin;
+        const uint8_t* scales = q5 ? b5->scales : b4->scales;
+        const uint8_t* qs = q5 ? b5->qs : b4->qs;
+        const __m256i qh = q5 ? Load256(b5->qh) : _mm256_setzero_si256();
+        const float d = HalfToFloat(dh), dmin = HalfToFloat(dminh);
+        for (int s = 0; s < 8; ++s, out += 32) {
+          int sc, m;
+          Q4KScaleMin(s, scales, &sc, &m);
+          const float ds = d * sc, ms = -(dmin * m);
+          Store32<true>(_mm256_or_si256(UnpackKSub(qs, s), KFifthBits(qh, s)), ds, ds, ms, ms, out);
+        }
+      }
+      return;
+    }
+    case DType::kQ6_K:
+      for (const BlockQ6_K& b : std::span(static_cast<const BlockQ6_K*>(row), n / kQK_K)) {
+        const float d = HalfToFloat(b.d);
+        for (int half = 0; half < 2; ++half) {
+          __m256i q[4];
+          UnpackQ6KHalf(b.ql + 64 * half, b.qh + 32 * half, q);
+          const int8_t* sc = b.scales + 8 * half;
+          for (int k = 0; k < 4; ++k, out += 32) {
+            Store32<false>(_mm256_sub_epi8(q[k], off32), d * sc[2 * k], d * sc[2 * k + 1], 0, 0, out);
+          }
+        }
+      }
+      return;
+    default: break;
+  }
+  PS_CHECK(false) << "avx2::DequantizeRow: unsupported type " << static_cast<int>(type);
+}
+
 }  // namespace
+
+bool Supports(DType type) {
+  switch (type) {
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ8_0:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K: return true;
+    default: return false;
+  }
+}
+
+void DequantizeRow(DType type, const void* row, float* out, int64_t n) { Dequantize(type, row, out, n); }
 
 float DotF32Act(DType type, const void* row, const float* x, const float* sums, int64_t n) {
   switch (type) {
@@ -225,6 +437,9 @@ float DotF32Act(DType type, const void* row, const float* x, const float* sums, 
     case DType::kQ4_1: return F32DotQ4_1(static_cast<const BlockQ4_1*>(row), x, sums, n / kQK);
     case DType::kQ8_0: return F32DotQ8_0(static_cast<const BlockQ8_0*>(row), x, n / kQK);
     case DType::kQ4_K: return F32DotQ4_K(static_cast<const BlockQ4_K*>(row), x, sums, n / kQK_K);
+    case DType::kQ5_0: return F32DotQ5_0(static_cast<const BlockQ5_0*>(row), x, sums, n / kQK);
+    case DType::kQ5_1: return F32DotQ5_1(static_cast<const BlockQ5_1*>(row), x, sums, n / kQK);
+    case DType::kQ5_K: return F32DotQ5_K(static_cast<const BlockQ5_K*>(row), x, sums, n / kQK_K);
     case DType::kQ6_K: return F32DotQ6_K(static_cast<const BlockQ6_K*>(row), x, n / kQK_K);
     default: break;
   }
@@ -244,6 +459,9 @@ float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n) {
     case DType::kQ4_1: return DotQ4_1(static_cast<const BlockQ4_1*>(row), x, n / kQK);
     case DType::kQ8_0: return DotQ8_0(static_cast<const BlockQ8_0*>(row), x, n / kQK);
     case DType::kQ4_K: return DotQ4_K(static_cast<const BlockQ4_K*>(row), x, n / kQK_K);
+    case DType::kQ5_0: return DotQ5_0(static_cast<const BlockQ5_0*>(row), x, n / kQK);
+    case DType::kQ5_1: return DotQ5_1(static_cast<const BlockQ5_1*>(row), x, n / kQK);
+    case DType::kQ5_K: return DotQ5_K(static_cast<const BlockQ5_K*>(row), x, n / kQK_K);
     case DType::kQ6_K: return DotQ6_K(static_cast<const BlockQ6_K*>(row), x, n / kQK_K);
     default: break;
   }

@@ -167,6 +167,28 @@ TEST(ChatTemplate, DetectsCommonFormats) {
   EXPECT_FALSE(ApplyChatTemplate(ChatTemplate{}, msgs).ok());
 }
 
+TEST(ChatTemplate, FindsQwenDefaultSystemPrompt) {
+  // The branch structure of Qwen2.5's GGUF template, newlines written as Jinja escapes.
+  const std::string qwen = R"({%- if tools %}{{- '<|im_start|>system\n' }}{%- if messages[0]['role'] == 'system' %})"
+                           R"({{- messages[0]['content'] }}{%- endif %}{%- else %})"
+                           R"({%- if messages[0]['role'] == 'system' %})"
+                           R"({{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}{%- else %})"
+                           R"({{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a )"
+                           R"(helpful assistant.<|im_end|>\n' }}{%- endif %}{%- endif %})";
+  const ChatTemplate t = DetectChatTemplate(qwen);
+  EXPECT_EQ(t.format, ChatFormat::kChatML);
+  EXPECT_EQ(t.default_system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  std::vector<ChatMessage> msgs = {{"user", "Hi"}};
+  EXPECT_EQ(*ApplyChatTemplate(t, msgs),
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  msgs.insert(msgs.begin(), ChatMessage{"system", "Be brief."});
+  EXPECT_EQ(*ApplyChatTemplate(t, msgs), "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                                         "<|im_start|>assistant\n");
+  // A template without a literal default system turn has none.
+  EXPECT_EQ(DetectChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}").default_system, "");
+}
+
 TEST(ChatTemplate, ChatMLWithDefaultSystem) {
   const ChatTemplate t{ChatFormat::kChatML, "You are helpful."};
   std::vector<ChatMessage> msgs = {{"user", "Hi"}};

@@ -28,12 +28,20 @@ std::vector<uint8_t> RandomRow(DType type, int64_t n, std::mt19937& rng) {
     uint8_t* b = row.data() + off;
     switch (type) {
       case DType::kQ4_0:
+      case DType::kQ5_0:
       case DType::kQ8_0: set_half(b); break;
       case DType::kQ4_1:
+      case DType::kQ5_1:
       case DType::kQ4_K:
+      case DType::kQ5_K:
         set_half(b);
         set_half(b + 2);
         break;
+      case DType::kQ2_K:
+        set_half(b + 80);
+        set_half(b + 82);
+        break;
+      case DType::kQ3_K: set_half(b + 108); break;
       case DType::kQ6_K: set_half(b + 208); break;
       default: break;
     }
@@ -51,8 +59,9 @@ std::vector<float> RandomFloats(int64_t n, std::mt19937& rng) {
 class QuantTypes : public ::testing::TestWithParam<DType> {};
 
 TEST_P(QuantTypes, SimdDotEqualsReference) {
-  if (!avx2::Available()) GTEST_SKIP() << "no AVX2 on this CPU";
   const DType type = GetParam();
+  if (!avx2::Available()) GTEST_SKIP() << "no AVX2 on this CPU";
+  const bool simd = avx2::Supports(type);  // otherwise the dispatcher must fall back to the reference
   std::mt19937 rng(42);
   const int64_t block = Traits(type).block_elems;
   for (int64_t blocks : {1, 3, 17, 40}) {  // odd lengths included
@@ -62,8 +71,12 @@ TEST_P(QuantTypes, SimdDotEqualsReference) {
     std::vector<BlockQ8> xq(n / kQK);
     QuantizeRowQ8(x.data(), xq.data(), n);
     const float ref = reference::DotQ8(type, row.data(), xq.data(), n);
-    const float simd = avx2::DotQ8(type, row.data(), xq.data(), n);
-    EXPECT_NEAR(simd, ref, 1e-5f * (1.0f + std::fabs(ref))) << DTypeName(type) << " n=" << n;
+    if (!simd) {
+      EXPECT_EQ(DotQ8(type, row.data(), xq.data(), n), ref) << DTypeName(type) << " n=" << n;
+      continue;
+    }
+    const float got = avx2::DotQ8(type, row.data(), xq.data(), n);
+    EXPECT_NEAR(got, ref, 1e-5f * (1.0f + std::fabs(ref))) << DTypeName(type) << " n=" << n;
   }
 }
 
@@ -80,7 +93,7 @@ TEST_P(QuantTypes, F32ActivationDotsEqualReference) {
     const float ref = reference::DotF32Act(type, row.data(), x.data(), n);
     const float tol = 2e-5f * (1.0f + std::fabs(ref));
     EXPECT_NEAR(DotF32Act(type, row.data(), x.data(), sums.data(), n), ref, tol) << DTypeName(type) << " n=" << n;
-    if (avx2::Available()) {
+    if (avx2::Available() && avx2::Supports(type)) {
       EXPECT_NEAR(avx2::DotF32Act(type, row.data(), x.data(), sums.data(), n), ref, tol) << "avx2 " << n;
     }
     if (avx512::Available() && avx512::Supports(type)) {
@@ -99,6 +112,10 @@ TEST_P(QuantTypes, DequantiseEqualsReferenceBitForBit) {
     reference::DequantizeRow(type, row.data(), ref.data(), n);
     DequantizeRow(type, row.data(), got.data(), n);  // the dispatched (SIMD where there is one) version
     EXPECT_EQ(std::memcmp(ref.data(), got.data(), n * sizeof(float)), 0) << DTypeName(type) << " n=" << n;
+    if (avx2::Available() && avx2::Supports(type)) {
+      avx2::DequantizeRow(type, row.data(), got.data(), n);
+      EXPECT_EQ(std::memcmp(ref.data(), got.data(), n * sizeof(float)), 0) << "avx2 " << DTypeName(type) << " n=" << n;
+    }
   }
 }
 
@@ -121,7 +138,8 @@ TEST_P(QuantTypes, QuantisedDotApproximatesFloatDot) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, QuantTypes,
-                         ::testing::Values(DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K),
+                         ::testing::Values(DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
+                                           DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 TEST(Quant, SimdActivationQuantisationEqualsScalar) {
@@ -194,6 +212,73 @@ TEST(Quant, DequantiseMatchesBitLayout) {
     const auto* b = reinterpret_cast<const BlockQ6_K*>(row.data());
     const int q = ((b->ql[64 + 22] & 0xF) | (((b->qh[32 + 22] >> 0) & 3) << 4)) - 32;
     EXPECT_FLOAT_EQ(out[150], Fp16ToFp32(b->d) * b->scales[8 + 22 / 16] * q);
+  }
+}
+
+// The new formats, element by element from the bit layout as llama.cpp's
+// dequantize_row_* functions read it.
+TEST(Quant, Q5AndLowBitKQuantsMatchBitLayout) {
+  std::mt19937 rng(12);
+  {
+    const auto row = RandomRow(DType::kQ5_0, 64, rng);
+    std::vector<float> out(64);
+    reference::DequantizeRow(DType::kQ5_0, row.data(), out.data(), 64);
+    const auto* b = reinterpret_cast<const BlockQ5_0*>(row.data());
+    uint32_t qh;
+    std::memcpy(&qh, b[1].qh, 4);
+    const int x0 = ((b[1].qs[3] & 0xF) | (((qh >> 3) << 4) & 0x10)) - 16;
+    const int x1 = ((b[1].qs[3] >> 4) | ((qh >> (3 + 12)) & 0x10)) - 16;
+    EXPECT_EQ(out[32 + 3], x0 * Fp16ToFp32(b[1].d));
+    EXPECT_EQ(out[32 + 19], x1 * Fp16ToFp32(b[1].d));
+  }
+  {
+    const auto row = RandomRow(DType::kQ5_1, 32, rng);
+    std::vector<float> out(32);
+    reference::DequantizeRow(DType::kQ5_1, row.data(), out.data(), 32);
+    const auto* b = reinterpret_cast<const BlockQ5_1*>(row.data());
+    uint32_t qh;
+    std::memcpy(&qh, b->qh, 4);
+    const int x1 = (b->qs[9] >> 4) | ((qh >> (9 + 12)) & 0x10);
+    EXPECT_EQ(out[25], x1 * Fp16ToFp32(b->d) + Fp16ToFp32(b->m));
+  }
+  {
+    // Q5_K element 200: j = 192 (third 64-group: ql += 96, u1 = 1 << 6), low nibble, l = 8.
+    const auto row = RandomRow(DType::kQ5_K, 256, rng);
+    std::vector<float> out(256);
+    reference::DequantizeRow(DType::kQ5_K, row.data(), out.data(), 256);
+    const auto* b = reinterpret_cast<const BlockQ5_K*>(row.data());
+    const int sc = (b->scales[10] & 0xF) | ((b->scales[2] >> 6) << 4);
+    const int mn = (b->scales[10] >> 4) | ((b->scales[6] >> 6) << 4);
+    const int q = (b->qs[96 + 8] & 0xF) + ((b->qh[8] & (1 << 6)) ? 16 : 0);
+    EXPECT_EQ(out[200], Fp16ToFp32(b->d) * sc * q - Fp16ToFp32(b->dmin) * mn);
+  }
+  {
+    // Q2_K element 170: n = 128 (q += 32), j = 1 (shift 2), first half, l = 10; scale index 10.
+    const auto row = RandomRow(DType::kQ2_K, 256, rng);
+    std::vector<float> out(256);
+    reference::DequantizeRow(DType::kQ2_K, row.data(), out.data(), 256);
+    const auto* b = reinterpret_cast<const BlockQ2_K*>(row.data());
+    const uint8_t sc = b->scales[10];
+    const float dl = Fp16ToFp32(b->d) * (sc & 0xF), ml = Fp16ToFp32(b->dmin) * (sc >> 4);
+    EXPECT_EQ(out[170], dl * ((b->qs[32 + 10] >> 2) & 3) - ml);
+  }
+  {
+    // Q3_K element 170 as above, hmask bit m = 1 << 5; scales through llama.cpp's kmask unpacking.
+    const auto row = RandomRow(DType::kQ3_K, 256, rng);
+    std::vector<float> out(256);
+    reference::DequantizeRow(DType::kQ3_K, row.data(), out.data(), 256);
+    const auto* b = reinterpret_cast<const BlockQ3_K*>(row.data());
+    uint32_t aux[4];
+    std::memcpy(aux, b->scales, 12);
+    const uint32_t tmp = aux[2], kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+    aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+    aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+    aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+    aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+    const auto* scales = reinterpret_cast<const int8_t*>(aux);
+    const float dl = Fp16ToFp32(b->d) * (scales[10] - 32);
+    const int q = ((b->qs[32 + 10] >> 2) & 3) - ((b->hmask[10] & (1 << 5)) ? 0 : 4);
+    EXPECT_EQ(out[170], dl * q);
   }
 }
 
