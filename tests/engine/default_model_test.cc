@@ -134,45 +134,9 @@ TEST_F(DefaultModelTest, QuantisedKernelsAgreeWithDequantisedWeights) {
 // so ties closer than that are decided by rounding on either side.
 constexpr float kNearTie = 0.25f;
 
-std::string Unescape(const std::string& e) {
-  std::string s;
-  for (size_t i = 0; i < e.size(); ++i) {
-    if (e[i] == '\\' && i + 1 < e.size()) {
-      const char c = e[++i];
-      s.push_back(c == 'n' ? '\n' : c == 't' ? '\t' : c);
-    } else {
-      s.push_back(e[i]);
-    }
-  }
-  return s;
-}
-
 TEST_F(DefaultModelTest, GreedyMatchesLlamaCppGolden) {
-  const auto rows = testing::ReadTsv(std::string(PS_SOURCE_DIR) + "/tests/golden/smollm2_q4_1_llamacpp.tsv");
-  ASSERT_EQ(rows.size(), 3u);
-  for (const auto& row : rows) {
-    const auto prompt = ParseIds(row[1]);
-    const auto want = ParseIds(row[2]);
-    const auto margins = ParseFloats(row[3]);
-    EXPECT_EQ(model_->tokenizer()->Encode(Unescape(row[0]), false, true), prompt) << "tokenisation of " << row[0];
-    Generator gen(*model_, backend_);
-    auto r = gen.Generate(prompt, SamplingParams{.temperature = 0, .top_logprobs = 2},
-                          StopCriteria{.max_new_tokens = static_cast<int>(want.size()), .ignore_eos = true});
-    ASSERT_TRUE(r.ok());
-    size_t i = 0;
-    while (i < want.size() && r->tokens[i] == want[i]) ++i;
-    if (i < want.size()) {
-      const auto& top = r->sampled[i].top;
-      const float ours = top[0].logprob - top[1].logprob;  // logit margin: same as logprob margin
-      EXPECT_LT(margins[i], kNearTie) << "diverged at step " << i << " without a near-tie in llama.cpp";
-      EXPECT_LT(ours, kNearTie) << "diverged at step " << i << " without a near-tie here";
-      std::printf(
-          "golden '%.24s...': %zu/%zu tokens equal; divergence at a near-tie (llama.cpp margin %.3f, ours %.3f)\n",
-          row[0].c_str(), i, want.size(), margins[i], ours);
-    } else {
-      std::printf("golden '%.24s...': %zu/%zu tokens equal\n", row[0].c_str(), i, want.size());
-    }
-  }
+  testing::ExpectGreedyMatchesGolden(*model_, backend_,
+                                     std::string(PS_SOURCE_DIR) + "/tests/golden/smollm2_q4_1_llamacpp.tsv", kNearTie);
 }
 
 TEST_F(DefaultModelTest, AnswersChatSensibly) {

@@ -16,6 +16,7 @@ namespace ps::testing {
 std::string TestData(const std::string& rel);  // ../shared/testdata/<rel>
 std::string StoriesGguf();
 std::string DefaultModelPath();  // models/SmolLM2-135M-Instruct.Q4_1.gguf ("" if not fetched)
+std::string EvalModelPath();     // models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf ("" if not fetched)
 
 std::vector<int32_t> ParseIds(const std::string& space_separated);
 std::vector<float> ParseFloats(const std::string& space_separated);
@@ -23,6 +24,14 @@ std::vector<float> ParseFloats(const std::string& space_separated);
 std::vector<std::vector<std::string>> ReadTsv(const std::string& path);
 
 std::unique_ptr<Model> LoadOrDie(const std::string& path);
+
+// Undoes the escaping of the golden files: \n, \t and \\.
+std::string Unescape(const std::string& escaped);
+
+// Checks greedy generation against a llama.cpp golden (tools/record_llamacpp_golden.py):
+// each prompt tokenises to the recorded ids, and the tokens are equal up to the first
+// step where both engines see a top-1/top-2 logit margin below near_tie (printed).
+void ExpectGreedyMatchesGolden(const Model& m, Backend& backend, const std::string& tsv_path, float near_tie);
 
 // Greedy continuation of `prompt` for n tokens, ignoring end-of-sequence.
 std::vector<int32_t> Greedy(const Model& m, Backend& backend, const std::vector<int32_t>& prompt, int n);

@@ -3,6 +3,9 @@
 // of the bit layout.
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -280,6 +283,46 @@ TEST(Quant, Q5AndLowBitKQuantsMatchBitLayout) {
     const int q = ((b->qs[32 + 10] >> 2) & 3) - ((b->hmask[10] & (1 << 5)) ? 0 : 4);
     EXPECT_EQ(out[170], dl * q);
   }
+}
+
+// gguf's Python dequantisation (tools/record_gguf_dequant_golden.py) of random blocks
+// of every type, bit for bit. Its real-tensor counterpart is in eval_model_test.
+TEST(Quant, DequantiseEqualsGgufPythonOnRandomBlocks) {
+  std::ifstream in(std::string(PS_SOURCE_DIR) + "/tests/golden/gguf_dequant_random.tsv");
+  ASSERT_TRUE(in) << "golden file missing";
+  std::string line;
+  std::set<std::string> types;
+  auto hex_bytes = [](const std::string& h) {
+    std::vector<uint8_t> out(h.size() / 2);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(std::stoul(h.substr(2 * i, 2), nullptr, 16));
+    return out;
+  };
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#' || line.starts_with("type\t")) continue;
+    std::vector<std::string> f;
+    for (size_t a = 0, b; a <= line.size(); a = b + 1) {
+      b = std::min(line.find('\t', a), line.size());
+      f.push_back(line.substr(a, b - a));
+    }
+    ASSERT_EQ(f.size(), 4u);
+    DType type = DType::kF32;
+    for (uint32_t id = 0; id < 64; ++id) {
+      if (const DTypeTraits* t = FindDType(id); t != nullptr && t->name == f[0]) type = static_cast<DType>(id);
+    }
+    ASSERT_NE(type, DType::kF32) << "unknown type " << f[0];
+    types.insert(f[0]);
+    const std::vector<uint8_t> blocks = hex_bytes(f[2]);
+    const int64_t n = static_cast<int64_t>(blocks.size() / Traits(type).block_bytes) * Traits(type).block_elems;
+    std::vector<uint32_t> want;
+    for (size_t a = 0; a < f[3].size(); a += 9) want.push_back(std::stoul(f[3].substr(a, 8), nullptr, 16));
+    ASSERT_EQ(static_cast<int64_t>(want.size()), n) << f[0];
+    std::vector<float> ref(n), got(n);
+    reference::DequantizeRow(type, blocks.data(), ref.data(), n);
+    DequantizeRow(type, blocks.data(), got.data(), n);
+    EXPECT_EQ(std::memcmp(ref.data(), want.data(), n * 4), 0) << f[0] << ": reference differs from gguf";
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), n * 4), 0) << f[0] << ": dispatched kernel differs from gguf";
+  }
+  EXPECT_EQ(types.size(), 10u);  // every block type
 }
 
 TEST(Quant, Fp16AndBf16RoundTrip) {
