@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "base/flags.h"
 #include "base/mapped_file.h"
+#include "base/status.h"
 #include "engine/generator.h"
 #include "kernels/cpu/cpu_backend.h"
 
@@ -31,25 +32,69 @@ int Fail(const std::string& m) {
   return 1;
 }
 
+// Decode steps of `streams` sequences batched in one forward pass each, after a
+// prompt of `depth` tokens per sequence (token ids from `ids`); returns the best
+// aggregate tokens/s over `repeats` runs, or an error.
+absl::StatusOr<double> DecodeTokPerS(const ps::Model& model, ps::Backend& backend, ps::Transformer& tf,
+                                     const std::vector<int32_t>& ids, int depth, int streams, int steps, int repeats,
+                                     int block_tokens) {
+  using namespace ps;
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    PS_ASSIGN_OR_RETURN(auto kv,
+                        OfflineKvCache(model, backend, int64_t{streams} * (depth + steps + 1), block_tokens));
+    ForwardOutput out;
+    std::vector<int32_t> pos(depth);
+    for (int i = 0; i < depth; ++i) pos[i] = i;
+    for (int s = 0; s < streams; ++s) {  // prompts one at a time: a long prompt's scratch stays bounded
+      SeqInput in{.seq_id = s + 1, .tokens = {ids.data(), static_cast<size_t>(depth)}, .positions = pos};
+      PS_RETURN_IF_ERROR(tf.Forward({&in, 1}, *kv, &out));
+      PS_RETURN_IF_ERROR(out.status[0]);
+    }
+    std::vector<int32_t> tok(streams), p(streams);
+    std::vector<SeqInput> batch(streams);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < steps; ++i) {
+      for (int s = 0; s < streams; ++s) {
+        tok[s] = (i * 31 + s * 7) % 1000 + 500;
+        p[s] = depth + i;
+        batch[s] = SeqInput{.seq_id = s + 1, .tokens = {&tok[s], 1}, .positions = {&p[s], 1}};
+      }
+      PS_RETURN_IF_ERROR(tf.Forward(batch, *kv, &out));
+      for (const absl::Status& st : out.status) PS_RETURN_IF_ERROR(st);
+    }
+    best = std::min(best, Seconds(t0, Clock::now()));
+  }
+  return static_cast<double>(streams) * steps / best;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace ps;
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string text_path = "../shared/testdata/haystack/paul_graham_essays";
+  std::string python = "python3";
   std::vector<int64_t> prefill_list = {512, 2048};
-  int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16;
+  std::vector<int64_t> depth_list = {0};
+  int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16, streams = 16;
   bool llamacpp = false, int8 = false;
-  FlagParser flags("ps_bench_engine", "Prefill and decode throughput of the engine (one sequence).");
+  FlagParser flags("ps_bench_engine",
+                   "Prefill and decode throughput of the engine: one sequence at given prompt lengths and decode\n"
+                   "depths, and the aggregate of a batch of decode streams; with --llamacpp, llama.cpp's figures\n"
+                   "for the same file and threads in the same run, with the ratios.");
   flags.AddString("model", &model_path, "model file");
   flags.AddString("text", &text_path, "folder or file of text used as the prompt");
   flags.AddIntList("prefill", &prefill_list, "prompt lengths");
+  flags.AddIntList("decode-depth", &depth_list, "context depths at which one sequence's decode is measured");
   flags.AddInt("decode", &decode, "decode steps");
+  flags.AddInt("streams", &streams, "decode streams batched together (0 = skip)");
   flags.AddInt("threads", &threads, "compute threads");
   flags.AddInt("repeats", &repeats, "best of this many runs");
   flags.AddInt("kv-block-size", &block_tokens, "tokens per KV block (the server's default: 16)");
   flags.AddBool("int8-activations", &int8, "int8 activations for quantised weights");
   flags.AddBool("llamacpp", &llamacpp, "also run llama-cpp-python on the same file and print ratios");
+  flags.AddString("python", &python, "Python interpreter with llama-cpp-python installed (for --llamacpp)");
   if (auto s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
   if (flags.help_requested()) {
     std::printf("%s", flags.Help().c_str());
@@ -62,17 +107,25 @@ int main(int argc, char** argv) {
   const absl::StatusOr<std::string> text = ReadTextCorpus(text_path);
   if (!text.ok()) return Fail(std::string(text.status().message()));
   const std::vector<int32_t> all_ids = (*model)->tokenizer()->Encode(*text, true, false);
+  const int64_t longest = std::max(*std::max_element(prefill_list.begin(), prefill_list.end()),
+                                   *std::max_element(depth_list.begin(), depth_list.end()) + decode);
+  if (static_cast<int64_t>(all_ids.size()) < longest || longest > c.n_ctx) {
+    return Fail("text too short or prompt longer than the context");
+  }
 
   ThreadPool pool(static_cast<int>(threads));
   CpuBackend backend(pool, CpuBackendOptions{.int8_activations = int8});
   Transformer tf(**model, backend);
   std::map<std::string, double> ours;
+  auto report = [&](const std::string& key, double v) {
+    ours[key] = v;
+    std::printf("ours %s %.1f\n", key.c_str(), v);
+    std::fflush(stdout);
+  };
   std::printf("model %s (%s), %lld threads, %s activations\n", c.name.c_str(), model_path.c_str(),
               static_cast<long long>(threads), int8 ? "int8" : "F32");
   for (int64_t prefill : prefill_list) {
     const int n = static_cast<int>(prefill);
-    if (static_cast<int>(all_ids.size()) < n || n > c.n_ctx)
-      return Fail("text too short or prompt longer than the context");
     std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + n), pos(n);
     for (int i = 0; i < n; ++i) pos[i] = i;
     double best = 1e30;
@@ -87,34 +140,33 @@ int main(int argc, char** argv) {
       }
       best = std::min(best, Seconds(t0, Clock::now()));
     }
-    const std::string key = "prefill_" + std::to_string(n) + "_tok_per_s";
-    ours[key] = n / best;
-    std::printf("ours prefill_%d_tok_per_s %.1f\n", n, n / best);
+    report("prefill_" + std::to_string(n) + "_tok_per_s", n / best);
   }
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    auto kv = OfflineKvCache(**model, backend, 4 + decode, static_cast<int>(block_tokens));
-    if (!kv.ok()) return Fail(std::string(kv.status().message()));
-    ForwardOutput out;
-    std::vector<int32_t> ids = {1, 2, 3, 4}, pos = {0, 1, 2, 3};
-    SeqInput in{.seq_id = 1, .tokens = ids, .positions = pos};
-    if (auto st = tf.Forward({&in, 1}, **kv, &out); !st.ok()) return Fail(std::string(st.message()));
-    const auto t0 = Clock::now();
-    for (int i = 0; i < decode; ++i) {
-      const int32_t tok = (i * 31) % 1000 + 500, p = 4 + i;
-      SeqInput step{.seq_id = 1, .tokens = {&tok, 1}, .positions = {&p, 1}};
-      if (auto st = tf.Forward({&step, 1}, **kv, &out); !st.ok()) return Fail(std::string(st.message()));
+  for (int64_t depth : depth_list) {
+    // Depth 0 starts from a 4-token prompt; a long depth is measured once (its prefill dominates).
+    const int d = std::max<int>(4, static_cast<int>(depth));
+    auto v = DecodeTokPerS(**model, backend, tf, all_ids, d, 1, static_cast<int>(decode),
+                           depth > 512 ? 1 : static_cast<int>(repeats), static_cast<int>(block_tokens));
+    if (!v.ok()) return Fail(std::string(v.status().message()));
+    report(depth == 0 ? "decode_tok_per_s" : "decode_at_" + std::to_string(depth) + "_tok_per_s", *v);
+  }
+  if (streams > 0) {
+    auto v = DecodeTokPerS(**model, backend, tf, all_ids, 4, static_cast<int>(streams), static_cast<int>(decode),
+                           static_cast<int>(repeats), static_cast<int>(block_tokens));
+    if (!v.ok()) return Fail(std::string(v.status().message()));
+    report("decode_" + std::to_string(streams) + "_streams_tok_per_s", *v);
+    if (ours.count("decode_tok_per_s")) {
+      std::printf("ours %lld_streams/1_stream %.2fx\n", static_cast<long long>(streams),
+                  *v / ours["decode_tok_per_s"]);
     }
-    best = std::min(best, Seconds(t0, Clock::now()));
   }
-  ours["decode_tok_per_s"] = decode / best;
-  std::printf("ours decode_tok_per_s %.1f\n", decode / best);
   std::printf("ours peak_rss_mib %.1f\n", PeakRssMiB());
 
   if (llamacpp) {
     std::ostringstream cmd;
-    cmd << "python3 bench/llamacpp_bench.py --model " << model_path << " --threads " << threads << " --decode "
-        << decode << " --repeats " << repeats << " --prefill " << absl::StrJoin(prefill_list, " ");
+    cmd << python << " bench/llamacpp_bench.py --model " << model_path << " --threads " << threads << " --decode "
+        << decode << " --repeats " << repeats << " --text " << text_path << " --prefill "
+        << absl::StrJoin(prefill_list, " ") << " --decode-depth " << absl::StrJoin(depth_list, " ");
     FILE* p = popen(cmd.str().c_str(), "r");
     char line[512];
     while (p != nullptr && fgets(line, sizeof(line), p) != nullptr) {
@@ -126,8 +178,11 @@ int main(int argc, char** argv) {
       } else {
         std::printf("%s", line);
       }
+      std::fflush(stdout);
     }
-    if (p == nullptr || pclose(p) != 0) std::printf("llama-cpp-python not available (pip install llama-cpp-python)\n");
+    if (p == nullptr || pclose(p) != 0) {
+      std::printf("llama-cpp-python not available to %s (pip install llama-cpp-python; --python)\n", python.c_str());
+    }
   }
   return 0;
 }

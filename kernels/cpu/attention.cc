@@ -8,13 +8,16 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/half_rows.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/vec.h"
 
 namespace ps {
 namespace {
 
-constexpr int64_t kQueryTile = 32;
+constexpr int64_t kQueryTile = 32;  // query rows per unit
+constexpr int64_t kKeyTile = 128;   // keys per score tile
 
 float* Scratch(std::vector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(n);
@@ -76,8 +79,17 @@ void ValueAxpys(const KvRows& kv, const float* p, int64_t j0, int64_t nb, int64_
   }
 }
 
+// x = exp(x - m), masked (-inf) entries exactly 0; returns the sum.
+float ExpShifted(float* x, int64_t n, float m) {
+  if (avx2::Available()) return avx2::ExpShifted(x, n, m);
+  float sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - m));
+  return sum;
+}
+float RowMax(const float* x, int64_t n) { return avx2::Available() ? avx2::MaxOf(x, n) : MaxOf(x, n); }
+
 // One query segment over the chunks of `kv`. For several query rows `kv` must be
-// F32 (the gathered copy) so that each chunk is one sgemm operand. row_ids maps a
+// F32 (the gathered copy) so that each tile is one sgemm operand. row_ids maps a
 // view row to the caller's row for the last-query statistics (null: the same).
 struct SegmentArgs {
   const KvRows* kv = nullptr;
@@ -85,10 +97,17 @@ struct SegmentArgs {
   const int32_t* row_ids = nullptr;
   int64_t q_begin = 0, q_end = 0;
   int64_t stats_n = 0;           // length of each head's statistics row (the caller's kv.n)
-  float* last_probs = nullptr;   // [n_heads, stats_n] or null
-  float* last_logits = nullptr;  // [n_heads, stats_n] or null
+  float* last_logits = nullptr;  // [n_heads, stats_n] or null: the last query's scaled scores
+  float* last_norm = nullptr;    // [n_heads, 2] or null: its final maximum and sum of exponentials
 };
 
+// Tiled attention with an online softmax (FlashAttention's recurrence, on the CPU):
+// a unit is a tile of up to kQueryTile query rows of the heads of one GQA group; it
+// walks the visible keys in tiles of at most kKeyTile rows (inside one block), keeps
+// each row's running maximum m and sum l, rescales the output accumulated so far
+// when m grows and adds P·V of the tile. Memory: one [rows, kKeyTile] score tile per
+// head; no [rows, keys] matrix. Query tiles run from the last (the most keys under the
+// causal mask) to the first, so the largest units are claimed first.
 void RunSegment(const AttentionShape& s, const AttentionArgs& a, const SegmentArgs& seg, ThreadPool& pool) {
   const KvRows& kv = *seg.kv;
   const int group = s.n_heads / s.n_kv_heads;
@@ -96,75 +115,108 @@ void RunSegment(const AttentionShape& s, const AttentionArgs& a, const SegmentAr
   const int64_t n_q = seg.q_end - seg.q_begin;
   const int64_t n_tiles = (n_q + kQueryTile - 1) / kQueryTile;
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  const bool last_in_segment = seg.q_end == a.n_q;
+  const bool has_last = seg.q_end == a.n_q && seg.last_logits != nullptr;
   auto stat_row = [&](int64_t j) { return seg.row_ids != nullptr ? seg.row_ids[j] : j; };
+  // A single query row over F32 rows: the AVX2 loops that serve a whole GQA group per block.
+  const bool group_simd = avx2::Available() && kv.dtype == DType::kF32 && hd % 8 == 0;
 
-  pool.ParallelFor(n_tiles * s.n_heads, 1, [&](int64_t u0, int64_t u1) {
-    static thread_local std::vector<float> scores_storage;
+  pool.ParallelFor(n_tiles * s.n_kv_heads, 1, [&](int64_t u0, int64_t u1) {
+    static thread_local std::vector<float> scores_storage, state_storage;
     static thread_local std::vector<Chunk> visible;
     for (int64_t u = u0; u < u1; ++u) {
-      const int h = static_cast<int>(u % s.n_heads);
-      const int64_t q0 = seg.q_begin + (u / s.n_heads) * kQueryTile;
+      const int kvh = static_cast<int>(u % s.n_kv_heads);
+      const int h0 = kvh * group;
+      const int64_t q0 = seg.q_begin + (n_tiles - 1 - u / s.n_kv_heads) * kQueryTile;
       const int64_t nq = std::min(kQueryTile, seg.q_end - q0);
-      const int kvh = h / group;
-      int32_t max_pos = std::numeric_limits<int32_t>::min();
-      for (int64_t i = 0; i < nq; ++i) max_pos = std::max(max_pos, a.q_pos[q0 + i]);
-      const int64_t nk = VisibleChunks(kv, seg.chunks, max_pos, &visible);
-      float* sc = Scratch(scores_storage, nq * std::max<int64_t>(nk, 1));  // [nq, nk]
-      const float* qh = a.q + q0 * a.q_stride + h * hd;
-      float* oh = a.out + q0 * a.out_stride + h * hd;
-      if (nk == 0) {
-        for (int64_t i = 0; i < nq; ++i) std::memset(oh + i * a.out_stride, 0, hd * sizeof(float));
-        continue;
-      }
-      int64_t col0 = 0;
-      for (const Chunk& c : visible) {  // S[:, chunk] = Q K_chunkᵀ
-        if (nq == 1) {
-          KeyDots(kv, qh, c.j0, c.nb, kvh * hd, hd, sc + col0);
-        } else {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nq), static_cast<int>(c.nb), hd, 1.0f,
-                      qh, static_cast<int>(a.q_stride), static_cast<const float*>(kv.k(c.j0, kvh * hd)),
-                      static_cast<int>(kv.stride), 0.0f, sc + col0, static_cast<int>(nk));
-        }
-        col0 += c.nb;
-      }
+      const bool last_tile = has_last && q0 + nq == a.n_q;
+      int32_t max_pos = std::numeric_limits<int32_t>::min(), min_pos = std::numeric_limits<int32_t>::max();
       for (int64_t i = 0; i < nq; ++i) {
-        float* row = sc + i * nk;
-        const int32_t qp = a.q_pos[q0 + i];
-        int64_t col = 0;
-        for (const Chunk& c : visible) {
-          for (int64_t r = 0; r < c.nb; ++r, ++col) {
-            row[col] = kv.positions[c.j0 + r] <= qp ? row[col] * s.scale : neg_inf;
+        max_pos = std::max(max_pos, a.q_pos[q0 + i]);
+        min_pos = std::min(min_pos, a.q_pos[q0 + i]);
+      }
+      VisibleChunks(kv, seg.chunks, max_pos, &visible);
+      const int64_t tile_scores = nq * kKeyTile;
+      float* scores = Scratch(scores_storage, group * tile_scores);  // [group][nq, kKeyTile]
+      float* state = Scratch(state_storage, 2 * group * nq);         // m, then l, per head and row
+      float* m = state;
+      float* l = state + group * nq;
+      std::fill(m, m + group * nq, neg_inf);
+      std::fill(l, l + group * nq, 0.0f);
+      auto q_of = [&](int h) { return a.q + q0 * a.q_stride + (h0 + h) * hd; };
+      auto out_of = [&](int h) { return a.out + q0 * a.out_stride + (h0 + h) * hd; };
+      for (int h = 0; h < group; ++h) {
+        for (int64_t i = 0; i < nq; ++i) std::memset(out_of(h) + i * a.out_stride, 0, hd * sizeof(float));
+      }
+      for (const Chunk& c : visible) {
+        for (int64_t t0 = c.j0; t0 < c.j0 + c.nb; t0 += kKeyTile) {
+          const int64_t nt = std::min(kKeyTile, c.j0 + c.nb - t0);
+          const int32_t* pos = kv.positions + t0;
+          // S = Q Kᵀ for the tile, every head of the group.
+          if (nq == 1 && group_simd) {
+            avx2::GroupKeyDots(q_of(0), group, static_cast<const float*>(kv.k(t0, kvh * hd)), kv.stride, nt, hd,
+                               scores, tile_scores);
+          } else {
+            for (int h = 0; h < group; ++h) {
+              if (nq == 1) {
+                KeyDots(kv, q_of(h), t0, nt, kvh * hd, hd, scores + h * tile_scores);
+              } else {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nq), static_cast<int>(nt), hd,
+                            1.0f, q_of(h), static_cast<int>(a.q_stride), static_cast<const float*>(kv.k(t0, kvh * hd)),
+                            static_cast<int>(kv.stride), 0.0f, scores + h * tile_scores, static_cast<int>(nt));
+              }
+            }
+          }
+          // Scale and mask; P = exp(S - m_new); rescale the rows' sums and outputs.
+          bool unmasked = true;  // every key of the tile visible to every query row
+          for (int64_t r = 0; r < nt; ++r) unmasked = unmasked && pos[r] <= min_pos;
+          for (int h = 0; h < group; ++h) {
+            for (int64_t i = 0; i < nq; ++i) {
+              float* row = scores + h * tile_scores + i * nt;
+              const int32_t qp = a.q_pos[q0 + i];
+              for (int64_t r = 0; r < nt; ++r) row[r] = unmasked || pos[r] <= qp ? row[r] * s.scale : neg_inf;
+              if (last_tile && i == nq - 1) {
+                float* dst = seg.last_logits + (h0 + h) * seg.stats_n;
+                for (int64_t r = 0; r < nt; ++r) dst[stat_row(t0 + r)] = row[r];
+              }
+              float& mi = m[h * nq + i];
+              const float m_new = std::max(mi, RowMax(row, nt));
+              if (m_new == neg_inf) {  // nothing visible yet: P = 0
+                std::fill(row, row + nt, 0.0f);
+                continue;
+              }
+              const float corr = mi == neg_inf ? 0.0f : std::exp(mi - m_new);
+              l[h * nq + i] = l[h * nq + i] * corr + ExpShifted(row, nt, m_new);
+              if (corr != 1.0f) Scale(corr, out_of(h) + i * a.out_stride, hd);
+              mi = m_new;
+            }
+          }
+          // O += P V for the tile.
+          if (nq == 1 && group_simd) {
+            avx2::GroupValueAxpys(scores, tile_scores, group, static_cast<const float*>(kv.v(t0, kvh * hd)), kv.stride,
+                                  nt, hd, out_of(0));
+          } else {
+            for (int h = 0; h < group; ++h) {
+              if (nq == 1) {
+                ValueAxpys(kv, scores + h * tile_scores, t0, nt, kvh * hd, hd, out_of(h));
+              } else {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nq), hd, static_cast<int>(nt),
+                            1.0f, scores + h * tile_scores, static_cast<int>(nt),
+                            static_cast<const float*>(kv.v(t0, kvh * hd)), static_cast<int>(kv.stride), 1.0f,
+                            out_of(h), static_cast<int>(a.out_stride));
+              }
+            }
           }
         }
-        if (seg.last_logits != nullptr && last_in_segment && q0 + i == a.n_q - 1) {
-          float* dst = seg.last_logits + h * seg.stats_n;
-          col = 0;
-          for (const Chunk& c : visible) {
-            for (int64_t r = 0; r < c.nb; ++r) dst[stat_row(c.j0 + r)] = row[col++];
-          }
-        }
-        SoftmaxInPlace(row, nk);
       }
-      if (seg.last_probs != nullptr && last_in_segment && q0 + nq == a.n_q) {
-        float* dst = seg.last_probs + h * seg.stats_n;
-        const float* row = sc + (nq - 1) * nk;
-        int64_t col = 0;
-        for (const Chunk& c : visible) {
-          for (int64_t r = 0; r < c.nb; ++r) dst[stat_row(c.j0 + r)] = row[col++];
+      for (int h = 0; h < group; ++h) {  // O /= l (rows that saw no key stay 0)
+        for (int64_t i = 0; i < nq; ++i) {
+          const float li = l[h * nq + i];
+          if (li > 0) Scale(1.0f / li, out_of(h) + i * a.out_stride, hd);
         }
-      }
-      col0 = 0;
-      for (const Chunk& c : visible) {  // O += P[:, chunk] V_chunk
-        if (nq == 1) {
-          if (col0 == 0) std::memset(oh, 0, hd * sizeof(float));
-          ValueAxpys(kv, sc + col0, c.j0, c.nb, kvh * hd, hd, oh);
-        } else {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nq), hd, static_cast<int>(c.nb), 1.0f,
-                      sc + col0, static_cast<int>(nk), static_cast<const float*>(kv.v(c.j0, kvh * hd)),
-                      static_cast<int>(kv.stride), col0 == 0 ? 0.0f : 1.0f, oh, static_cast<int>(a.out_stride));
+        if (last_tile) {
+          seg.last_norm[2 * (h0 + h)] = m[h * nq + nq - 1];
+          seg.last_norm[2 * (h0 + h) + 1] = l[h * nq + nq - 1];
         }
-        col0 += c.nb;
       }
     }
   });
@@ -222,15 +274,18 @@ void Gather(const KvRows& kv, std::span<const KvRange> ranges, ThreadPool& pool,
 void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a, ThreadPool& pool) {
   PS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0) << "bad head counts";
   PS_CHECK(kv.stride == static_cast<int64_t>(s.n_kv_heads) * s.head_dim) << "KV rows hold " << kv.stride << " values";
-  // The last query's probabilities / scores per head, reduced after the segments.
-  static thread_local std::vector<float> last_probs_storage, last_logits_storage;
-  auto per_head = [&](std::vector<float>& storage, const float* wanted, float fill) -> float* {
-    if (wanted == nullptr) return nullptr;
-    storage.assign(static_cast<size_t>(s.n_heads * kv.n), fill);
-    return storage.data();
-  };
-  float* last_probs = per_head(last_probs_storage, a.last_query_probs, 0.0f);
-  float* last_logits = per_head(last_logits_storage, a.last_query_logits, -std::numeric_limits<float>::infinity());
+  // The last query's scaled scores per head (-inf where unselected or masked) and its
+  // final softmax maximum and sum per head: the statistics are reduced from them.
+  static thread_local std::vector<float> last_logits_storage, last_norm_storage;
+  const bool stats = a.last_query_probs != nullptr || a.last_query_logits != nullptr;
+  float* last_logits = nullptr;
+  float* last_norm = nullptr;
+  if (stats) {
+    last_logits_storage.assign(static_cast<size_t>(s.n_heads * kv.n), -std::numeric_limits<float>::infinity());
+    last_norm_storage.assign(static_cast<size_t>(2 * s.n_heads), 0.0f);
+    last_logits = last_logits_storage.data();
+    last_norm = last_norm_storage.data();
+  }
 
   // Query segments with their rows: the whole query range over every row, or the selection's.
   static thread_local std::vector<KvRange> all_rows(1);
@@ -239,7 +294,7 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
   const bool all = a.selection == nullptr || a.selection->all();
   const size_t n_segments = all ? 1 : a.selection->segments.size();
   for (size_t i = 0; i < n_segments; ++i) {
-    SegmentArgs seg{.stats_n = kv.n, .last_probs = last_probs, .last_logits = last_logits};
+    SegmentArgs seg{.stats_n = kv.n, .last_logits = last_logits, .last_norm = last_norm};
     std::span<const KvRange> ranges;
     if (all) {
       all_rows[0] = {0, static_cast<int32_t>(kv.n)};
@@ -266,10 +321,17 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
     RunSegment(s, a, seg, pool);
   }
 
-  if (a.last_query_probs != nullptr) {
+  if (a.last_query_probs != nullptr) {  // mean over heads of exp(score - m) / l
     std::fill(a.last_query_probs, a.last_query_probs + kv.n, 0.0f);
-    for (int h = 0; h < s.n_heads; ++h) AddInPlace(last_probs + h * kv.n, a.last_query_probs, kv.n);
-    Scale(1.0f / s.n_heads, a.last_query_probs, kv.n);
+    for (int h = 0; h < s.n_heads; ++h) {
+      const float m = last_norm[2 * h], l = last_norm[2 * h + 1];
+      if (l <= 0) continue;
+      const float* logits = last_logits + h * kv.n;
+      const float w = 1.0f / (l * s.n_heads);
+      for (int64_t j = 0; j < kv.n; ++j) {
+        if (logits[j] != -std::numeric_limits<float>::infinity()) a.last_query_probs[j] += std::exp(logits[j] - m) * w;
+      }
+    }
   }
   if (a.last_query_logits != nullptr) {
     std::fill(a.last_query_logits, a.last_query_logits + kv.n, 0.0f);

@@ -312,6 +312,83 @@ TEST(Attention, ReadsExactlyTheSelection) {
   EXPECT_FALSE(bad.Validate(4, 50).ok()) << "a query row left out";
 }
 
+// The tiled online-softmax kernel at awkward sizes against the direct computation:
+// 1, 17, 511 and 4097 keys (several key tiles, partial tiles), 1, 17 and 64 query
+// rows (one or several query tiles), head size 64 (the AVX2 group loops) and 24,
+// GQA 4:1, F32/F16/BF16 rows, positions with gaps (as left by pruning) in pages of
+// 16, with and without a selection that drops every third block of 16 rows.
+TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
+  ThreadPool pool(2);
+  for (int hd : {64, 24})
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16})
+      for (int64_t nkv : {1, 17, 511, 4097})
+        for (int64_t nq : {1, 17, 64})
+          for (bool with_selection : {false, true}) {
+            if (nq > nkv || (hd == 24 && nkv == 4097 && dtype != DType::kF32)) continue;
+            constexpr int kHeads = 8, kKvHeads = 2, kBlock = 16;
+            const int qd = kHeads * hd, kvd = kKvHeads * hd;
+            const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = hd, .scale = 0.125f};
+            auto q = Randn(nq * qd, 21), k = Randn(nkv * kvd, 22), v = Randn(nkv * kvd, 23);
+            std::vector<uint16_t> kh(k.size()), vh(v.size());
+            if (dtype != DType::kF32) {
+              F32ToHalf(dtype, k.data(), kh.data(), static_cast<int64_t>(k.size()));
+              F32ToHalf(dtype, v.data(), vh.data(), static_cast<int64_t>(v.size()));
+              HalfToF32(dtype, kh.data(), k.data(), static_cast<int64_t>(k.size()));
+              HalfToF32(dtype, vh.data(), v.data(), static_cast<int64_t>(v.size()));
+            }
+            std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+            for (int64_t j = 0, p = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(p += 1 + (j * 13) % 3);
+            for (int64_t i = 0; i < nq; ++i) q_pos[i] = kv_pos[nkv - nq + i];  // the last rows are the queries
+            std::vector<KvRange> ranges;
+            for (int32_t b = 0; b * kBlock < nkv; ++b) {
+              if (with_selection && b % 3 == 1 && (b + 1) * kBlock < nkv) continue;
+              ranges.push_back({b * kBlock, static_cast<int32_t>(std::min<int64_t>(nkv, (b + 1) * kBlock))});
+            }
+            KvSelection sel;
+            sel.segments.push_back({.q_begin = 0, .q_end = static_cast<int32_t>(nq), .ranges = ranges});
+            auto selected = [&](int64_t j) {
+              for (const KvRange& r : ranges) {
+                if (j >= r.begin && j < r.end) return true;
+              }
+              return false;
+            };
+            std::vector<const void*> kp, vp;
+            for (int64_t b = 0; b * kBlock < nkv; ++b) {
+              const bool f32 = dtype == DType::kF32;
+              kp.push_back(f32 ? static_cast<const void*>(k.data() + b * kBlock * kvd) : kh.data() + b * kBlock * kvd);
+              vp.push_back(f32 ? static_cast<const void*>(v.data() + b * kBlock * kvd) : vh.data() + b * kBlock * kvd);
+            }
+            std::vector<float> out(nq * qd), probs(nkv);
+            Attention(s,
+                      KvRows{.k_blocks = kp.data(),
+                             .v_blocks = vp.data(),
+                             .block_rows = kBlock,
+                             .positions = kv_pos.data(),
+                             .n = nkv,
+                             .stride = kvd,
+                             .positions_ascending = true,
+                             .dtype = dtype},
+                      AttentionArgs{.q = q.data(),
+                                    .q_pos = q_pos.data(),
+                                    .n_q = nq,
+                                    .q_stride = qd,
+                                    .out = out.data(),
+                                    .out_stride = qd,
+                                    .selection = with_selection ? &sel : nullptr,
+                                    .last_query_probs = probs.data()},
+                      pool);
+            std::vector<double> want_probs, want_logits;
+            const std::vector<double> want = NaiveAttention(
+                s, q, k, v, nq, nkv,
+                [&](int64_t i, int64_t j) { return (!with_selection || selected(j)) && kv_pos[j] <= q_pos[i]; },
+                &want_probs, &want_logits);
+            const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " hd=", hd, " keys=", nkv,
+                                                  " queries=", nq, with_selection ? " selection" : "");
+            EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
+            EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
+          }
+}
+
 // Half conversions equal the scalar base/fp16.h ones bit for bit (vector loops and
 // tails, subnormals, infinities and NaN included).
 TEST(HalfRows, ConversionsEqualScalar) {
