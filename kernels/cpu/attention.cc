@@ -16,8 +16,8 @@
 namespace ps {
 namespace {
 
-constexpr int64_t kQueryTile = 32;  // query rows per unit
-constexpr int64_t kKeyTile = 128;   // keys per score tile
+constexpr int64_t kQueryTile = 64;  // query rows per unit
+constexpr int64_t kKeyTile = 256;   // keys per score tile
 
 float* Scratch(std::vector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(n);

@@ -66,6 +66,8 @@ void Gemv(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
   });
 }
 
+constexpr int64_t kSmallBatchRows = 64;
+
 void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
   const int64_t k = w.cols;
   if (w.type == DType::kF32) {
@@ -80,8 +82,10 @@ void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
   // kPanelFloats and multiplies each panel with all m rows in one sgemm, so that
   // OpenBLAS packs the activations once per panel (not once per small tile: slicing
   // spent ~40% of a 0.5B model's prefill in sgemm's packing routines).
-  constexpr int64_t kPanelFloats = int64_t{4} << 20;  // 16 MiB of F32 per thread at most
-  const int64_t panel = std::max<int64_t>(16, kPanelFloats / k / 16 * 16);
+  // Few rows (batched decode): panels of 256 KiB that stay in L2 between being written
+  // and read, where packing the few activation rows again per panel costs little.
+  const int64_t panel_floats = m <= kSmallBatchRows ? int64_t{64} << 10 : int64_t{4} << 20;
+  const int64_t panel = std::max<int64_t>(16, panel_floats / k / 16 * 16);
   const int64_t share = (w.rows + pool.num_threads() - 1) / pool.num_threads();
   const int64_t grain = std::min(panel, (share + 15) / 16 * 16);
   pool.ParallelFor(w.rows, grain, [&](int64_t r0, int64_t r1) {

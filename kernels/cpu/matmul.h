@@ -10,10 +10,10 @@
 namespace ps {
 
 // Batches of at most GemvMaxRows(type) rows use dot products that decode the weights
-// in registers (memory-bound GEMV); larger ones dequantise weight tiles and call
-// sgemm. Where the dequantisation is vectorised (F32, and the AVX-512 formats) the
-// GEMM path wins from two rows on (ps_bench_matmul compares the paths).
-inline constexpr int64_t kGemvMaxRows = 8;
+// in registers (memory-bound GEMV); larger ones dequantise weight panels and call
+// sgemm. On AVX2 (an EPYC, 2 threads) GEMM wins from 4 rows, with AVX-512
+// dequantisation from 2 (ps_bench_matmul compares the paths).
+inline constexpr int64_t kGemvMaxRows = 3;
 int64_t GemvMaxRows(DType type);
 
 // y[m, w.rows] = x[m, w.cols] * w^T. x and y are dense row-major. Runs on `pool`.
