@@ -101,126 +101,239 @@ struct SegmentArgs {
   float* last_norm = nullptr;    // [n_heads, 2] or null: its final maximum and sum of exponentials
 };
 
-// Tiled attention with an online softmax (FlashAttention's recurrence, on the CPU):
-// a unit is a tile of up to kQueryTile query rows of the heads of one GQA group; it
-// walks the visible keys in tiles of at most kKeyTile rows (inside one block), keeps
-// each row's running maximum m and sum l, rescales the output accumulated so far
-// when m grows and adds P·V of the tile. Memory: one [rows, kKeyTile] score tile per
-// head; no [rows, keys] matrix. Query tiles run from the last (the most keys under the
-// causal mask) to the first, so the largest units are claimed first.
-void RunSegment(const AttentionShape& s, const AttentionArgs& a, const SegmentArgs& seg, ThreadPool& pool) {
-  const KvRows& kv = *seg.kv;
-  const int group = s.n_heads / s.n_kv_heads;
-  const int hd = s.head_dim;
-  const int64_t n_q = seg.q_end - seg.q_begin;
-  const int64_t n_tiles = (n_q + kQueryTile - 1) / kQueryTile;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  const bool has_last = seg.q_end == a.n_q && seg.last_logits != nullptr;
-  auto stat_row = [&](int64_t j) { return seg.row_ids != nullptr ? seg.row_ids[j] : j; };
-  // A single query row over F32 rows: the AVX2 loops that serve a whole GQA group per block.
-  const bool group_simd = avx2::Available() && kv.dtype == DType::kF32 && hd % 8 == 0;
+// Tiled attention with an online softmax (FlashAttention's recurrence, on the CPU).
+// A unit attends a tile of up to kQueryTile query rows of the heads of one GQA group
+// over a range of the visible keys, walked in tiles of at most kKeyTile rows (inside
+// one block): it keeps each row's running maximum m and sum l, rescales the output
+// accumulated so far when m grows and adds P·V of the tile. Memory: one
+// [rows, kKeyTile] score tile per head; no [rows, keys] matrix.
+class SegmentAttention {
+ public:
+  SegmentAttention(const AttentionShape& s, const AttentionArgs& a, const SegmentArgs& seg)
+      : s_(s), a_(a), seg_(seg), kv_(*seg.kv), group_(s.n_heads / s.n_kv_heads), hd_(s.head_dim),
+        group_simd_(avx2::Available() && kv_.dtype == DType::kF32 && s.head_dim % 8 == 0) {}
 
-  pool.ParallelFor(n_tiles * s.n_kv_heads, 1, [&](int64_t u0, int64_t u1) {
-    static thread_local std::vector<float> scores_storage, state_storage;
-    static thread_local std::vector<Chunk> visible;
-    for (int64_t u = u0; u < u1; ++u) {
-      const int kvh = static_cast<int>(u % s.n_kv_heads);
-      const int h0 = kvh * group;
-      const int64_t q0 = seg.q_begin + (n_tiles - 1 - u / s.n_kv_heads) * kQueryTile;
-      const int64_t nq = std::min(kQueryTile, seg.q_end - q0);
-      const bool last_tile = has_last && q0 + nq == a.n_q;
-      int32_t max_pos = std::numeric_limits<int32_t>::min(), min_pos = std::numeric_limits<int32_t>::max();
-      for (int64_t i = 0; i < nq; ++i) {
-        max_pos = std::max(max_pos, a.q_pos[q0 + i]);
-        min_pos = std::min(min_pos, a.q_pos[q0 + i]);
+  // Query tiles run from the last (the most keys under the causal mask) to the first,
+  // so the largest units are claimed first. A single query row (decode) over many keys
+  // also splits the keys among units (flash-decoding), merged at the end.
+  void Run(ThreadPool& pool) {
+    const int64_t n_q = seg_.q_end - seg_.q_begin;
+    if (n_q == 1) {
+      VisibleChunks(kv_, seg_.chunks, a_.q_pos[seg_.q_begin], &visible_);
+      int64_t keys = 0;
+      for (const Chunk& c : visible_) keys += c.nb;
+      const int64_t want = (2 * pool.num_threads() + s_.n_kv_heads - 1) / s_.n_kv_heads;
+      const int64_t splits = std::clamp<int64_t>(keys / kMinSplitKeys, 1, want);
+      if (splits > 1) return RunSplit(pool, keys, splits);
+    }
+    const int64_t n_tiles = (n_q + kQueryTile - 1) / kQueryTile;
+    pool.ParallelFor(n_tiles * s_.n_kv_heads, 1, [&](int64_t u0, int64_t u1) {
+      static thread_local std::vector<float> state_storage;
+      static thread_local std::vector<Chunk> visible;
+      for (int64_t u = u0; u < u1; ++u) {
+        const int kvh = static_cast<int>(u % s_.n_kv_heads);
+        const int64_t q0 = seg_.q_begin + (n_tiles - 1 - u / s_.n_kv_heads) * kQueryTile;
+        const int64_t nq = std::min(kQueryTile, seg_.q_end - q0);
+        int32_t max_pos = std::numeric_limits<int32_t>::min();
+        for (int64_t i = 0; i < nq; ++i) max_pos = std::max(max_pos, a_.q_pos[q0 + i]);
+        VisibleChunks(kv_, seg_.chunks, max_pos, &visible);
+        float* m = Scratch(state_storage, 2 * group_ * nq);
+        float* l = m + group_ * nq;
+        float* out = a_.out + q0 * a_.out_stride + kvh * group_ * hd_;
+        Attend(kvh, q0, nq, visible, 0, kv_.n, out, a_.out_stride, m, l);
+        Finish(kvh, q0, nq, out, a_.out_stride, m, l);
       }
-      VisibleChunks(kv, seg.chunks, max_pos, &visible);
-      const int64_t tile_scores = nq * kKeyTile;
-      float* scores = Scratch(scores_storage, group * tile_scores);  // [group][nq, kKeyTile]
-      float* state = Scratch(state_storage, 2 * group * nq);         // m, then l, per head and row
-      float* m = state;
-      float* l = state + group * nq;
-      std::fill(m, m + group * nq, neg_inf);
-      std::fill(l, l + group * nq, 0.0f);
-      auto q_of = [&](int h) { return a.q + q0 * a.q_stride + (h0 + h) * hd; };
-      auto out_of = [&](int h) { return a.out + q0 * a.out_stride + (h0 + h) * hd; };
-      for (int h = 0; h < group; ++h) {
-        for (int64_t i = 0; i < nq; ++i) std::memset(out_of(h) + i * a.out_stride, 0, hd * sizeof(float));
-      }
-      for (const Chunk& c : visible) {
-        for (int64_t t0 = c.j0; t0 < c.j0 + c.nb; t0 += kKeyTile) {
-          const int64_t nt = std::min(kKeyTile, c.j0 + c.nb - t0);
-          const int32_t* pos = kv.positions + t0;
-          // S = Q Kᵀ for the tile, every head of the group.
-          if (nq == 1 && group_simd) {
-            avx2::GroupKeyDots(q_of(0), group, static_cast<const float*>(kv.k(t0, kvh * hd)), kv.stride, nt, hd,
-                               scores, tile_scores);
-          } else {
-            for (int h = 0; h < group; ++h) {
-              if (nq == 1) {
-                KeyDots(kv, q_of(h), t0, nt, kvh * hd, hd, scores + h * tile_scores);
-              } else {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nq), static_cast<int>(nt), hd,
-                            1.0f, q_of(h), static_cast<int>(a.q_stride), static_cast<const float*>(kv.k(t0, kvh * hd)),
-                            static_cast<int>(kv.stride), 0.0f, scores + h * tile_scores, static_cast<int>(nt));
-              }
-            }
-          }
-          // Scale and mask; P = exp(S - m_new); rescale the rows' sums and outputs.
-          bool unmasked = true;  // every key of the tile visible to every query row
-          for (int64_t r = 0; r < nt; ++r) unmasked = unmasked && pos[r] <= min_pos;
-          for (int h = 0; h < group; ++h) {
-            for (int64_t i = 0; i < nq; ++i) {
-              float* row = scores + h * tile_scores + i * nt;
-              const int32_t qp = a.q_pos[q0 + i];
-              for (int64_t r = 0; r < nt; ++r) row[r] = unmasked || pos[r] <= qp ? row[r] * s.scale : neg_inf;
-              if (last_tile && i == nq - 1) {
-                float* dst = seg.last_logits + (h0 + h) * seg.stats_n;
-                for (int64_t r = 0; r < nt; ++r) dst[stat_row(t0 + r)] = row[r];
-              }
-              float& mi = m[h * nq + i];
-              const float m_new = std::max(mi, RowMax(row, nt));
-              if (m_new == neg_inf) {  // nothing visible yet: P = 0
-                std::fill(row, row + nt, 0.0f);
-                continue;
-              }
-              const float corr = mi == neg_inf ? 0.0f : std::exp(mi - m_new);
-              l[h * nq + i] = l[h * nq + i] * corr + ExpShifted(row, nt, m_new);
-              if (corr != 1.0f) Scale(corr, out_of(h) + i * a.out_stride, hd);
-              mi = m_new;
-            }
-          }
-          // O += P V for the tile.
-          if (nq == 1 && group_simd) {
-            avx2::GroupValueAxpys(scores, tile_scores, group, static_cast<const float*>(kv.v(t0, kvh * hd)), kv.stride,
-                                  nt, hd, out_of(0));
-          } else {
-            for (int h = 0; h < group; ++h) {
-              if (nq == 1) {
-                ValueAxpys(kv, scores + h * tile_scores, t0, nt, kvh * hd, hd, out_of(h));
-              } else {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nq), hd, static_cast<int>(nt),
-                            1.0f, scores + h * tile_scores, static_cast<int>(nt),
-                            static_cast<const float*>(kv.v(t0, kvh * hd)), static_cast<int>(kv.stride), 1.0f,
-                            out_of(h), static_cast<int>(a.out_stride));
-              }
-            }
-          }
-        }
-      }
-      for (int h = 0; h < group; ++h) {  // O /= l (rows that saw no key stay 0)
-        for (int64_t i = 0; i < nq; ++i) {
-          const float li = l[h * nq + i];
-          if (li > 0) Scale(1.0f / li, out_of(h) + i * a.out_stride, hd);
-        }
-        if (last_tile) {
-          seg.last_norm[2 * (h0 + h)] = m[h * nq + nq - 1];
-          seg.last_norm[2 * (h0 + h) + 1] = l[h * nq + nq - 1];
-        }
+    });
+  }
+
+ private:
+  static constexpr int64_t kMinSplitKeys = 1024;   // keys per unit at least, when splitting
+  static constexpr int64_t kDecodeKeyTile = 2048;  // keys per score tile for a single query row
+
+  // Unnormalised output, m and l of rows [q0, q0 + nq) of kvh's heads over the visible
+  // keys with ordinals [k_lo, k_hi): out rows out_stride apart, heads hd apart.
+  void Attend(int kvh, int64_t q0, int64_t nq, std::span<const Chunk> visible, int64_t k_lo, int64_t k_hi, float* out,
+              int64_t out_stride, float* m, float* l) const {
+    static thread_local std::vector<float> scores_storage;
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const bool last_tile = seg_.q_end == a_.n_q && seg_.last_logits != nullptr && q0 + nq == a_.n_q;
+    int32_t min_pos = std::numeric_limits<int32_t>::max();
+    for (int64_t i = 0; i < nq; ++i) min_pos = std::min(min_pos, a_.q_pos[q0 + i]);
+    std::fill(m, m + group_ * nq, neg_inf);
+    std::fill(l, l + group_ * nq, 0.0f);
+    for (int h = 0; h < group_; ++h) {
+      for (int64_t i = 0; i < nq; ++i) std::memset(out + h * hd_ + i * out_stride, 0, hd_ * sizeof(float));
+    }
+    // Key tiles: pieces of chunks (rows contiguous in one block) of at most key_tile
+    // rows in all. Several query rows need one piece per tile (an sgemm operand); a
+    // single row takes many blocks per tile, so that the softmax runs on long rows.
+    const int64_t key_tile = nq == 1 ? kDecodeKeyTile : kKeyTile;
+    const int64_t tile_scores = nq * key_tile;
+    float* scores = Scratch(scores_storage, group_ * tile_scores);  // [group][nq, key_tile]
+    pieces_.clear();
+    int64_t ordinal = 0, filled = 0;  // ordinal: of the chunk's first key among the visible ones
+    auto flush = [&] {
+      if (filled > 0) AttendTile(kvh, q0, nq, min_pos, filled, scores, tile_scores, out, out_stride, m, l, last_tile);
+      pieces_.clear();
+      filled = 0;
+    };
+    for (const Chunk& c : visible) {
+      const int64_t lo = std::max(c.j0, c.j0 + k_lo - ordinal), hi = std::min(c.j0 + c.nb, c.j0 + k_hi - ordinal);
+      ordinal += c.nb;
+      for (int64_t t0 = lo; t0 < hi;) {
+        const int64_t nt = std::min(key_tile - filled, hi - t0);
+        pieces_.push_back({t0, nt});
+        filled += nt;
+        t0 += nt;
+        if (filled == key_tile || nq > 1) flush();
       }
     }
-  });
-}
+    flush();
+  }
+
+  // One key tile (pieces_, `nt` rows in all) for rows [q0, q0 + nq) of kvh's heads.
+  void AttendTile(int kvh, int64_t q0, int64_t nq, int32_t min_pos, int64_t nt, float* scores, int64_t tile_scores,
+                  float* out, int64_t out_stride, float* m, float* l, bool last_tile) const {
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    const int h0 = kvh * group_;
+    const int hd = hd_;
+    auto q_of = [&](int h) { return a_.q + q0 * a_.q_stride + (h0 + h) * hd; };
+    auto out_of = [&](int h) { return out + h * hd; };
+    // S = Q Kᵀ for the tile, every head of the group.
+    int64_t col = 0;
+    for (const Chunk& p : pieces_) {
+      if (nq == 1 && group_simd_) {
+        avx2::GroupKeyDots(q_of(0), group_, static_cast<const float*>(kv_.k(p.j0, kvh * hd)), kv_.stride, p.nb, hd,
+                           scores + col, tile_scores);
+      } else {
+        for (int h = 0; h < group_; ++h) {
+          if (nq == 1) {
+            KeyDots(kv_, q_of(h), p.j0, p.nb, kvh * hd, hd, scores + h * tile_scores + col);
+          } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nq), static_cast<int>(nt), hd, 1.0f,
+                        q_of(h), static_cast<int>(a_.q_stride), static_cast<const float*>(kv_.k(p.j0, kvh * hd)),
+                        static_cast<int>(kv_.stride), 0.0f, scores + h * tile_scores, static_cast<int>(nt));
+          }
+        }
+      }
+      col += p.nb;
+    }
+    // Scale and mask; P = exp(S - m_new); rescale the rows' sums and outputs.
+    bool unmasked = true;  // every key of the tile visible to every query row
+    for (const Chunk& p : pieces_) {
+      for (int64_t r = 0; r < p.nb; ++r) unmasked = unmasked && kv_.positions[p.j0 + r] <= min_pos;
+    }
+    for (int h = 0; h < group_; ++h) {
+      for (int64_t i = 0; i < nq; ++i) {
+        float* row = scores + h * tile_scores + i * nt;
+        const int32_t qp = a_.q_pos[q0 + i];
+        float* dst = last_tile && i == nq - 1 ? seg_.last_logits + (h0 + h) * seg_.stats_n : nullptr;
+        col = 0;
+        for (const Chunk& p : pieces_) {
+          const int32_t* pos = kv_.positions + p.j0;
+          for (int64_t r = 0; r < p.nb; ++r, ++col) {
+            row[col] = unmasked || pos[r] <= qp ? row[col] * s_.scale : neg_inf;
+            if (dst != nullptr) dst[StatRow(p.j0 + r)] = row[col];
+          }
+        }
+        float& mi = m[h * nq + i];
+        const float m_new = std::max(mi, RowMax(row, nt));
+        if (m_new == neg_inf) {  // nothing visible yet: P = 0
+          std::fill(row, row + nt, 0.0f);
+          continue;
+        }
+        const float corr = mi == neg_inf ? 0.0f : std::exp(mi - m_new);
+        l[h * nq + i] = l[h * nq + i] * corr + ExpShifted(row, nt, m_new);
+        if (corr != 1.0f) Scale(corr, out_of(h) + i * out_stride, hd);
+        mi = m_new;
+      }
+    }
+    // O += P V for the tile.
+    col = 0;
+    for (const Chunk& p : pieces_) {
+      if (nq == 1 && group_simd_) {
+        avx2::GroupValueAxpys(scores + col, tile_scores, group_, static_cast<const float*>(kv_.v(p.j0, kvh * hd)),
+                              kv_.stride, p.nb, hd, out_of(0));
+      } else {
+        for (int h = 0; h < group_; ++h) {
+          if (nq == 1) {
+            ValueAxpys(kv_, scores + h * tile_scores + col, p.j0, p.nb, kvh * hd, hd, out_of(h));
+          } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nq), hd, static_cast<int>(nt), 1.0f,
+                        scores + h * tile_scores, static_cast<int>(nt), static_cast<const float*>(kv_.v(p.j0, kvh * hd)),
+                        static_cast<int>(kv_.stride), 1.0f, out_of(h), static_cast<int>(out_stride));
+          }
+        }
+      }
+      col += p.nb;
+    }
+  }
+
+  // O /= l (rows that saw no key stay 0); the last query row's m and l for the statistics.
+  void Finish(int kvh, int64_t q0, int64_t nq, float* out, int64_t out_stride, const float* m, const float* l) const {
+    const bool last_tile = seg_.q_end == a_.n_q && seg_.last_logits != nullptr && q0 + nq == a_.n_q;
+    for (int h = 0; h < group_; ++h) {
+      for (int64_t i = 0; i < nq; ++i) {
+        const float li = l[h * nq + i];
+        if (li > 0) Scale(1.0f / li, out + i * out_stride + h * hd_, hd_);
+      }
+      if (last_tile) {
+        seg_.last_norm[2 * (kvh * group_ + h)] = m[h * nq + nq - 1];
+        seg_.last_norm[2 * (kvh * group_ + h) + 1] = l[h * nq + nq - 1];
+      }
+    }
+  }
+
+  // One query row: units (KV head, key range) write partial outputs, merged here.
+  void RunSplit(ThreadPool& pool, int64_t keys, int64_t splits) {
+    const int64_t per_head = group_ * (hd_ + 2);  // out, m, l of one unit
+    partial_.resize(static_cast<size_t>(s_.n_kv_heads * splits * per_head));
+    const int64_t q0 = seg_.q_begin;
+    pool.ParallelFor(s_.n_kv_heads * splits, 1, [&](int64_t u0, int64_t u1) {
+      for (int64_t u = u0; u < u1; ++u) {
+        const int kvh = static_cast<int>(u / splits);
+        const int64_t part = u % splits;
+        float* p = partial_.data() + u * per_head;
+        Attend(kvh, q0, 1, visible_, keys * part / splits, keys * (part + 1) / splits, p, 0, p + group_ * hd_,
+               p + group_ * hd_ + group_);
+      }
+    });
+    for (int kvh = 0; kvh < s_.n_kv_heads; ++kvh) {
+      float* out = a_.out + q0 * a_.out_stride + kvh * group_ * hd_;
+      std::vector<float> m(group_, -std::numeric_limits<float>::infinity()), l(group_, 0.0f);
+      for (int h = 0; h < group_; ++h) {
+        for (int64_t part = 0; part < splits; ++part) {
+          m[h] = std::max(m[h], partial_[(kvh * splits + part) * per_head + group_ * hd_ + h]);
+        }
+        std::fill(out + h * hd_, out + (h + 1) * hd_, 0.0f);
+        if (m[h] == -std::numeric_limits<float>::infinity()) continue;
+        for (int64_t part = 0; part < splits; ++part) {
+          const float* p = partial_.data() + (kvh * splits + part) * per_head;
+          const float mp = p[group_ * hd_ + h];
+          if (mp == -std::numeric_limits<float>::infinity()) continue;
+          const float w = std::exp(mp - m[h]);
+          l[h] += w * p[group_ * hd_ + group_ + h];
+          Axpy(w, p + h * hd_, out + h * hd_, hd_);
+        }
+      }
+      Finish(kvh, q0, 1, out, a_.out_stride, m.data(), l.data());
+    }
+  }
+
+  int64_t StatRow(int64_t j) const { return seg_.row_ids != nullptr ? seg_.row_ids[j] : j; }
+
+  const AttentionShape& s_;
+  const AttentionArgs& a_;
+  const SegmentArgs& seg_;
+  const KvRows& kv_;
+  const int group_, hd_;
+  const bool group_simd_;
+  std::vector<Chunk> visible_;
+  std::vector<float> partial_;
+  static thread_local std::vector<Chunk> pieces_;  // of the key tile being attended
+};
+
+thread_local std::vector<Chunk> SegmentAttention::pieces_;
 
 // The selected rows of a view as one contiguous F32 block (keys, values, positions
 // and the rows they came from), converted from half types as needed.
@@ -318,7 +431,7 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       SplitAtBlocks(kv, ranges, &chunks);
     }
     seg.chunks = chunks;
-    RunSegment(s, a, seg, pool);
+    SegmentAttention(s, a, seg).Run(pool);
   }
 
   if (a.last_query_probs != nullptr) {  // mean over heads of exp(score - m) / l
