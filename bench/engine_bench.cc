@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> prefill_list = {512, 2048};
   std::vector<int64_t> depth_list = {0};
   int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16, streams = 16;
-  bool llamacpp = false, int8 = false;
+  bool llamacpp = false, int8 = false, int8_decode = false;
   FlagParser flags("ps_bench_engine",
                    "Prefill and decode throughput of the engine: one sequence at given prompt lengths and decode\n"
                    "depths, and the aggregate of a batch of decode streams; with --llamacpp, llama.cpp's figures\n"
@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
   flags.AddInt("repeats", &repeats, "best of this many runs");
   flags.AddInt("kv-block-size", &block_tokens, "tokens per KV block (the server's default: 16)");
   flags.AddBool("int8-activations", &int8, "int8 activations for quantised weights");
+  flags.AddBool("int8-decode", &int8_decode,
+                "also measure decode (depth 0 and the streams) with int8 activations, in the same run");
   flags.AddBool("llamacpp", &llamacpp, "also run llama-cpp-python on the same file and print ratios");
   flags.AddString("python", &python, "Python interpreter with llama-cpp-python installed (for --llamacpp)");
   if (auto s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
@@ -160,6 +162,17 @@ int main(int argc, char** argv) {
                   *v / ours["decode_tok_per_s"]);
     }
   }
+  if (int8_decode && !int8) {  // llama.cpp's numerics: activations quantised to int8 blocks
+    CpuBackend int8_backend(pool, CpuBackendOptions{.int8_activations = true});
+    Transformer int8_tf(**model, int8_backend);
+    for (int s : {1, static_cast<int>(streams)}) {
+      if (s == 0) continue;
+      auto v = DecodeTokPerS(**model, int8_backend, int8_tf, all_ids, 4, s, static_cast<int>(decode),
+                             static_cast<int>(repeats), static_cast<int>(block_tokens));
+      if (!v.ok()) return Fail(std::string(v.status().message()));
+      report(s == 1 ? "int8_decode_tok_per_s" : "int8_decode_" + std::to_string(s) + "_streams_tok_per_s", *v);
+    }
+  }
   std::printf("ours peak_rss_mib %.1f\n", PeakRssMiB());
 
   if (llamacpp) {
@@ -175,6 +188,10 @@ int main(int argc, char** argv) {
       if (std::sscanf(line, "llamacpp %127s %lf", name, &v) == 2) {
         const double o = ours.count(name) ? ours[name] : 0;
         std::printf("llamacpp %s %.1f   ours/llamacpp %.2fx\n", name, v, o / v);
+        const std::string int8_name = "int8_" + std::string(name);
+        if (ours.count(int8_name)) {
+          std::printf("llamacpp %s %.1f   ours(int8)/llamacpp %.2fx\n", name, v, ours[int8_name] / v);
+        }
       } else {
         std::printf("%s", line);
       }

@@ -58,9 +58,14 @@ void Gemv(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
   const int64_t blocks = k / kQK;
   BlockQ8* xq = Scratch(xq_storage, static_cast<size_t>(m * blocks));
   for (int64_t i = 0; i < m; ++i) QuantizeRowQ8(x + i * k, xq + i * blocks, k);
+  const bool rows_simd = m > 1 && avx2::Available() && avx2::Supports(w.type);
   pool.ParallelFor(w.rows, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* row = w.Row(r);
+      if (rows_simd) {
+        avx2::DotQ8Rows(w.type, row, xq, blocks, m, k, y + r, w.rows);
+        continue;
+      }
       for (int64_t i = 0; i < m; ++i) y[i * w.rows + r] = DotQ8(w.type, row, xq + i * blocks, k);
     }
   });

@@ -127,6 +127,10 @@ float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n);
 void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n);
 float DotF32Act(DType type, const void* row, const float* x, const float* block_sums, int64_t n);
 void DequantizeRow(DType type, const void* row, float* out, int64_t n);
+// out[i * out_step] = DotQ8(type, row, x + i * x_step, n) for i < m, each weight block
+// unpacked once for up to four activation rows (batched decode).
+void DotQ8Rows(DType type, const void* row, const BlockQ8* x, int64_t x_step, int64_t m, int64_t n, float* out,
+               int64_t out_step);
 }  // namespace avx2
 
 namespace avx512 {

@@ -2,6 +2,7 @@
 // flags and only called after avx2::Available() said yes.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -321,6 +322,68 @@ float F32DotQ6_K(const BlockQ6_K* b, const float* x, int64_t nb) {
   return HorizontalSum(acc);
 }
 
+// ---- several activation rows per weight row (batched decode, int8 activations) ----
+
+// One 32-element block of a weight row as signed quants with the scales of its two
+// halves and its minimum term: value = d_half * q + min.
+struct Block32 {
+  __m256i q;
+  __m256 d;  // lanes 0-3: elements 0..15's scale, lanes 4-7: 16..31's (DotS8S8's lanes)
+  float min;
+};
+
+inline Block32 UnpackBlock(DType type, const uint8_t* row, int64_t b) {
+  const __m256i eight = _mm256_set1_epi8(8), sixteen = _mm256_set1_epi8(16);
+  switch (type) {
+    case DType::kQ4_0: {
+      const auto& x = reinterpret_cast<const BlockQ4_0*>(row)[b];
+      return {_mm256_sub_epi8(UnpackNibbles(x.qs), eight), _mm256_set1_ps(HalfToFloat(x.d)), 0.0f};
+    }
+    case DType::kQ4_1: {
+      const auto& x = reinterpret_cast<const BlockQ4_1*>(row)[b];
+      return {UnpackNibbles(x.qs), _mm256_set1_ps(HalfToFloat(x.d)), HalfToFloat(x.m)};
+    }
+    case DType::kQ5_0: {
+      const auto& x = reinterpret_cast<const BlockQ5_0*>(row)[b];
+      return {_mm256_sub_epi8(UnpackQ5(x.qh, x.qs), sixteen), _mm256_set1_ps(HalfToFloat(x.d)), 0.0f};
+    }
+    case DType::kQ5_1: {
+      const auto& x = reinterpret_cast<const BlockQ5_1*>(row)[b];
+      return {UnpackQ5(x.qh, x.qs), _mm256_set1_ps(HalfToFloat(x.d)), HalfToFloat(x.m)};
+    }
+    case DType::kQ8_0: {
+      const auto& x = reinterpret_cast<const BlockQ8_0*>(row)[b];
+      return {Load256(x.qs), _mm256_set1_ps(HalfToFloat(x.d)), 0.0f};
+    }
+    case DType::kQ4_K:
+    case DType::kQ5_K: {
+      const bool q5 = type == DType::kQ5_K;
+      const auto* b4 = reinterpret_cast<const BlockQ4_K*>(row) + b / 8;
+      const auto* b5 = reinterpret_cast<const BlockQ5_K*>(row) + b / 8;
+      const int s = static_cast<int>(b % 8);
+      int sc, m;
+      Q4KScaleMin(s, q5 ? b5->scales : b4->scales, &sc, &m);
+      __m256i q = UnpackKSub(q5 ? b5->qs : b4->qs, s);
+      if (q5) q = _mm256_or_si256(q, KFifthBits(Load256(b5->qh), s));
+      const float d = HalfToFloat(q5 ? b5->d : b4->d), dmin = HalfToFloat(q5 ? b5->dmin : b4->dmin);
+      return {q, _mm256_set1_ps(d * sc), -dmin * m};
+    }
+    case DType::kQ6_K: {
+      const auto& x = reinterpret_cast<const BlockQ6_K*>(row)[b / 8];
+      const int half = static_cast<int>(b % 8) / 4, k = static_cast<int>(b % 4);
+      __m256i q[4];
+      UnpackQ6KHalf(x.ql + 64 * half, x.qh + 32 * half, q);
+      const float d = HalfToFloat(x.d);
+      const int8_t* sc = x.scales + 8 * half + 2 * k;
+      const float d0 = d * sc[0], d1 = d * sc[1];
+      return {_mm256_sub_epi8(q[k], _mm256_set1_epi8(32)), _mm256_setr_ps(d0, d0, d0, d0, d1, d1, d1, d1), 0.0f};
+    }
+    default: break;
+  }
+  PS_CHECK(false) << "avx2::UnpackBlock: unsupported type " << static_cast<int>(type);
+  return {_mm256_setzero_si256(), _mm256_setzero_ps(), 0.0f};
+}
+
 // ---- dequantisation: multiply, then add (no FMA; the file is built with
 // -ffp-contract=off), so the results equal the reference's bit for bit ----
 
@@ -430,6 +493,29 @@ bool Supports(DType type) {
 }
 
 void DequantizeRow(DType type, const void* row, float* out, int64_t n) { Dequantize(type, row, out, n); }
+
+void DotQ8Rows(DType type, const void* row, const BlockQ8* x, int64_t x_step, int64_t m, int64_t n, float* out,
+               int64_t out_step) {
+  const auto* w = static_cast<const uint8_t*>(row);
+  const int64_t nb = n / kQK;
+  for (int64_t i0 = 0; i0 < m; i0 += 4) {  // four activation rows share each unpacked block
+    const int64_t rows = std::min<int64_t>(4, m - i0);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    double mins[4] = {0, 0, 0, 0};  // the minimum terms cancel against the products: keep their digits
+    for (int64_t b = 0; b < nb; ++b) {
+      const Block32 blk = UnpackBlock(type, w, b);
+      const __m256i aq = _mm256_sign_epi8(blk.q, blk.q);
+      for (int64_t i = 0; i < rows; ++i) {
+        const BlockQ8& xb = x[(i0 + i) * x_step + b];
+        const __m256i p16 = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(Load256(xb.qs), blk.q));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(blk.d, _mm256_set1_ps(xb.d)), p, acc[i]);
+        mins[i] += blk.min * xb.s;
+      }
+    }
+    for (int64_t i = 0; i < rows; ++i) out[(i0 + i) * out_step] = static_cast<float>(HorizontalSum(acc[i]) + mins[i]);
+  }
+}
 
 float DotF32Act(DType type, const void* row, const float* x, const float* sums, int64_t n) {
   switch (type) {

@@ -115,6 +115,16 @@ TEST(MatMul, PathsAgreeWithReference) {
   }
 }
 
+// x stored as halves of `dtype` (unused zeros for F32); x itself rounded to what they hold,
+// so that the reference sees the values the kernel reads.
+std::vector<uint16_t> AsHalves(DType dtype, std::vector<float>* x) {
+  std::vector<uint16_t> h(x->size());
+  if (dtype == DType::kF32) return h;
+  F32ToHalf(dtype, x->data(), h.data(), static_cast<int64_t>(x->size()));
+  HalfToF32(dtype, h.data(), x->data(), static_cast<int64_t>(x->size()));
+  return h;
+}
+
 // Attention computed directly in doubles: query row i sees key j when visible(i, j);
 // last-query probabilities (mean over heads) and scaled scores (sum over heads, a
 // large negative number where not visible) into *probs and *logits.
@@ -161,13 +171,7 @@ TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
       for (int64_t nq : {1, 5, 40}) {
         const int64_t nkv = 50;
         auto q = Randn(nq * kQd, 1), k = Randn(nkv * kKvd, 2), v = Randn(nkv * kKvd, 3);
-        std::vector<uint16_t> kh(k.size()), vh(v.size());
-        if (dtype != DType::kF32) {  // store as halves; the reference sees the rounded values
-          F32ToHalf(dtype, k.data(), kh.data(), static_cast<int64_t>(k.size()));
-          F32ToHalf(dtype, v.data(), vh.data(), static_cast<int64_t>(v.size()));
-          HalfToF32(dtype, kh.data(), k.data(), static_cast<int64_t>(k.size()));
-          HalfToF32(dtype, vh.data(), v.data(), static_cast<int64_t>(v.size()));
-        }
+        const std::vector<uint16_t> kh = AsHalves(dtype, &k), vh = AsHalves(dtype, &v);
         std::vector<int32_t> kv_pos(nkv), q_pos(nq);
         for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>((j * 7) % nkv);  // a permutation
         for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
@@ -231,13 +235,7 @@ TEST(Attention, ReadsExactlyTheSelection) {
       for (int64_t block_rows : {16, 7})
         for (int64_t nq : {1, 5, 40}) {
           auto q = Randn(nq * kQd, 11), k = Randn(nkv * kKvd, 12), v = Randn(nkv * kKvd, 13);
-          std::vector<uint16_t> kh(k.size()), vh(v.size());
-          if (dtype != DType::kF32) {
-            F32ToHalf(dtype, k.data(), kh.data(), static_cast<int64_t>(k.size()));
-            F32ToHalf(dtype, v.data(), vh.data(), static_cast<int64_t>(v.size()));
-            HalfToF32(dtype, kh.data(), k.data(), static_cast<int64_t>(k.size()));
-            HalfToF32(dtype, vh.data(), v.data(), static_cast<int64_t>(v.size()));
-          }
+          const std::vector<uint16_t> kh = AsHalves(dtype, &k), vh = AsHalves(dtype, &v);
           std::vector<int32_t> kv_pos(nkv), q_pos(nq);
           for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(ascending ? j : (j * 7) % nkv);
           for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
@@ -329,13 +327,7 @@ TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
             const int qd = kHeads * hd, kvd = kKvHeads * hd;
             const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = hd, .scale = 0.125f};
             auto q = Randn(nq * qd, 21), k = Randn(nkv * kvd, 22), v = Randn(nkv * kvd, 23);
-            std::vector<uint16_t> kh(k.size()), vh(v.size());
-            if (dtype != DType::kF32) {
-              F32ToHalf(dtype, k.data(), kh.data(), static_cast<int64_t>(k.size()));
-              F32ToHalf(dtype, v.data(), vh.data(), static_cast<int64_t>(v.size()));
-              HalfToF32(dtype, kh.data(), k.data(), static_cast<int64_t>(k.size()));
-              HalfToF32(dtype, vh.data(), v.data(), static_cast<int64_t>(v.size()));
-            }
+            const std::vector<uint16_t> kh = AsHalves(dtype, &k), vh = AsHalves(dtype, &v);
             std::vector<int32_t> kv_pos(nkv), q_pos(nq);
             for (int64_t j = 0, p = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(p += 1 + (j * 13) % 3);
             for (int64_t i = 0; i < nq; ++i) q_pos[i] = kv_pos[nkv - nq + i];  // the last rows are the queries

@@ -83,6 +83,32 @@ TEST_P(QuantTypes, SimdDotEqualsReference) {
   }
 }
 
+TEST_P(QuantTypes, MultiRowDotsEqualReference) {
+  // avx2::DotQ8Rows: one weight row against 1..9 activation rows (groups of four and tails).
+  const DType type = GetParam();
+  if (!avx2::Available()) GTEST_SKIP() << "no AVX2 on this CPU";
+  if (!avx2::Supports(type)) GTEST_SKIP() << DTypeName(type) << ": MatMul keeps the per-row scalar path";
+  std::mt19937 rng(45);
+  const int64_t n = 3 * Traits(type).block_elems, blocks = n / kQK;
+  const auto row = RandomRow(type, n, rng);
+  for (int64_t m : {1, 4, 9}) {
+    const auto x = RandomFloats(m * n, rng);
+    std::vector<BlockQ8> xq(m * blocks);
+    for (int64_t i = 0; i < m; ++i) QuantizeRowQ8(x.data() + i * n, xq.data() + i * blocks, n);
+    std::vector<float> out(2 * m, -1.0f);
+    avx2::DotQ8Rows(type, row.data(), xq.data(), blocks, m, n, out.data(), 2);
+    for (int64_t i = 0; i < m; ++i) {
+      // The same float arithmetic as the one-row kernel; the double reference within float
+      // rounding of terms that cancel (the K formats' minimums).
+      const float ref = reference::DotQ8(type, row.data(), xq.data() + i * blocks, n);
+      const float one = avx2::DotQ8(type, row.data(), xq.data() + i * blocks, n);
+      EXPECT_NEAR(out[2 * i], one, 1e-5f * (1.0f + std::fabs(one))) << DTypeName(type) << " m=" << m << " row " << i;
+      EXPECT_NEAR(out[2 * i], ref, 1e-4f * (1.0f + std::fabs(ref))) << DTypeName(type) << " m=" << m << " row " << i;
+      EXPECT_EQ(out[2 * i + 1], -1.0f) << "wrote outside its stride";
+    }
+  }
+}
+
 TEST_P(QuantTypes, F32ActivationDotsEqualReference) {
   const DType type = GetParam();
   std::mt19937 rng(43);
