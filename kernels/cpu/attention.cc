@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -119,9 +120,7 @@ class SegmentAttention {
   void Run(ThreadPool& pool) {
     const int64_t n_q = seg_.q_end - seg_.q_begin;
     if (n_q == 1) {
-      VisibleChunks(kv_, seg_.chunks, a_.q_pos[seg_.q_begin], &visible_);
-      int64_t keys = 0;
-      for (const Chunk& c : visible_) keys += c.nb;
+      const int64_t keys = VisibleChunks(kv_, seg_.chunks, a_.q_pos[seg_.q_begin], &visible_);
       const int64_t want = (2 * pool.num_threads() + s_.n_kv_heads - 1) / s_.n_kv_heads;
       const int64_t splits = std::clamp<int64_t>(keys / kMinSplitKeys, 1, want);
       if (splits > 1) return RunSplit(pool, keys, splits);
