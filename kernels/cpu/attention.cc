@@ -133,13 +133,17 @@ class SegmentAttention {
         const int kvh = static_cast<int>(u % s_.n_kv_heads);
         const int64_t q0 = seg_.q_begin + (n_tiles - 1 - u / s_.n_kv_heads) * kQueryTile;
         const int64_t nq = std::min(kQueryTile, seg_.q_end - q0);
-        int32_t max_pos = std::numeric_limits<int32_t>::min();
-        for (int64_t i = 0; i < nq; ++i) max_pos = std::max(max_pos, a_.q_pos[q0 + i]);
-        VisibleChunks(kv_, seg_.chunks, max_pos, &visible);
+        std::span<const Chunk> keys = visible_;  // a single query row's: found once in Run
+        if (n_q > 1) {
+          int32_t max_pos = std::numeric_limits<int32_t>::min();
+          for (int64_t i = 0; i < nq; ++i) max_pos = std::max(max_pos, a_.q_pos[q0 + i]);
+          VisibleChunks(kv_, seg_.chunks, max_pos, &visible);
+          keys = visible;
+        }
         float* m = Scratch(state_storage, 2 * group_ * nq);
         float* l = m + group_ * nq;
         float* out = a_.out + q0 * a_.out_stride + kvh * group_ * hd_;
-        Attend(kvh, q0, nq, visible, 0, kv_.n, out, a_.out_stride, m, l);
+        Attend(kvh, q0, nq, keys, 0, kv_.n, out, a_.out_stride, m, l);
         Finish(kvh, q0, nq, out, a_.out_stride, m, l);
       }
     });
