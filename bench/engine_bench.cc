@@ -10,10 +10,12 @@
 #include <sstream>
 
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/flags.h"
 #include "base/mapped_file.h"
 #include "base/status.h"
 #include "engine/generator.h"
+#include "engine/pruning/registry.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace {
@@ -41,8 +43,7 @@ absl::StatusOr<double> DecodeTokPerS(const ps::Model& model, ps::Backend& backen
   using namespace ps;
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
-    PS_ASSIGN_OR_RETURN(auto kv,
-                        OfflineKvCache(model, backend, int64_t{streams} * (depth + steps + 1), block_tokens));
+    PS_ASSIGN_OR_RETURN(auto kv, OfflineKvCache(model, backend, int64_t{streams} * (depth + steps + 1), block_tokens));
     ForwardOutput out;
     std::vector<int32_t> pos(depth);
     for (int i = 0; i < depth; ++i) pos[i] = i;
@@ -79,6 +80,8 @@ int main(int argc, char** argv) {
   std::vector<int64_t> depth_list = {0};
   int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16, streams = 16;
   bool llamacpp = false, int8 = false, int8_decode = false;
+  std::string strategy, sweep;
+  std::vector<std::string> strategy_args;
   FlagParser flags("ps_bench_engine",
                    "Prefill and decode throughput of the engine: one sequence at given prompt lengths and decode\n"
                    "depths, and the aggregate of a batch of decode streams; with --llamacpp, llama.cpp's figures\n"
@@ -95,6 +98,12 @@ int main(int argc, char** argv) {
   flags.AddBool("int8-activations", &int8, "int8 activations for quantised weights");
   flags.AddBool("int8-decode", &int8_decode,
                 "also measure decode (depth 0 and the streams) with int8 activations, in the same run");
+  flags.AddString("strategy", &strategy,
+                  "also measure prefill with this pruning strategy (its time to the first token, next to full's)");
+  flags.AddStringList("strategy-arg", &strategy_args, "KEY=VALUE parameter of --strategy (repeatable)");
+  flags.AddString("sweep", &sweep,
+                  "KEY=V1,V2,...: measure --strategy's prefill at each value of one parameter "
+                  "(e.g. budget=256,512,1024 for critiprefill)");
   flags.AddBool("llamacpp", &llamacpp, "also run llama-cpp-python on the same file and print ratios");
   flags.AddString("python", &python, "Python interpreter with llama-cpp-python installed (for --llamacpp)");
   if (auto s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
@@ -115,6 +124,28 @@ int main(int argc, char** argv) {
     return Fail("text too short or prompt longer than the context");
   }
 
+  // The pruning settings whose prefill is measured after full's: one per sweep value.
+  std::vector<std::pair<std::string, PruningParams>> pruned;
+  if (!strategy.empty()) {
+    const absl::StatusOr<StrategyDefaults> defaults = StrategyDefaults::ForModel(c);
+    if (!defaults.ok()) return Fail(std::string(defaults.status().message()));
+    std::vector<std::string> values = {""};
+    std::string key;
+    if (!sweep.empty()) {
+      const size_t eq = sweep.find('=');
+      if (eq == std::string::npos) return Fail("--sweep wants KEY=V1,V2,...");
+      key = sweep.substr(0, eq);
+      values = absl::StrSplit(sweep.substr(eq + 1), ',');
+    }
+    for (const std::string& v : values) {
+      std::vector<std::string> args = strategy_args;
+      if (!key.empty()) args.push_back(key + "=" + v);
+      absl::StatusOr<PruningParams> p = defaults->WithArgs(strategy, args, "--strategy-arg");
+      if (!p.ok()) return Fail(std::string(p.status().message()));
+      pruned.emplace_back(key.empty() ? strategy : strategy + "_" + key + "_" + v, *std::move(p));
+    }
+  }
+
   ThreadPool pool(static_cast<int>(threads));
   CpuBackend backend(pool, CpuBackendOptions{.int8_activations = int8});
   Transformer tf(**model, backend);
@@ -130,19 +161,30 @@ int main(int argc, char** argv) {
     const int n = static_cast<int>(prefill);
     std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + n), pos(n);
     for (int i = 0; i < n; ++i) pos[i] = i;
-    double best = 1e30;
-    for (int r = 0; r < repeats; ++r) {
-      auto kv = OfflineKvCache(**model, backend, n, static_cast<int>(block_tokens));
-      if (!kv.ok()) return Fail(std::string(kv.status().message()));
-      SeqInput in{.seq_id = 1, .tokens = ids, .positions = pos};
-      ForwardOutput out;
-      const auto t0 = Clock::now();
-      if (auto st = tf.Forward({&in, 1}, **kv, &out); !st.ok() || !out.status[0].ok()) {
-        return Fail(std::string((st.ok() ? out.status[0] : st).message()));
+    // Best prefill time over the repeats with `params`' strategy (null: full).
+    auto prefill_seconds = [&](const PruningParams* params) -> absl::StatusOr<double> {
+      double best = 1e30;
+      for (int r = 0; r < repeats; ++r) {
+        PS_ASSIGN_OR_RETURN(auto kv, OfflineKvCache(**model, backend, n, static_cast<int>(block_tokens)));
+        std::unique_ptr<PruningStrategy> s = params != nullptr ? params->Make(c) : nullptr;
+        SeqInput in{.seq_id = 1, .tokens = ids, .positions = pos, .strategy = s.get()};
+        ForwardOutput out;
+        const auto t0 = Clock::now();
+        PS_RETURN_IF_ERROR(tf.Forward({&in, 1}, *kv, &out));
+        PS_RETURN_IF_ERROR(out.status[0]);
+        best = std::min(best, Seconds(t0, Clock::now()));
       }
-      best = std::min(best, Seconds(t0, Clock::now()));
+      return best;
+    };
+    const absl::StatusOr<double> full = prefill_seconds(nullptr);
+    if (!full.ok()) return Fail(std::string(full.status().message()));
+    report("prefill_" + std::to_string(n) + "_tok_per_s", n / *full);
+    for (const auto& [name, params] : pruned) {
+      const absl::StatusOr<double> t = prefill_seconds(&params);
+      if (!t.ok()) return Fail(std::string(t.status().message()));
+      std::printf("ours prefill_%d %s %.2f s (full %.2f s, %.2fx)\n", n, name.c_str(), *t, *full, *full / *t);
+      std::fflush(stdout);
     }
-    report("prefill_" + std::to_string(n) + "_tok_per_s", n / best);
   }
   for (int64_t depth : depth_list) {
     // Depth 0 starts from a 4-token prompt; a long depth is measured once (its prefill dominates).
@@ -158,8 +200,7 @@ int main(int argc, char** argv) {
     if (!v.ok()) return Fail(std::string(v.status().message()));
     report("decode_" + std::to_string(streams) + "_streams_tok_per_s", *v);
     if (ours.count("decode_tok_per_s")) {
-      std::printf("ours %lld_streams/1_stream %.2fx\n", static_cast<long long>(streams),
-                  *v / ours["decode_tok_per_s"]);
+      std::printf("ours %lld_streams/1_stream %.2fx\n", static_cast<long long>(streams), *v / ours["decode_tok_per_s"]);
     }
   }
   if (int8_decode && !int8) {  // llama.cpp's numerics: activations quantised to int8 blocks

@@ -185,19 +185,27 @@ absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, 
   const int64_t q_first = layer == stop_layer ? offset + n - 1 : offset;
   const int64_t n_q = offset + n - q_first;
   PruningStrategy* strategy = in.strategy;
-  selection_.segments.clear();
-  if (strategy != nullptr) {
-    strategy->SelectKv(layer, std::span<const int32_t>(positions_.data() + q_first, n_q), ctx, &selection_);
-  }
-  PS_RETURN_IF_ERROR(kv.WaitMoves(in.seq_id, layer));  // blocks a strategy moved for this attention
-  PS_ASSIGN_OR_RETURN(const KvRows rows, kv.View(in.seq_id, layer, &selection_));
-  PS_RETURN_IF_ERROR(selection_.Validate(n_q, rows.n));
-  const LastQueryStat stat = strategy != nullptr ? strategy->WantsLastQuery(layer) : LastQueryStat::kNone;
-  if (stat != LastQueryStat::kNone) stat_.assign(rows.n, 0.0f);
   const AttentionShape shape{.n_heads = c.n_heads,
                              .n_kv_heads = c.n_kv_heads,
                              .head_dim = c.head_dim,
                              .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+  selection_.segments.clear();
+  if (strategy != nullptr) {
+    strategy->SelectKv(layer,
+                       LayerAttention{.q_positions = std::span<const int32_t>(positions_.data() + q_first, n_q),
+                                      .q = q_.data() + q_first * qd,
+                                      .q_stride = qd,
+                                      .new_positions = std::span<const int32_t>(positions_.data() + offset, n),
+                                      .k = k_.data() + offset * kvd,
+                                      .k_stride = kvd,
+                                      .shape = shape},
+                       ctx, &selection_);
+  }
+  PS_RETURN_IF_ERROR(kv.WaitMoves(in.seq_id, layer));  // blocks a strategy moved for this attention
+  PS_ASSIGN_OR_RETURN(const KvRows rows, kv.View(in.seq_id, layer, &selection_));
+  PS_RETURN_IF_ERROR(selection_.Validate(n_q, rows.n, c.n_kv_heads));
+  const LastQueryStat stat = strategy != nullptr ? strategy->WantsLastQuery(layer) : LastQueryStat::kNone;
+  if (stat != LastQueryStat::kNone) stat_.assign(rows.n, 0.0f);
   backend_.Attention(shape, rows,
                      AttentionArgs{.q = q_.data() + q_first * qd,
                                    .q_pos = positions_.data() + q_first,

@@ -4,26 +4,40 @@
 
 namespace ps {
 
-void KvSelection::SelectRows(int32_t n_q, std::span<const int32_t> rows) {
-  segments.assign(1, Segment{.q_begin = 0, .q_end = n_q});
-  std::vector<KvRange>& ranges = segments[0].ranges;
-  for (int32_t r : rows) {
-    if (!ranges.empty() && ranges.back().end == r) {
-      ++ranges.back().end;
-    } else {
-      ranges.push_back({r, r + 1});
-    }
+void AppendRange(std::vector<KvRange>& ranges, int32_t begin, int32_t end) {
+  if (!ranges.empty() && ranges.back().end == begin) {
+    ranges.back().end = end;
+  } else {
+    ranges.push_back({begin, end});
   }
 }
 
-absl::Status KvSelection::Validate(int64_t n_q, int64_t n_kv) const {
+void KvSelection::SelectRows(int32_t n_q, std::span<const int32_t> rows) {
+  segments.assign(1, Segment{.q_begin = 0, .q_end = n_q});
+  for (int32_t r : rows) AppendRange(segments[0].ranges, r, r + 1);
+}
+
+absl::Status KvSelection::Validate(int64_t n_q, int64_t n_kv, int n_kv_heads) const {
   if (all()) return absl::OkStatus();
   int64_t q = 0;
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& s = segments[i];
-    if (s.q_begin != q || s.q_end <= s.q_begin) {
+    const bool head_follows = s.kv_head > 0 && s.kv_head < n_kv_heads && i > 0 &&
+                              segments[i - 1].kv_head == s.kv_head - 1 && segments[i - 1].q_begin == s.q_begin &&
+                              segments[i - 1].q_end == s.q_end;
+    if (s.kv_head > 0 && !head_follows) {
+      return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, " names KV head ", s.kv_head,
+                                                     " without the heads before it for the same query rows"));
+    }
+    if (!head_follows && (s.q_begin != q || s.q_end <= s.q_begin)) {
       return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, " covers query rows [", s.q_begin,
                                                      ", ", s.q_end, ") after ", q, " rows"));
+    }
+    if (s.kv_head < -1 || s.kv_head >= n_kv_heads ||
+        (s.kv_head >= 0 && s.kv_head < n_kv_heads - 1 &&
+         (i + 1 == segments.size() || segments[i + 1].kv_head != s.kv_head + 1))) {
+      return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, ": KV head ", s.kv_head,
+                                                     " is not followed by the next of ", n_kv_heads, " heads"));
     }
     q = s.q_end;
     int64_t end = 0;

@@ -77,20 +77,29 @@ struct KvRange {
 // applies inside them. No segments: every row (dense attention, what `full` gives).
 // Otherwise the segments cover the query rows in order, each naming ascending,
 // disjoint row ranges: one segment for a token subset (LazyLLM decode), one per
-// query segment for block-sparse prefill (CritiPrefill).
+// query segment for block-sparse prefill (CritiPrefill). A segment serves every KV
+// head, or (kv_head >= 0) only the query heads of one: then the segments of KV heads
+// 0..n_kv_heads-1 follow each other for the same query rows (CritiPrefill selects
+// blocks per KV head).
 struct KvSelection {
   struct Segment {
     int32_t q_begin = 0, q_end = 0;  // [q_begin, q_end) of the sequence's query rows
     std::vector<KvRange> ranges;
+    int32_t kv_head = -1;  // -1: every KV head
   };
   std::vector<Segment> segments;
 
   bool all() const { return segments.empty(); }
   // One segment for n_q query rows over the given rows (ascending), adjacent rows merged.
   void SelectRows(int32_t n_q, std::span<const int32_t> rows);
-  // Segments in order covering [0, n_q); ranges ascending, disjoint, inside [0, n_kv).
-  absl::Status Validate(int64_t n_q, int64_t n_kv) const;
+  // Segments in order covering [0, n_q) (per-head ones complete, heads in order);
+  // ranges ascending, disjoint, inside [0, n_kv).
+  absl::Status Validate(int64_t n_q, int64_t n_kv, int n_kv_heads) const;
 };
+
+// Appends row range [begin, end) to ascending `ranges`, merged with the last one
+// when they touch.
+void AppendRange(std::vector<KvRange>& ranges, int32_t begin, int32_t end);
 
 struct AttentionArgs {
   const float* q = nullptr;        // [n_q, n_heads*head_dim], rows `q_stride` floats apart

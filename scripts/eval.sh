@@ -5,14 +5,22 @@
 # in build/eval.csv or $PS_EVAL_CSV) and stops the server. Extra arguments go to
 # pruneserve-eval, e.g. `scripts/eval.sh --lengths 2048,8192 --depths 10,50,90`.
 # Without them: lengths 1024..8192, depths 0..100 by 25, all four tasks (about an hour on 2 cores).
+# PS_EVAL_MODEL=FILE serves another model, e.g. the 0.5B evaluation model
+# (models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf, fetched by `scripts/fetch_model.sh --eval`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/fetch_model.sh
+model=${PS_EVAL_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ -z "${PS_EVAL_MODEL:-}" ]; then
+  scripts/fetch_model.sh
+elif [ ! -f "$model" ]; then
+  echo "eval.sh: $model not found (the evaluation model: scripts/fetch_model.sh --eval)" >&2
+  exit 1
+fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target pruneserve pruneserve-cli pruneserve-eval
 tmp=$(mktemp -d)
-build/pruneserve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --host 127.0.0.1 --port 0 --port-file "$tmp/ports" \
+build/pruneserve --model "$model" --host 127.0.0.1 --port 0 --port-file "$tmp/ports" \
   --metrics-port -1 --log-level warn > "$tmp/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$tmp"' EXIT

@@ -126,7 +126,7 @@ std::string Lower(std::string s) {
 
 int main(int argc, char** argv) {
   std::string addr = "127.0.0.1:50051", haystack_dir = "../shared/testdata/haystack/paul_graham_essays", csv_path,
-              tasks_flag = "needle,magic,passkey,multikey", strategies_flag = "full,lazyllm,gemfilter";
+              tasks_flag = "needle,magic,passkey,multikey", strategies_flag = "full,lazyllm,gemfilter,critiprefill";
   std::vector<int64_t> lengths, depths = {0, 25, 50, 75, 100};
   std::vector<std::string> strategy_args;
   int64_t max_new = 24, seed = 1;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "engine/pruning/critiprefill.h"
 #include "engine/pruning/gemfilter.h"
 #include "engine/pruning/lazyllm.h"
 #include "proto/field_args.h"
@@ -23,6 +24,9 @@ struct Registry {
        LazyLlmDefaults},
       {"gemfilter", "GemFilter: early layers select the top_k prompt tokens, the whole model runs on them",
        GemFilterDefaults},
+      {"critiprefill",
+       "CritiPrefill: prompt segments attend to their most critical key blocks (block-sparse prefill), decode dense",
+       CritiPrefillDefaults},
   };
 };
 

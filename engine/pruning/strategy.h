@@ -57,6 +57,19 @@ struct LayerRows {
   std::vector<float>* add_hidden = nullptr;       // their hidden states at this layer's input, n_embd each
 };
 
+// One sequence's attention inputs at a layer, after RoPE, as SelectKv sees them.
+struct LayerAttention {
+  std::span<const int32_t> q_positions;  // the query rows
+  const float* q = nullptr;              // their queries: [q_positions.size(), n_heads * head_dim]
+  int64_t q_stride = 0;                  // floats between query rows
+  // The rows this step appended to the layer's KV (the last rows of SeqContext::Kv)
+  // and their keys: [new_positions.size(), n_kv_heads * head_dim], k_stride apart.
+  std::span<const int32_t> new_positions;
+  const float* k = nullptr;
+  int64_t k_stride = 0;
+  AttentionShape shape;
+};
+
 // What AfterAttention receives about the last query row at a layer.
 enum class LastQueryStat {
   kNone,
@@ -85,10 +98,10 @@ class PruningStrategy {
   virtual void RowsForLayer(int layer, LayerRows& rows, SeqContext& ctx) { (void)layer, (void)rows, (void)ctx; }
 
   // After the step's rows were appended to `layer`'s KV: which cached rows (indices
-  // into ctx.Kv(layer)) the query rows at q_positions attend to. Leaving `selection`
+  // into ctx.Kv(layer)) the query rows of `att` attend to. Leaving `selection`
   // empty means all of them (and costs nothing).
-  virtual void SelectKv(int layer, std::span<const int32_t> q_positions, SeqContext& ctx, KvSelection* selection) {
-    (void)layer, (void)q_positions, (void)ctx, (void)selection;
+  virtual void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) {
+    (void)layer, (void)att, (void)ctx, (void)selection;
   }
 
   virtual LastQueryStat WantsLastQuery(int layer) const {

@@ -97,6 +97,7 @@ struct SegmentArgs {
   std::span<const Chunk> chunks;
   const int32_t* row_ids = nullptr;
   int64_t q_begin = 0, q_end = 0;
+  int kv_head = -1;              // -1: every KV head, else only this one's query heads
   int64_t stats_n = 0;           // length of each head's statistics row (the caller's kv.n)
   float* last_logits = nullptr;  // [n_heads, stats_n] or null: the last query's scaled scores
   float* last_norm = nullptr;    // [n_heads, 2] or null: its final maximum and sum of exponentials
@@ -111,7 +112,14 @@ struct SegmentArgs {
 class SegmentAttention {
  public:
   SegmentAttention(const AttentionShape& s, const AttentionArgs& a, const SegmentArgs& seg)
-      : s_(s), a_(a), seg_(seg), kv_(*seg.kv), group_(s.n_heads / s.n_kv_heads), hd_(s.head_dim),
+      : s_(s),
+        a_(a),
+        seg_(seg),
+        kv_(*seg.kv),
+        group_(s.n_heads / s.n_kv_heads),
+        hd_(s.head_dim),
+        kvh0_(seg.kv_head >= 0 ? seg.kv_head : 0),
+        n_kvh_(seg.kv_head >= 0 ? 1 : s.n_kv_heads),
         group_simd_(avx2::Available() && kv_.dtype == DType::kF32 && s.head_dim % 8 == 0) {}
 
   // Query tiles run from the last (the most keys under the causal mask) to the first,
@@ -121,17 +129,17 @@ class SegmentAttention {
     const int64_t n_q = seg_.q_end - seg_.q_begin;
     if (n_q == 1) {
       const int64_t keys = VisibleChunks(kv_, seg_.chunks, a_.q_pos[seg_.q_begin], &visible_);
-      const int64_t want = (2 * pool.num_threads() + s_.n_kv_heads - 1) / s_.n_kv_heads;
+      const int64_t want = (2 * pool.num_threads() + n_kvh_ - 1) / n_kvh_;
       const int64_t splits = std::clamp<int64_t>(keys / kMinSplitKeys, 1, want);
       if (splits > 1) return RunSplit(pool, keys, splits);
     }
     const int64_t n_tiles = (n_q + kQueryTile - 1) / kQueryTile;
-    pool.ParallelFor(n_tiles * s_.n_kv_heads, 1, [&](int64_t u0, int64_t u1) {
+    pool.ParallelFor(n_tiles * n_kvh_, 1, [&](int64_t u0, int64_t u1) {
       static thread_local std::vector<float> state_storage;
       static thread_local std::vector<Chunk> visible;
       for (int64_t u = u0; u < u1; ++u) {
-        const int kvh = static_cast<int>(u % s_.n_kv_heads);
-        const int64_t q0 = seg_.q_begin + (n_tiles - 1 - u / s_.n_kv_heads) * kQueryTile;
+        const int kvh = kvh0_ + static_cast<int>(u % n_kvh_);
+        const int64_t q0 = seg_.q_begin + (n_tiles - 1 - u / n_kvh_) * kQueryTile;
         const int64_t nq = std::min(kQueryTile, seg_.q_end - q0);
         std::span<const Chunk> keys = visible_;  // a single query row's: found once in Run
         if (n_q > 1) {
@@ -263,8 +271,9 @@ class SegmentAttention {
             ValueAxpys(kv_, scores + h * tile_scores + col, p.j0, p.nb, kvh * hd, hd, out_of(h));
           } else {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nq), hd, static_cast<int>(nt), 1.0f,
-                        scores + h * tile_scores, static_cast<int>(nt), static_cast<const float*>(kv_.v(p.j0, kvh * hd)),
-                        static_cast<int>(kv_.stride), 1.0f, out_of(h), static_cast<int>(out_stride));
+                        scores + h * tile_scores, static_cast<int>(nt),
+                        static_cast<const float*>(kv_.v(p.j0, kvh * hd)), static_cast<int>(kv_.stride), 1.0f, out_of(h),
+                        static_cast<int>(out_stride));
           }
         }
       }
@@ -290,28 +299,29 @@ class SegmentAttention {
   // One query row: units (KV head, key range) write partial outputs, merged here.
   void RunSplit(ThreadPool& pool, int64_t keys, int64_t splits) {
     const int64_t per_head = group_ * (hd_ + 2);  // out, m, l of one unit
-    partial_.resize(static_cast<size_t>(s_.n_kv_heads * splits * per_head));
+    partial_.resize(static_cast<size_t>(n_kvh_ * splits * per_head));
     const int64_t q0 = seg_.q_begin;
-    pool.ParallelFor(s_.n_kv_heads * splits, 1, [&](int64_t u0, int64_t u1) {
+    pool.ParallelFor(n_kvh_ * splits, 1, [&](int64_t u0, int64_t u1) {
       for (int64_t u = u0; u < u1; ++u) {
-        const int kvh = static_cast<int>(u / splits);
+        const int kvh = kvh0_ + static_cast<int>(u / splits);
         const int64_t part = u % splits;
         float* p = partial_.data() + u * per_head;
         Attend(kvh, q0, 1, visible_, keys * part / splits, keys * (part + 1) / splits, p, 0, p + group_ * hd_,
                p + group_ * hd_ + group_);
       }
     });
-    for (int kvh = 0; kvh < s_.n_kv_heads; ++kvh) {
+    for (int kvh = kvh0_; kvh < kvh0_ + n_kvh_; ++kvh) {
+      const int64_t unit0 = (kvh - kvh0_) * splits;  // the head's first unit
       float* out = a_.out + q0 * a_.out_stride + kvh * group_ * hd_;
       std::vector<float> m(group_, -std::numeric_limits<float>::infinity()), l(group_, 0.0f);
       for (int h = 0; h < group_; ++h) {
         for (int64_t part = 0; part < splits; ++part) {
-          m[h] = std::max(m[h], partial_[(kvh * splits + part) * per_head + group_ * hd_ + h]);
+          m[h] = std::max(m[h], partial_[(unit0 + part) * per_head + group_ * hd_ + h]);
         }
         std::fill(out + h * hd_, out + (h + 1) * hd_, 0.0f);
         if (m[h] == -std::numeric_limits<float>::infinity()) continue;
         for (int64_t part = 0; part < splits; ++part) {
-          const float* p = partial_.data() + (kvh * splits + part) * per_head;
+          const float* p = partial_.data() + (unit0 + part) * per_head;
           const float mp = p[group_ * hd_ + h];
           if (mp == -std::numeric_limits<float>::infinity()) continue;
           const float w = std::exp(mp - m[h]);
@@ -330,6 +340,7 @@ class SegmentAttention {
   const SegmentArgs& seg_;
   const KvRows& kv_;
   const int group_, hd_;
+  const int kvh0_, n_kvh_;  // the KV heads this segment serves
   const bool group_simd_;
   std::vector<Chunk> visible_;
   std::vector<float> partial_;
@@ -422,6 +433,8 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       ranges = sel.ranges;
       seg.q_begin = sel.q_begin;
       seg.q_end = sel.q_end;
+      seg.kv_head = sel.kv_head;
+      PS_CHECK(sel.kv_head >= -1 && sel.kv_head < s.n_kv_heads) << "selection names KV head " << sel.kv_head;
     }
     if (seg.q_end - seg.q_begin >= 2) {
       Gather(kv, ranges, pool, &gathered);

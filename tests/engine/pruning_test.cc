@@ -1,11 +1,13 @@
-// Token pruning: the selection math on hand-built inputs, parameter parsing and
-// validation, LazyLLM's Aux Cache invariants through generations with forced
-// revivals, and the no-op settings (keep 1.0, top_k >= prompt) giving exactly
-// `full`'s tokens on stories260K.
+// Token pruning: the selection math on hand-built inputs (CritiPrefill's criticality,
+// mask and layer fusion included), parameter parsing and validation, LazyLLM's Aux
+// Cache invariants through generations with forced revivals, and the no-op settings
+// (keep 1.0, top_k >= prompt, budget >= prompt) giving exactly `full`'s tokens on
+// stories260K.
 #include <numeric>
 #include <set>
 
 #include "absl/strings/str_join.h"
+#include "engine/pruning/critiprefill.h"
 #include "engine/pruning/gemfilter.h"
 #include "engine/pruning/lazyllm.h"
 #include "engine/pruning/registry.h"
@@ -51,6 +53,121 @@ TEST(Selection, AvgPoolZeroPadsAndDividesByTheKernel) {
   // Pooling turns an isolated spike into a span: GemFilter then keeps neighbours.
   const std::vector<float> spike = {0, 0, 0, 0, 10, 0, 0, 0, 0, 0, 1, 1, 1};
   EXPECT_THAT(TopKInOrder(AvgPool1d(spike, 5), 5), ElementsAre(2, 3, 4, 5, 6));
+}
+
+TEST(CritiPrefill, RepresentativesAndCriticalityOnHandBuiltRows) {
+  const std::vector<float> x = {1, -2, 9, 3, 0, 9, -1, 5, 9};  // 3 rows of 3, the last column ignored
+  float max[2], min[2];
+  ColumnMaxMin(x.data(), 3, 3, 2, max, min);
+  EXPECT_THAT(max, ElementsAre(3, 5));
+  EXPECT_THAT(min, ElementsAre(-1, -2));
+  // Query representatives of two heads (max, min each): their mean is (0.5, 0.5).
+  const std::vector<float> q_rep = {1, 0, 0, 1, 2, 2, -1, -1};
+  // Per block its max row then its min row; the score is the larger of the two dots
+  // with the mean query (the min row wins for the last block).
+  const std::vector<float> k_rep = {2, 0, 0, -4, /**/ 0, 4, -1, -1, /**/ 1, -3, 3, 3};
+  EXPECT_THAT(BlockCriticality(q_rep, k_rep, 2), ElementsAre(1, 2, 3));
+}
+
+// A SeqContext whose KV at every layer holds n rows (what SelectKv reads of it).
+class RowsOnlyContext final : public SeqContext {
+ public:
+  explicit RowsOnlyContext(int n) {
+    table_.positions.resize(n);
+    std::iota(table_.positions.begin(), table_.positions.end(), 0);
+  }
+  absl::Status RunPrefix(std::span<const int32_t>, std::span<const int32_t>, int) override {
+    return absl::UnimplementedError("no prefix passes here");
+  }
+  bool AuxPut(int32_t, const float*) override { return false; }
+  bool AuxTake(int32_t, float*) override { return false; }
+  const LayerTable& Kv(int) const override { return table_; }
+  absl::Status MoveBlocks(int, std::span<const int32_t>, Tier) override {
+    return absl::UnimplementedError("no moves here");
+  }
+
+ private:
+  LayerTable table_;
+};
+
+// 16 prompt rows, segments of 4, blocks of 2, a budget of one block, nothing dense
+// by position: segments 1 and 2 are sparse (0 has no more blocks before it than the
+// budget, 3 is the last). Two KV heads with two query heads each, head size 2. Key
+// head 0 has one loud block (1 at layer 1: (5, 0); 3: (0, 5)), head 1 block 0 (5, 0).
+TEST(CritiPrefill, SelectsTheMostCriticalBlockPerSegmentAndHeadAndFusesLayers) {
+  constexpr int kN = 16, kHd = 2, kKvd = 4, kQd = 8;
+  const AttentionShape shape{.n_heads = 4, .n_kv_heads = 2, .head_dim = kHd, .scale = 1};
+  std::vector<int32_t> pos(kN);
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> q(kN * kQd, 0.0f), k(kN * kKvd, 0.0f);
+  for (int i = 0; i < kN; ++i) {
+    for (int h = 0; h < 4; ++h) q[i * kQd + h * kHd + (i < 8 ? 0 : 1)] = 1;  // rows 0-7 ask (1, 0), 8-15 (0, 1)
+  }
+  auto set_key = [&](int block, int head, float a, float b) {
+    for (int r = 2 * block; r < 2 * block + 2; ++r) k[r * kKvd + head * kHd] = a, k[r * kKvd + head * kHd + 1] = b;
+  };
+  set_key(1, 0, 5, 0);
+  set_key(3, 0, 0, 5);
+  set_key(0, 1, 5, 0);
+  const LayerAttention att{.q_positions = pos,
+                           .q = q.data(),
+                           .q_stride = kQd,
+                           .new_positions = pos,
+                           .k = k.data(),
+                           .k_stride = kKvd,
+                           .shape = shape};
+  RowsOnlyContext ctx(kN);
+  auto select = [&](CritiPrefill& c, int layer, const LayerAttention& a) {
+    KvSelection sel;
+    c.SelectKv(layer, a, ctx, &sel);
+    EXPECT_TRUE(sel.Validate(kN, kN, 2).ok()) << sel.Validate(kN, kN, 2);
+    std::vector<std::string> out;
+    for (const KvSelection::Segment& s : sel.segments) {
+      std::string ranges;
+      for (const KvRange& r : s.ranges) absl::StrAppend(&ranges, "[", r.begin, ",", r.end, ")");
+      out.push_back(absl::StrCat(s.q_begin, "-", s.q_end, " h", s.kv_head, " ", ranges));
+    }
+    return absl::StrJoin(out, " | ");
+  };
+  CritiPrefillParams p{.segment_size = 4, .block_size = 2, .budget = 2, .dense_prefix = 0};
+  CritiPrefill c(p);
+  EXPECT_EQ(select(c, 0, att), "") << "layer 0 is dense";
+  // Segment 1 (queries (1, 0)): head 0 takes block 1, head 1 block 0, each with its own rows 4-7.
+  // Segment 2 (queries (0, 1)): head 0 block 3; head 1 sees only zeros and takes the first block.
+  EXPECT_EQ(
+      select(c, 1, att),
+      "0-4 h-1 [0,4) | 4-8 h0 [2,8) | 4-8 h1 [0,2)[4,8) | 8-12 h0 [6,12) | 8-12 h1 [0,2)[8,12) | 12-16 h-1 [0,16)");
+  // Layer 2: head 0's block 0 becomes (3, 0). Segment 1 now scores (3, 0) for blocks 0, 1:
+  // softmax (0.95, 0.05) fused with layer 1's (0.007, 0.993): 0.25 * prev + 0.75 * cur
+  // favours block 0; with the paper's weighting (0.75 on prev) block 1 stays.
+  const std::vector<float> k1 = k;  // layer 1's keys; `att` reads k, layer 2's from here on
+  set_key(1, 0, 0, 0);
+  set_key(0, 0, 3, 0);
+  EXPECT_THAT(select(c, 2, att), HasSubstr("4-8 h0 [0,2)[4,8) |"));
+  p.fusion_prev_weight = 0.75f;
+  CritiPrefill paper(p);
+  const LayerAttention att1{.q_positions = pos,
+                            .q = q.data(),
+                            .q_stride = kQd,
+                            .new_positions = pos,
+                            .k = k1.data(),
+                            .k_stride = kKvd,
+                            .shape = shape};
+  EXPECT_THAT(select(paper, 1, att1), HasSubstr("4-8 h0 [2,8) |"));
+  EXPECT_THAT(select(paper, 2, att), HasSubstr("4-8 h0 [2,8) |"));
+  EXPECT_THAT(select(paper, 1, att), HasSubstr("4-8 h0 [0,2)[4,8) |")) << "layer 1 starts the fusion afresh";
+  // Not the prompt's step (fewer new rows than cached ones, or one query row): dense.
+  const LayerAttention decode{.q_positions = std::span<const int32_t>(pos).last(1),
+                              .q = q.data(),
+                              .q_stride = kQd,
+                              .new_positions = std::span<const int32_t>(pos).last(1),
+                              .k = k.data(),
+                              .k_stride = kKvd,
+                              .shape = shape};
+  EXPECT_EQ(select(c, 2, decode), "");
+  // A budget covering every block before each segment: dense throughout.
+  CritiPrefill roomy(CritiPrefillParams{.segment_size = 4, .block_size = 2, .budget = 16, .dense_prefix = 0});
+  EXPECT_EQ(select(roomy, 1, att), "");
 }
 
 ModelConfig Layers(int n) {
@@ -110,6 +227,16 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   EXPECT_THAT(error("gemfilter", {"filter_layer=30"}), HasSubstr("pruning.gemfilter.filter_layer"));
   EXPECT_THAT(error("gemfilter", {"top_k=0"}), HasSubstr("pruning.gemfilter.top_k"));
   EXPECT_THAT(error("gemfilter", {"pool_kernel=4"}), HasSubstr("pruning.gemfilter.pool_kernel"));
+  EXPECT_THAT(error("critiprefill", {"segment_size=500"}), HasSubstr("pruning.critiprefill.segment_size"));
+  EXPECT_THAT(error("critiprefill", {"block_size=0"}), HasSubstr("pruning.critiprefill.block_size"));
+  EXPECT_THAT(error("critiprefill", {"budget=0"}), HasSubstr("pruning.critiprefill.budget"));
+  EXPECT_THAT(error("critiprefill", {"fusion_prev_weight=1"}), HasSubstr("pruning.critiprefill.fusion_prev_weight"));
+  const pruneserve::v1::CritiPrefill criti = AsProto(d->Get("critiprefill")).critiprefill();
+  EXPECT_EQ(criti.segment_size(), 512u);
+  EXPECT_EQ(criti.block_size(), 32u);
+  EXPECT_EQ(criti.budget(), 1024u);
+  EXPECT_EQ(criti.dense_prefix(), 4096u);
+  EXPECT_EQ(criti.fusion_prev_weight(), 0.25f);
   EXPECT_THAT(error("full", {"top_k=4"}), HasSubstr("full has no parameters"));
   EXPECT_FALSE(FindStrategy("h2o").ok());
 }
@@ -156,6 +283,31 @@ TEST_F(PruningModelTest, NoOpSettingsGiveExactlyFullTokens) {
     EXPECT_EQ(Run(prompt, 40, gem.get(), &rows), full) << k;
     EXPECT_EQ(rows, full_rows) << "no prefix pass when nothing is filtered";
   }
+  for (const char* b : {"budget=120", "budget=4096"}) {
+    auto criti = Make("critiprefill", {"segment_size=16", "block_size=4", "dense_prefix=0", b});
+    EXPECT_EQ(Run(prompt, 40, criti.get(), &rows), full) << b;
+  }
+  // The prompt's logits: equal at the no-op budget, changed by a small one (else the
+  // lines above would prove nothing; the tiny model's greedy tokens survive it).
+  auto logits = [&](PruningStrategy* strategy) {
+    Transformer t(*model_, backend_);
+    std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, 256);
+    std::vector<int32_t> positions(prompt.size());
+    std::iota(positions.begin(), positions.end(), 0);
+    SeqInput in{.seq_id = 1, .tokens = prompt, .positions = positions, .strategy = strategy};
+    ForwardOutput out;
+    EXPECT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok() && out.status[0].ok());
+    return out.logits;
+  };
+  const std::vector<float> dense = logits(nullptr);
+  auto roomy = Make("critiprefill", {"segment_size=16", "block_size=4", "dense_prefix=0", "budget=120"});
+  EXPECT_EQ(logits(roomy.get()), dense);
+  auto sparse = Make("critiprefill", {"segment_size=16", "block_size=4", "dense_prefix=0", "budget=8"});
+  const std::vector<float> changed = logits(sparse.get());
+  ASSERT_EQ(changed.size(), dense.size());
+  float diff = 0;
+  for (size_t i = 0; i < dense.size(); ++i) diff = std::max(diff, std::fabs(changed[i] - dense[i]));
+  EXPECT_GT(diff, 1e-3f);
 }
 
 TEST_F(PruningModelTest, StrategiesComputeLessAndGemFilterKeepsTheLastToken) {

@@ -125,7 +125,8 @@ std::vector<uint16_t> AsHalves(DType dtype, std::vector<float>* x) {
   return h;
 }
 
-// Attention computed directly in doubles: query row i sees key j when visible(i, j);
+// Attention computed directly in doubles: query row i's heads of KV head kvh see key j
+// when visible(i, kvh, j);
 // last-query probabilities (mean over heads) and scaled scores (sum over heads, a
 // large negative number where not visible) into *probs and *logits.
 template <typename Visible>
@@ -144,7 +145,7 @@ std::vector<double> NaiveAttention(const AttentionShape& s, const std::vector<fl
       for (int64_t j = 0; j < nkv; ++j) {
         double d = 0;
         for (int e = 0; e < hd; ++e) d += double(q[i * qd + h * hd + e]) * k[j * kvd + kvh * hd + e];
-        sc[j] = visible(i, j) ? d * s.scale : -1e300;
+        sc[j] = visible(i, kvh, j) ? d * s.scale : -1e300;
         if (i == nq - 1) (*logits)[j] += sc[j];
         m = std::max(m, sc[j]);
       }
@@ -209,7 +210,7 @@ TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
                   pool);
         std::vector<double> want_probs, want_logits;
         const std::vector<double> want = NaiveAttention(
-            s, q, k, v, nq, nkv, [&](int64_t i, int64_t j) { return kv_pos[j] <= q_pos[i]; }, &want_probs,
+            s, q, k, v, nq, nkv, [&](int64_t i, int, int64_t j) { return kv_pos[j] <= q_pos[i]; }, &want_probs,
             &want_logits);
         const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows);
         EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
@@ -221,7 +222,8 @@ TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
 // against a direct computation that masks everything else out: F32 and F16 caches,
 // paged in blocks of 16 and 7 rows, one query row (the in-place block path) and
 // several (the gathered path), ascending positions (keys past the queries skipped)
-// and a permutation. Blocks no range reads are not there at all (null, as a block
+// and a permutation, the second segment for both KV heads or one per KV head (as
+// CritiPrefill selects). Blocks no range reads are not there at all (null, as a block
 // in the host tier), and the last query's statistics are 0 / -inf outside the selection.
 TEST(Attention, ReadsExactlyTheSelection) {
   ThreadPool pool(2);
@@ -229,85 +231,103 @@ TEST(Attention, ReadsExactlyTheSelection) {
   const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.2f};
   const int64_t nkv = 50;
   // Rows 14..20 are read by no segment.
-  const std::vector<KvRange> first = {{0, 10}, {21, 22}, {30, 45}}, second = {{3, 4}, {24, 50}};
+  const std::vector<KvRange> first = {{0, 10}, {21, 22}, {30, 45}}, second = {{3, 4}, {24, 50}},
+                             second_head1 = {{0, 2}, {40, 50}};
   for (DType dtype : {DType::kF32, DType::kF16})
     for (bool ascending : {true, false})
-      for (int64_t block_rows : {16, 7})
-        for (int64_t nq : {1, 5, 40}) {
-          auto q = Randn(nq * kQd, 11), k = Randn(nkv * kKvd, 12), v = Randn(nkv * kKvd, 13);
-          const std::vector<uint16_t> kh = AsHalves(dtype, &k), vh = AsHalves(dtype, &v);
-          std::vector<int32_t> kv_pos(nkv), q_pos(nq);
-          for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(ascending ? j : (j * 7) % nkv);
-          for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
-          KvSelection sel;
-          const int32_t split = nq >= 2 ? static_cast<int32_t>(nq / 2) : static_cast<int32_t>(nq);
-          sel.segments.push_back({.q_begin = 0, .q_end = split, .ranges = first});
-          if (split < nq)
-            sel.segments.push_back({.q_begin = split, .q_end = static_cast<int32_t>(nq), .ranges = second});
-          ASSERT_TRUE(sel.Validate(nq, nkv).ok()) << sel.Validate(nq, nkv);
-          auto selected = [&](int64_t i, int64_t j) {
-            for (const KvRange& r : i < split ? first : second) {
-              if (j >= r.begin && j < r.end) return true;
+      for (bool per_head : {false, true})
+        for (int64_t block_rows : {16, 7})
+          for (int64_t nq : {1, 5, 40}) {
+            auto q = Randn(nq * kQd, 11), k = Randn(nkv * kKvd, 12), v = Randn(nkv * kKvd, 13);
+            const std::vector<uint16_t> kh = AsHalves(dtype, &k), vh = AsHalves(dtype, &v);
+            std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+            for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(ascending ? j : (j * 7) % nkv);
+            for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
+            KvSelection sel;
+            const int32_t split = nq >= 2 ? static_cast<int32_t>(nq / 2) : static_cast<int32_t>(nq);
+            sel.segments.push_back({.q_begin = 0, .q_end = split, .ranges = first});
+            if (split < nq && !per_head) {
+              sel.segments.push_back({.q_begin = split, .q_end = static_cast<int32_t>(nq), .ranges = second});
+            } else if (split < nq) {
+              sel.segments.push_back(
+                  {.q_begin = split, .q_end = static_cast<int32_t>(nq), .ranges = second, .kv_head = 0});
+              sel.segments.push_back(
+                  {.q_begin = split, .q_end = static_cast<int32_t>(nq), .ranges = second_head1, .kv_head = 1});
             }
-            return false;
-          };
-          std::vector<const void*> kp, vp;
-          for (int64_t b = 0; b * block_rows < nkv; ++b) {
-            bool read = false;
-            for (int64_t j = b * block_rows; j < std::min(nkv, (b + 1) * block_rows); ++j) {
-              for (int64_t i = 0; i < nq; ++i) read = read || selected(i, j);
+            ASSERT_TRUE(sel.Validate(nq, nkv, kKvHeads).ok()) << sel.Validate(nq, nkv, kKvHeads);
+            auto selected = [&](int64_t i, int kvh, int64_t j) {
+              for (const KvRange& r : i < split ? first : per_head && kvh == 1 ? second_head1 : second) {
+                if (j >= r.begin && j < r.end) return true;
+              }
+              return false;
+            };
+            std::vector<const void*> kp, vp;
+            for (int64_t b = 0; b * block_rows < nkv; ++b) {
+              bool read = false;
+              for (int64_t j = b * block_rows; j < std::min(nkv, (b + 1) * block_rows); ++j) {
+                for (int64_t i = 0; i < nq; ++i) read = read || selected(i, 0, j) || selected(i, 1, j);
+              }
+              const bool f32 = dtype == DType::kF32;
+              kp.push_back(!read ? nullptr
+                           : f32 ? static_cast<const void*>(k.data() + b * block_rows * kKvd)
+                                 : kh.data() + b * block_rows * kKvd);
+              vp.push_back(!read ? nullptr
+                           : f32 ? static_cast<const void*>(v.data() + b * block_rows * kKvd)
+                                 : vh.data() + b * block_rows * kKvd);
             }
-            const bool f32 = dtype == DType::kF32;
-            kp.push_back(!read ? nullptr
-                         : f32 ? static_cast<const void*>(k.data() + b * block_rows * kKvd)
-                               : kh.data() + b * block_rows * kKvd);
-            vp.push_back(!read ? nullptr
-                         : f32 ? static_cast<const void*>(v.data() + b * block_rows * kKvd)
-                               : vh.data() + b * block_rows * kKvd);
+            std::vector<float> out(nq * kQd), probs(nkv), logits(nkv);
+            Attention(s,
+                      KvRows{.k_blocks = kp.data(),
+                             .v_blocks = vp.data(),
+                             .block_rows = block_rows,
+                             .positions = kv_pos.data(),
+                             .n = nkv,
+                             .stride = kKvd,
+                             .positions_ascending = ascending,
+                             .dtype = dtype},
+                      AttentionArgs{.q = q.data(),
+                                    .q_pos = q_pos.data(),
+                                    .n_q = nq,
+                                    .q_stride = kQd,
+                                    .out = out.data(),
+                                    .out_stride = kQd,
+                                    .selection = &sel,
+                                    .last_query_probs = probs.data(),
+                                    .last_query_logits = logits.data()},
+                      pool);
+            std::vector<double> want_probs, want_logits;
+            const std::vector<double> want = NaiveAttention(
+                s, q, k, v, nq, nkv,
+                [&](int64_t i, int kvh, int64_t j) { return selected(i, kvh, j) && kv_pos[j] <= q_pos[i]; },
+                &want_probs, &want_logits);
+            const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows,
+                                                  ascending ? " ascending" : " permuted", per_head ? " per head" : "");
+            EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
+            EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
+            for (int64_t j = 0; j < nkv; ++j) {
+              if (want_logits[j] < -1e299) {
+                EXPECT_TRUE(std::isinf(logits[j]) && logits[j] < 0) << what << " row " << j;
+              } else {
+                EXPECT_NEAR(logits[j], want_logits[j], 1e-4 * (1 + std::fabs(want_logits[j]))) << what << " row " << j;
+              }
+            }
           }
-          std::vector<float> out(nq * kQd), probs(nkv), logits(nkv);
-          Attention(s,
-                    KvRows{.k_blocks = kp.data(),
-                           .v_blocks = vp.data(),
-                           .block_rows = block_rows,
-                           .positions = kv_pos.data(),
-                           .n = nkv,
-                           .stride = kKvd,
-                           .positions_ascending = ascending,
-                           .dtype = dtype},
-                    AttentionArgs{.q = q.data(),
-                                  .q_pos = q_pos.data(),
-                                  .n_q = nq,
-                                  .q_stride = kQd,
-                                  .out = out.data(),
-                                  .out_stride = kQd,
-                                  .selection = &sel,
-                                  .last_query_probs = probs.data(),
-                                  .last_query_logits = logits.data()},
-                    pool);
-          std::vector<double> want_probs, want_logits;
-          const std::vector<double> want = NaiveAttention(
-              s, q, k, v, nq, nkv, [&](int64_t i, int64_t j) { return selected(i, j) && kv_pos[j] <= q_pos[i]; },
-              &want_probs, &want_logits);
-          const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows,
-                                                ascending ? " ascending" : " permuted");
-          EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
-          EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
-          for (int64_t j = 0; j < nkv; ++j) {
-            if (want_logits[j] < -1e299) {
-              EXPECT_TRUE(std::isinf(logits[j]) && logits[j] < 0) << what << " row " << j;
-            } else {
-              EXPECT_NEAR(logits[j], want_logits[j], 1e-4 * (1 + std::fabs(want_logits[j]))) << what << " row " << j;
-            }
-          }
-        }
   KvSelection bad;
   bad.segments.push_back({.q_begin = 0, .q_end = 3, .ranges = {{5, 9}, {8, 12}}});
-  EXPECT_FALSE(bad.Validate(3, 50).ok()) << "overlapping ranges";
+  EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "overlapping ranges";
   bad.segments[0].ranges = {{5, 60}};
-  EXPECT_FALSE(bad.Validate(3, 50).ok()) << "past the rows";
+  EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "past the rows";
   bad.segments[0].ranges = {{5, 9}};
-  EXPECT_FALSE(bad.Validate(4, 50).ok()) << "a query row left out";
+  EXPECT_FALSE(bad.Validate(4, 50, 2).ok()) << "a query row left out";
+  bad.segments[0].kv_head = 0;
+  EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "KV head 1 missing";
+  bad.segments.push_back({.q_begin = 0, .q_end = 3, .ranges = {{1, 2}}, .kv_head = 1});
+  EXPECT_TRUE(bad.Validate(3, 50, 2).ok()) << bad.Validate(3, 50, 2);
+  EXPECT_FALSE(bad.Validate(3, 50, 3).ok()) << "KV head 2 missing";
+  bad.segments[1].q_end = 2;
+  EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "the heads' query rows differ";
+  bad.segments[1] = {.q_begin = 0, .q_end = 3, .ranges = {{1, 2}}, .kv_head = 2};
+  EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "no such KV head";
 }
 
 // The tiled online-softmax kernel at awkward sizes against the direct computation:
@@ -372,7 +392,7 @@ TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
             std::vector<double> want_probs, want_logits;
             const std::vector<double> want = NaiveAttention(
                 s, q, k, v, nq, nkv,
-                [&](int64_t i, int64_t j) { return (!with_selection || selected(j)) && kv_pos[j] <= q_pos[i]; },
+                [&](int64_t i, int, int64_t j) { return (!with_selection || selected(j)) && kv_pos[j] <= q_pos[i]; },
                 &want_probs, &want_logits);
             const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " hd=", hd, " keys=", nkv,
                                                   " queries=", nq, with_selection ? " selection" : "");

@@ -128,7 +128,7 @@ TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
   }
 }
 
-// Half of 64 concurrent requests (full, lazyllm and gemfilter mixed) are cancelled
+// Half of 64 concurrent requests (full, lazyllm, gemfilter and critiprefill mixed) are cancelled
 // at random engine steps (so they are waiting, running, or swapped out when it
 // happens), half of those through Abort(). Afterwards nothing is left anywhere.
 TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
@@ -151,7 +151,7 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   ThreadPool engine_pool(2);
   server::ServingOptions options = kTight;
   options.engine.kv_host_blocks = 20;    // smaller than some sequences: those preemptions recompute
-  options.engine.kv_device_blocks = 80;  // pruned sequences need less: more pressure than kTight
+  options.engine.kv_device_blocks = 72;  // pruned sequences need less: more pressure than kTight
   Served s(*model_, engine_pool, options, &canceller);
   canceller.scheduler = &s;
   std::mt19937 rng(7);
@@ -161,11 +161,13 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   std::vector<std::shared_ptr<Request>> requests;
   std::vector<int> cancel_step(kRequests, -1);
   // Strategies mixed: pruned KV, Aux Caches and GemFilter's scratch prefix passes go too.
-  const PruningParams strategies[] = {Pruning("full"), Pruning("lazyllm", {"layers=1,2,3,4", "keep=0.5,0.3,0.2,0.1"}),
-                                      Pruning("gemfilter", {"top_k=24", "filter_layer=1"})};
+  const PruningParams strategies[] = {
+      Pruning("full"), Pruning("lazyllm", {"layers=1,2,3,4", "keep=0.5,0.3,0.2,0.1"}),
+      Pruning("gemfilter", {"top_k=24", "filter_layer=1"}),
+      Pruning("critiprefill", {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"})};
   for (int i = 0; i < kRequests; ++i) {
     requests.push_back(Make(id(i), MixedPrompt(i), i % 2 == 0 ? 30 : kLastStep + 10));
-    requests.back()->spec.pruning = strategies[(i / 2) % 3];
+    requests.back()->spec.pruning = strategies[(i / 2) % std::size(strategies)];
     if (i % 2 == 0) continue;
     cancel_step[i] = static_cast<int>(rng() % (kLastStep + 1));
     if (cancel_step[i] == 0) continue;  // cancelled by this thread right after submission

@@ -16,10 +16,14 @@ std::vector<int32_t> LongPrompt(int i) {
 
 TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
   const PruningParams strategies[] = {
-      Pruning("full"), Pruning("lazyllm"), Pruning("gemfilter", {"top_k=40", "filter_layer=2"}),
-      Pruning("gemfilter", {"top_k=40", "original_positions=true"}), Pruning("lazyllm", {"layers=2", "keep=0.3"})};
-  constexpr int kRequests = 10, kTokens = 24;
-  auto strategy = [&](int i) { return strategies[i % 5]; };
+      Pruning("full"),
+      Pruning("lazyllm"),
+      Pruning("gemfilter", {"top_k=40", "filter_layer=2"}),
+      Pruning("gemfilter", {"top_k=40", "original_positions=true"}),
+      Pruning("lazyllm", {"layers=2", "keep=0.3"}),
+      Pruning("critiprefill", {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"})};
+  constexpr int kStrategies = std::size(strategies), kRequests = 2 * kStrategies, kTokens = 24;
+  auto strategy = [&](int i) { return strategies[i % kStrategies]; };
   std::vector<std::string> offline(kRequests);
   for (int i = 0; i < kRequests; ++i) offline[i] = absl::StrJoin(Offline(LongPrompt(i), kTokens, strategy(i)), " ");
   // The strategies do change the tokens (else this test would prove nothing).

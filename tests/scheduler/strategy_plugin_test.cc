@@ -41,14 +41,14 @@ class MoverStrategy final : public PruningStrategy {
     }
   }
 
-  void SelectKv(int layer, std::span<const int32_t> q_positions, SeqContext& ctx, KvSelection* selection) override {
+  void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) override {
     if (layer != 3) return;
     std::vector<int32_t> rows;
     const std::vector<int32_t>& positions = ctx.Kv(layer).positions;
     for (size_t j = 0; j < positions.size(); ++j) {
       if (positions[j] % 2 == 0) rows.push_back(static_cast<int32_t>(j));
     }
-    selection->SelectRows(static_cast<int32_t>(q_positions.size()), rows);
+    selection->SelectRows(static_cast<int32_t>(att.q_positions.size()), rows);
     ++counters_[2];
   }
 

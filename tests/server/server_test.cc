@@ -271,12 +271,14 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   EXPECT_EQ(info.architecture(), "llama");
   EXPECT_EQ(info.vocab_size(), 512u);
   EXPECT_EQ(info.num_layers(), 5u);
-  EXPECT_EQ(absl::StrJoin(info.strategies(), " "), "full lazyllm gemfilter");
-  ASSERT_EQ(info.strategy_defaults_size(), 3);
+  EXPECT_EQ(absl::StrJoin(info.strategies(), " "), "full lazyllm gemfilter critiprefill");
+  ASSERT_EQ(info.strategy_defaults_size(), 4);
   EXPECT_TRUE(info.strategy_defaults(0).has_full());
   EXPECT_EQ(absl::StrJoin(info.strategy_defaults(1).lazyllm().layers(), ","), "3,4");  // 60% and 80% of 5 layers
   EXPECT_EQ(info.strategy_defaults(2).gemfilter().filter_layer(), 2u);                 // 40% of 5 layers
   EXPECT_EQ(info.strategy_defaults(2).gemfilter().top_k(), 1024u);
+  EXPECT_EQ(info.strategy_defaults(3).critiprefill().budget(), 1024u);
+  EXPECT_EQ(info.strategy_defaults(3).critiprefill().segment_size(), 512u);
 }
 
 // A strategy per request over the wire: bad parameters are INVALID_ARGUMENT naming
@@ -305,6 +307,7 @@ TEST_F(ServerTest, PruningStrategiesOverTheWire) {
       {[](auto& p) { p.mutable_gemfilter()->set_pool_kernel(4); }, "pruning.gemfilter.pool_kernel"},
       {[](auto& p) { p.mutable_gemfilter()->set_filter_layer(5); }, "pruning.gemfilter.filter_layer"},
       {[](auto& p) { p.mutable_gemfilter()->set_top_k(0); }, "pruning.gemfilter.top_k"},
+      {[](auto& p) { p.mutable_critiprefill()->set_segment_size(100); }, "pruning.critiprefill.segment_size"},
   };
   for (const Bad& b : bad) {
     pb::GenerateRequest req = GreedyRequest(prompt, 4);
@@ -313,6 +316,19 @@ TEST_F(ServerTest, PruningStrategiesOverTheWire) {
     EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << b.field;
     EXPECT_THAT(r.status.error_message(), ::testing::HasSubstr(b.field));
   }
+
+  pb::GenerateRequest criti_req = GreedyRequest(prompt, 12);
+  pb::CritiPrefill* criti_params = criti_req.mutable_pruning()->mutable_critiprefill();
+  criti_params->set_segment_size(16);
+  criti_params->set_block_size(4);
+  criti_params->set_budget(8);
+  criti_params->set_dense_prefix(0);
+  StreamResult criti = RunStream(*stub, criti_req);
+  ASSERT_TRUE(criti.status.ok()) << criti.status.error_message();
+  EXPECT_EQ(absl::StrJoin(criti.tokens, " "),
+            absl::StrJoin(Offline(prompt, 12, "critiprefill",
+                                  {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"}),
+                          " "));
 
   pb::GenerateRequest req = GreedyRequest(prompt, 12);
   req.mutable_pruning()->mutable_gemfilter()->set_top_k(16);

@@ -46,7 +46,7 @@ TEST(Eval, SmokeOnStories) {
     computed[f[4]] += std::stod(f[8]);
   }
   // 2 lengths x 3 depths x 4 tasks, under each strategy.
-  EXPECT_EQ(rows, (std::map<std::string, int>{{"full", 24}, {"gemfilter", 24}, {"lazyllm", 24}}));
+  EXPECT_EQ(rows, (std::map<std::string, int>{{"critiprefill", 24}, {"full", 24}, {"gemfilter", 24}, {"lazyllm", 24}}));
   EXPECT_DOUBLE_EQ(computed["full"], 24 * 100.0);
   EXPECT_LT(computed["lazyllm"], 24 * 90.0);  // 48% in prefill, decode-time revivals on top
   EXPECT_LT(computed["gemfilter"], 24 * 100.0);

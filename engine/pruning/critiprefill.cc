@@ -1,0 +1,200 @@
+#include "engine/pruning/critiprefill.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "engine/pruning/selection.h"
+#include "kernels/cpu/vec.h"
+#include "pruneserve/v1/generation.pb.h"
+
+namespace ps {
+namespace {
+
+class Params final : public StrategyParams {
+ public:
+  explicit Params(const CritiPrefillParams& p) : p_(p) {}
+  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
+
+  absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
+    const auto& m = static_cast<const pruneserve::v1::CritiPrefill&>(msg);
+    auto set = [&](bool has, uint32_t v, const char* key, int* out) -> absl::Status {
+      if (!has) return absl::OkStatus();
+      if (v > static_cast<uint32_t>(INT32_MAX)) {
+        return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".", key, ": ", v, " is too large"));
+      }
+      *out = static_cast<int>(v);
+      return absl::OkStatus();
+    };
+    PS_RETURN_IF_ERROR(set(m.has_segment_size(), m.segment_size(), "segment_size", &p_.segment_size));
+    PS_RETURN_IF_ERROR(set(m.has_block_size(), m.block_size(), "block_size", &p_.block_size));
+    PS_RETURN_IF_ERROR(set(m.has_budget(), m.budget(), "budget", &p_.budget));
+    PS_RETURN_IF_ERROR(set(m.has_dense_prefix(), m.dense_prefix(), "dense_prefix", &p_.dense_prefix));
+    if (m.has_fusion_prev_weight()) p_.fusion_prev_weight = m.fusion_prev_weight();
+    return absl::OkStatus();
+  }
+
+  void ToProto(google::protobuf::Message* msg) const override {
+    auto* m = static_cast<pruneserve::v1::CritiPrefill*>(msg);
+    m->set_segment_size(static_cast<uint32_t>(p_.segment_size));
+    m->set_block_size(static_cast<uint32_t>(p_.block_size));
+    m->set_budget(static_cast<uint32_t>(p_.budget));
+    m->set_dense_prefix(static_cast<uint32_t>(p_.dense_prefix));
+    m->set_fusion_prev_weight(p_.fusion_prev_weight);
+  }
+
+  absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
+    (void)config;
+    auto bad = [&](std::string_view key, auto&&... what) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".", std::string(key), ": ", what...));
+    };
+    if (p_.block_size < 1) return bad("block_size", p_.block_size, " must be at least 1");
+    if (p_.segment_size < p_.block_size || p_.segment_size % p_.block_size != 0) {
+      return bad("segment_size", p_.segment_size, " must be a positive multiple of block_size (", p_.block_size, ")");
+    }
+    if (p_.budget < 1) return bad("budget", p_.budget, " must be at least 1");
+    if (!(p_.fusion_prev_weight >= 0.0f && p_.fusion_prev_weight < 1.0f)) {
+      return bad("fusion_prev_weight", p_.fusion_prev_weight, " must be in [0, 1)");
+    }
+    return absl::OkStatus();
+  }
+
+  bool WholePrompt() const override { return true; }
+  std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
+    (void)config;
+    return std::make_unique<CritiPrefill>(p_);
+  }
+
+ private:
+  CritiPrefillParams p_;
+};
+
+}  // namespace
+
+std::unique_ptr<StrategyParams> CritiPrefillDefaults(const ModelConfig& config) {
+  (void)config;
+  return std::make_unique<Params>(CritiPrefillParams{});
+}
+
+void ColumnMaxMin(const float* x, int64_t rows, int64_t stride, int width, float* max, float* min) {
+  std::fill(max, max + width, -std::numeric_limits<float>::infinity());
+  std::fill(min, min + width, std::numeric_limits<float>::infinity());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * stride;
+    for (int c = 0; c < width; ++c) {
+      max[c] = std::max(max[c], row[c]);
+      min[c] = std::min(min[c], row[c]);
+    }
+  }
+}
+
+std::vector<float> BlockCriticality(std::span<const float> q_rep, std::span<const float> k_rep, int head_dim) {
+  PS_CHECK(head_dim > 0 && !q_rep.empty() && q_rep.size() % head_dim == 0 && k_rep.size() % (2 * head_dim) == 0)
+      << "criticality: representatives are not whole rows";
+  // The mean of the dot products over the query representatives is the dot product
+  // with their mean.
+  const auto n_q = static_cast<int64_t>(q_rep.size() / head_dim);
+  std::vector<float> q_mean(head_dim, 0.0f);
+  for (int64_t r = 0; r < n_q; ++r) {
+    for (int d = 0; d < head_dim; ++d) q_mean[d] += q_rep[r * head_dim + d];
+  }
+  for (float& x : q_mean) x /= static_cast<float>(n_q);
+  const auto n_blocks = static_cast<int64_t>(k_rep.size() / (2 * head_dim));
+  std::vector<float> out(n_blocks);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const float* k_max = k_rep.data() + 2 * b * head_dim;
+    const float* k_min = k_max + head_dim;
+    float s_max = 0, s_min = 0;
+    for (int d = 0; d < head_dim; ++d) {
+      s_max += q_mean[d] * k_max[d];
+      s_min += q_mean[d] * k_min[d];
+    }
+    out[b] = std::max(s_max, s_min);
+  }
+  return out;
+}
+
+void CritiPrefill::ScoreSegment(int layer, const LayerAttention& att, int64_t segment, int kv_head) {
+  const AttentionShape& s = att.shape;
+  const int hd = s.head_dim, group = s.n_heads / s.n_kv_heads;
+  const int64_t begin = segment * params_.segment_size;
+  const int64_t rows = std::min<int64_t>(params_.segment_size, static_cast<int64_t>(att.q_positions.size()) - begin);
+  std::vector<float> q_rep(2 * group * hd);
+  for (int g = 0; g < group; ++g) {
+    const int head = kv_head * group + g;
+    ColumnMaxMin(att.q + begin * att.q_stride + head * hd, rows, att.q_stride, hd, q_rep.data() + 2 * g * hd,
+                 q_rep.data() + (2 * g + 1) * hd);
+  }
+  const int64_t n_blocks = begin / params_.block_size;  // strictly before the segment
+  const int64_t total_blocks = static_cast<int64_t>(k_rep_.size()) / (s.n_kv_heads * 2 * hd);
+  std::vector<float> cur = BlockCriticality(
+      q_rep, std::span<const float>(k_rep_.data() + kv_head * total_blocks * 2 * hd, n_blocks * 2 * hd), hd);
+  SoftmaxInPlace(cur.data(), n_blocks);
+  std::vector<float>& fused = fused_[segment * s.n_kv_heads + kv_head];
+  if (layer <= 1 || fused.size() != cur.size()) {
+    fused = std::move(cur);
+    return;
+  }
+  const float w = params_.fusion_prev_weight;
+  for (int64_t b = 0; b < n_blocks; ++b) fused[b] = w * fused[b] + (1.0f - w) * cur[b];
+}
+
+void CritiPrefill::SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) {
+  const auto n = static_cast<int64_t>(att.new_positions.size());
+  // Only the prompt's step: every cached row is new and queried. Layer 0 is dense.
+  if (layer == 0 || static_cast<int64_t>(att.q_positions.size()) != n ||
+      static_cast<int64_t>(ctx.Kv(layer).positions.size()) != n) {
+    return;
+  }
+  const int64_t seg = params_.segment_size, bs = params_.block_size;
+  const int64_t n_segments = (n + seg - 1) / seg;
+  const int64_t chosen = (params_.budget + bs - 1) / bs;
+  auto sparse = [&](int64_t i) {
+    return i * seg >= params_.dense_prefix && i + 1 < n_segments && i * seg / bs > chosen;
+  };
+  int64_t last_sparse = -1;
+  for (int64_t i = 0; i < n_segments; ++i) {
+    if (sparse(i)) last_sparse = i;
+  }
+  if (last_sparse < 0) return;
+
+  // Block representatives of every KV head over the blocks before the last sparse segment.
+  const AttentionShape& s = att.shape;
+  const int hd = s.head_dim;
+  const int64_t n_blocks = last_sparse * seg / bs;
+  k_rep_.resize(s.n_kv_heads * n_blocks * 2 * hd);
+  for (int h = 0; h < s.n_kv_heads; ++h) {
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      float* rep = k_rep_.data() + (h * n_blocks + b) * 2 * hd;
+      ColumnMaxMin(att.k + b * bs * att.k_stride + h * hd, bs, att.k_stride, hd, rep, rep + hd);
+    }
+  }
+  fused_.resize(n_segments * s.n_kv_heads);
+
+  selection->segments.clear();
+  for (int64_t i = 0; i < n_segments; ++i) {
+    const auto begin = static_cast<int32_t>(i * seg), end = static_cast<int32_t>(std::min(n, (i + 1) * seg));
+    if (!sparse(i)) {  // dense: every row before its end (causal); runs of dense segments merge
+      std::vector<KvSelection::Segment>& out = selection->segments;
+      if (!out.empty() && out.back().kv_head == -1) {
+        out.back().q_end = end;
+        out.back().ranges.assign(1, KvRange{0, end});
+      } else {
+        out.push_back({.q_begin = begin, .q_end = end, .ranges = {{0, end}}});
+      }
+      continue;
+    }
+    for (int h = 0; h < s.n_kv_heads; ++h) {
+      ScoreSegment(layer, att, i, h);
+      KvSelection::Segment out{.q_begin = begin, .q_end = end, .kv_head = h};
+      for (int32_t b : TopKInOrder(fused_[i * s.n_kv_heads + h], chosen)) {
+        AppendRange(out.ranges, static_cast<int32_t>(b * bs), static_cast<int32_t>((b + 1) * bs));
+      }
+      AppendRange(out.ranges, begin, end);  // its own keys
+      selection->segments.push_back(std::move(out));
+    }
+  }
+}
+
+}  // namespace ps
