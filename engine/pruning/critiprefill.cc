@@ -19,18 +19,10 @@ class Params final : public StrategyParams {
 
   absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
     const auto& m = static_cast<const pruneserve::v1::CritiPrefill&>(msg);
-    auto set = [&](bool has, uint32_t v, const char* key, int* out) -> absl::Status {
-      if (!has) return absl::OkStatus();
-      if (v > static_cast<uint32_t>(INT32_MAX)) {
-        return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".", key, ": ", v, " is too large"));
-      }
-      *out = static_cast<int>(v);
-      return absl::OkStatus();
-    };
-    PS_RETURN_IF_ERROR(set(m.has_segment_size(), m.segment_size(), "segment_size", &p_.segment_size));
-    PS_RETURN_IF_ERROR(set(m.has_block_size(), m.block_size(), "block_size", &p_.block_size));
-    PS_RETURN_IF_ERROR(set(m.has_budget(), m.budget(), "budget", &p_.budget));
-    PS_RETURN_IF_ERROR(set(m.has_dense_prefix(), m.dense_prefix(), "dense_prefix", &p_.dense_prefix));
+    PS_RETURN_IF_ERROR(MergeIntField(m.has_segment_size(), m.segment_size(), field, "segment_size", &p_.segment_size));
+    PS_RETURN_IF_ERROR(MergeIntField(m.has_block_size(), m.block_size(), field, "block_size", &p_.block_size));
+    PS_RETURN_IF_ERROR(MergeIntField(m.has_budget(), m.budget(), field, "budget", &p_.budget));
+    PS_RETURN_IF_ERROR(MergeIntField(m.has_dense_prefix(), m.dense_prefix(), field, "dense_prefix", &p_.dense_prefix));
     if (m.has_fusion_prev_weight()) p_.fusion_prev_weight = m.fusion_prev_weight();
     return absl::OkStatus();
   }

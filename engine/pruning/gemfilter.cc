@@ -19,17 +19,9 @@ class Params final : public StrategyParams {
 
   absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
     const auto& m = static_cast<const pruneserve::v1::GemFilter&>(msg);
-    auto set = [&](bool has, uint32_t v, const char* key, int* out) -> absl::Status {
-      if (!has) return absl::OkStatus();
-      if (v > static_cast<uint32_t>(INT32_MAX)) {
-        return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".", key, ": ", v, " is too large"));
-      }
-      *out = static_cast<int>(v);
-      return absl::OkStatus();
-    };
-    PS_RETURN_IF_ERROR(set(m.has_filter_layer(), m.filter_layer(), "filter_layer", &p_.filter_layer));
-    PS_RETURN_IF_ERROR(set(m.has_top_k(), m.top_k(), "top_k", &p_.top_k));
-    PS_RETURN_IF_ERROR(set(m.has_pool_kernel(), m.pool_kernel(), "pool_kernel", &p_.pool_kernel));
+    PS_RETURN_IF_ERROR(MergeIntField(m.has_filter_layer(), m.filter_layer(), field, "filter_layer", &p_.filter_layer));
+    PS_RETURN_IF_ERROR(MergeIntField(m.has_top_k(), m.top_k(), field, "top_k", &p_.top_k));
+    PS_RETURN_IF_ERROR(MergeIntField(m.has_pool_kernel(), m.pool_kernel(), field, "pool_kernel", &p_.pool_kernel));
     if (m.has_original_positions()) p_.original_positions = m.original_positions();
     return absl::OkStatus();
   }

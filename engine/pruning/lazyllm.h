@@ -10,7 +10,12 @@
 // layers 0..L_j-1. When the host tier has no room for a pruned row, the row stays
 // (it is computed through, as `full` would). The newest token is always kept.
 // Each token is computed at most once per layer over the whole generation; at any
-// layer its entry is in the KV cache or the Aux Cache, never both.
+// layer its entry is in the KV cache or the Aux Cache, never both. From the first
+// pruning layer on, the step's queries attend only to the selected tokens (paper
+// Fig. 3) through the KV selection. A step revives at most max_revivals tokens per
+// pruning layer (the best-scored; 0: all, as the paper): a revived token is
+// computed from its layer to the end, and reviving thousands in every decode step
+// made decoding ~10x slower than `full`.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +33,7 @@ struct LazyLlmParams {
   // context (layers ascending in [1, n_layers), keep non-increasing in (0, 1]).
   std::vector<int> layers;
   std::vector<float> keep;
+  int max_revivals = 0;  // tokens revived per pruning layer and step at most (0: unbounded)
 };
 
 // The registry's defaults: layers at 60% and 80% of the depth, keep 0.3 and 0.1.
@@ -41,6 +47,7 @@ class LazyLlm : public PruningStrategy {
   int64_t MaxAddedRows() const override;
   absl::Status BeginStep(StepRows* rows, SeqContext& ctx) override;
   void RowsForLayer(int layer, LayerRows& rows, SeqContext& ctx) override;
+  void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) override;
   LastQueryStat WantsLastQuery(int layer) const override;
   void AfterAttention(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions,
                       SeqContext& ctx) override;
@@ -49,6 +56,8 @@ class LazyLlm : public PruningStrategy {
   // when Depth(pos) < n_layers its hidden state at that layer is in the Aux Cache.
   int Depth(int32_t pos) const { return pos < static_cast<int32_t>(depth_.size()) ? depth_[pos] : 0; }
   bool InAux(int32_t pos) const { return pos < static_cast<int32_t>(in_aux_.size()) && in_aux_[pos]; }
+  // In the current step's selection (after the last pruning layer passed).
+  bool Selected(int32_t pos) const { return pos < static_cast<int32_t>(selected_.size()) && selected_[pos]; }
   int64_t aux_entries() const { return aux_count_; }
   int64_t revived() const { return revived_; }
 
@@ -64,6 +73,7 @@ class LazyLlm : public PruningStrategy {
 
   std::vector<int> layers_;
   std::vector<float> keep_;
+  int max_revivals_;
   int n_layers_;
   int n_embd_;
   int32_t context_ = 0;          // positions 0..context_-1 exist after BeginStep
@@ -72,8 +82,10 @@ class LazyLlm : public PruningStrategy {
   std::vector<char> selected_;   // per position: in this step's current selection
   std::vector<int64_t> aux_at_;  // Aux Cache entries per pruning layer
   int64_t aux_count_ = 0, revived_ = 0;
-  std::vector<int32_t> cand_;  // RowsForLayer's scratch
+  std::vector<int32_t> cand_, revive_;  // RowsForLayer's scratch
   std::vector<float> score_;
+  std::vector<int32_t> rows_;  // SelectKv's scratch
+  std::vector<char> computed_;
 };
 
 }  // namespace ps

@@ -47,6 +47,10 @@ class StrategyParams {
   virtual std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const = 0;
 };
 
+// For StrategyParams::Merge: *out = v when the field is set (`has`); InvalidArgument
+// naming `field`.`key` when v does not fit an int.
+absl::Status MergeIntField(bool has, uint32_t v, std::string_view field, std::string_view key, int* out);
+
 struct StrategyInfo {
   std::string name;     // the request's strategy name, and its PruningConfig message's field name
   std::string summary;  // one line for help texts

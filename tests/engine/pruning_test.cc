@@ -3,9 +3,11 @@
 // Cache invariants through generations with forced revivals, and the no-op settings
 // (keep 1.0, top_k >= prompt, budget >= prompt) giving exactly `full`'s tokens on
 // stories260K.
+#include <map>
 #include <numeric>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/pruning/critiprefill.h"
 #include "engine/pruning/gemfilter.h"
@@ -146,13 +148,8 @@ TEST(CritiPrefill, SelectsTheMostCriticalBlockPerSegmentAndHeadAndFusesLayers) {
   EXPECT_THAT(select(c, 2, att), HasSubstr("4-8 h0 [0,2)[4,8) |"));
   p.fusion_prev_weight = 0.75f;
   CritiPrefill paper(p);
-  const LayerAttention att1{.q_positions = pos,
-                            .q = q.data(),
-                            .q_stride = kQd,
-                            .new_positions = pos,
-                            .k = k1.data(),
-                            .k_stride = kKvd,
-                            .shape = shape};
+  LayerAttention att1 = att;
+  att1.k = k1.data();
   EXPECT_THAT(select(paper, 1, att1), HasSubstr("4-8 h0 [2,8) |"));
   EXPECT_THAT(select(paper, 2, att), HasSubstr("4-8 h0 [2,8) |"));
   EXPECT_THAT(select(paper, 1, att), HasSubstr("4-8 h0 [0,2)[4,8) |")) << "layer 1 starts the fusion afresh";
@@ -192,6 +189,7 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   const pruneserve::v1::LazyLLM lazy = AsProto(d->Get("lazyllm")).lazyllm();
   EXPECT_THAT(lazy.layers(), ElementsAre(18, 24));
   EXPECT_THAT(lazy.keep(), ElementsAre(0.3f, 0.1f));
+  EXPECT_EQ(lazy.max_revivals(), 2u);
   const pruneserve::v1::GemFilter gem = AsProto(d->Get("gemfilter")).gemfilter();
   EXPECT_EQ(gem.filter_layer(), 12u);
   EXPECT_EQ(gem.top_k(), 1024u);
@@ -224,6 +222,10 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   EXPECT_THAT(error("lazyllm", {"layers=8,4", "keep=0.5,0.4"}), HasSubstr("ascending"));
   EXPECT_THAT(error("lazyllm", {"layers=4,8", "keep=0.4,0.5"}), HasSubstr("pruning.lazyllm.keep[1]"));
   EXPECT_THAT(error("lazyllm", {"layers=4", "keep=0"}), HasSubstr("pruning.lazyllm.keep[0]"));
+  EXPECT_THAT(error("lazyllm", {"max_revivals=3000000000"}), HasSubstr("pruning.lazyllm.max_revivals"));
+  const absl::StatusOr<PruningParams> capped = d->WithArgs("lazyllm", {"max_revivals=0"}, "pruning");
+  EXPECT_EQ(AsProto(capped).lazyllm().max_revivals(), 0u);
+  EXPECT_THAT(AsProto(capped).lazyllm().layers(), ElementsAre(18, 24)) << "the schedule keeps its defaults";
   EXPECT_THAT(error("gemfilter", {"filter_layer=30"}), HasSubstr("pruning.gemfilter.filter_layer"));
   EXPECT_THAT(error("gemfilter", {"top_k=0"}), HasSubstr("pruning.gemfilter.top_k"));
   EXPECT_THAT(error("gemfilter", {"pool_kernel=4"}), HasSubstr("pruning.gemfilter.pool_kernel"));
@@ -340,51 +342,113 @@ class SeesawLazyLlm : public LazyLlm {
   }
 };
 
+// With max_revivals 3, a step revives at most 3 tokens per pruning layer (the others
+// stay in the Aux Cache) and the invariants hold just the same.
 TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
-  const ModelConfig& c = model_->config();
-  SeesawLazyLlm lazy(LazyLlmParams{.layers = {1, 3}, .keep = {0.6f, 0.3f}}, c);
-  Transformer t(*model_, backend_);
-  std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, c.n_ctx);
-  std::vector<int32_t> tokens = Prompt(64), positions(64);
-  std::iota(positions.begin(), positions.end(), 0);
-  ForwardOutput out;
-  int64_t revived_rows = 0;
-  for (int step = 0; step < 12; ++step) {
-    lazy.step = step;
-    SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .strategy = &lazy};
-    ASSERT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok());
-    ASSERT_TRUE(out.status[0].ok()) << out.status[0];
-    const int32_t context = out.next_position[0];
-    // In decode steps the new token goes through every layer; rows beyond it are revived ones.
-    if (step > 0) revived_rows += out.rows_computed[0] - c.n_layers;
-    for (int l = 0; l < c.n_layers; ++l) {
-      std::set<int32_t> in_kv;
-      for (int32_t p : kv->manager().Table(1, l).positions) {
-        EXPECT_TRUE(in_kv.insert(p).second) << "position " << p << " computed twice at layer " << l;
+  for (int cap : {0, 3}) {
+    SCOPED_TRACE(absl::StrCat("max_revivals=", cap));
+    const ModelConfig& c = model_->config();
+    SeesawLazyLlm lazy(LazyLlmParams{.layers = {1, 3}, .keep = {0.6f, 0.3f}, .max_revivals = cap}, c);
+    Transformer t(*model_, backend_);
+    std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, c.n_ctx);
+    std::vector<int32_t> tokens = Prompt(64), positions(64);
+    std::iota(positions.begin(), positions.end(), 0);
+    ForwardOutput out;
+    int64_t revived_rows = 0, revived_before = 0;
+    for (int step = 0; step < 12; ++step) {
+      lazy.step = step;
+      SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .strategy = &lazy};
+      ASSERT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok());
+      ASSERT_TRUE(out.status[0].ok()) << out.status[0];
+      const int32_t context = out.next_position[0];
+      // In decode steps the new token goes through every layer; rows beyond it are revived ones.
+      if (step > 0) revived_rows += out.rows_computed[0] - c.n_layers;
+      if (cap > 0) {
+        EXPECT_LE(lazy.revived() - revived_before, 2 * cap) << "step " << step;
       }
-      for (int32_t p = 0; p < context; ++p) {
-        // KV at the layers below the token's depth, none from there on; the Aux Cache
-        // holds it exactly at its depth when that is not the end.
-        EXPECT_EQ(in_kv.count(p) == 1, l < lazy.Depth(p)) << "step " << step << " layer " << l << " position " << p;
-        if (lazy.InAux(p) && lazy.Depth(p) == l) {
-          EXPECT_EQ(in_kv.count(p), 0u);
+      revived_before = lazy.revived();
+      for (int l = 0; l < c.n_layers; ++l) {
+        std::set<int32_t> in_kv;
+        for (int32_t p : kv->manager().Table(1, l).positions) {
+          EXPECT_TRUE(in_kv.insert(p).second) << "position " << p << " computed twice at layer " << l;
+        }
+        for (int32_t p = 0; p < context; ++p) {
+          // KV at the layers below the token's depth, none from there on; the Aux Cache
+          // holds it exactly at its depth when that is not the end.
+          EXPECT_EQ(in_kv.count(p) == 1, l < lazy.Depth(p)) << "step " << step << " layer " << l << " position " << p;
+          if (lazy.InAux(p) && lazy.Depth(p) == l) {
+            EXPECT_EQ(in_kv.count(p), 0u);
+          }
         }
       }
+      for (int32_t p = 0; p < context; ++p) EXPECT_EQ(lazy.InAux(p), lazy.Depth(p) < c.n_layers) << p;
+      EXPECT_EQ(context - 1, positions.back());
+      EXPECT_EQ(lazy.Depth(context - 1), c.n_layers) << "the newest token is always computed through";
+      // Next step: one new token.
+      tokens.assign(1, 300 + step);
+      positions.assign(1, context);
     }
-    for (int32_t p = 0; p < context; ++p) EXPECT_EQ(lazy.InAux(p), lazy.Depth(p) < c.n_layers) << p;
-    EXPECT_EQ(context - 1, positions.back());
-    EXPECT_EQ(lazy.Depth(context - 1), c.n_layers) << "the newest token is always computed through";
-    // Next step: one new token.
+    EXPECT_GT(lazy.revived(), 20) << "the test meant to force revivals";
+    EXPECT_GT(revived_rows, lazy.revived()) << "revived tokens are computed from their layer on";
+    int64_t in_aux = 0;
+    for (int32_t p = 0; p < 64 + 12; ++p) in_aux += lazy.InAux(p);
+    EXPECT_EQ(lazy.aux_entries(), in_aux);
+    EXPECT_EQ(kv->manager().aux().Rows(1), in_aux) << "the Aux Cache's host-tier rows are the strategy's entries";
+    EXPECT_GT(kv->manager().aux().Blocks(1), 0);
+  }
+}
+
+// From the first pruning layer on, LazyLLM's queries attend only to the tokens selected
+// at that layer (paper Fig. 3), in decode as in prefill; below it, to everything.
+class AttendedLazyLlm : public LazyLlm {
+ public:
+  using LazyLlm::LazyLlm;
+  void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) override {
+    LazyLlm::SelectKv(layer, att, ctx, selection);
+    const std::vector<int32_t>& positions = ctx.Kv(layer).positions;
+    std::vector<int32_t> rows(positions.size());
+    std::iota(rows.begin(), rows.end(), 0);
+    if (!selection->all()) {
+      EXPECT_EQ(selection->segments.size(), 1u);
+      rows.clear();
+      for (const KvRange& r : selection->segments[0].ranges) {
+        for (int32_t j = r.begin; j < r.end; ++j) rows.push_back(j);
+      }
+    }
+    for (int32_t j : rows) {
+      if (layer >= 1) {
+        EXPECT_TRUE(Selected(positions[j])) << "layer " << layer << " position " << positions[j];
+      }
+    }
+    attended[layer] = static_cast<int64_t>(rows.size());
+    cached[layer] = static_cast<int64_t>(positions.size());
+  }
+  std::map<int, int64_t> attended, cached;
+};
+
+TEST_F(PruningModelTest, LazyLlmAttendsOnlyToTheSelectedTokens) {
+  const ModelConfig& c = model_->config();
+  AttendedLazyLlm lazy(LazyLlmParams{.layers = {1, 3}, .keep = {0.5f, 0.25f}}, c);
+  Transformer t(*model_, backend_);
+  std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, c.n_ctx);
+  std::vector<int32_t> tokens = Prompt(80), positions(80);
+  std::iota(positions.begin(), positions.end(), 0);
+  ForwardOutput out;
+  bool restricted = false;
+  for (int step = 0; step < 6; ++step) {
+    SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .strategy = &lazy};
+    ASSERT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok() && out.status[0].ok());
+    const int32_t context = out.next_position[0];
+    EXPECT_EQ(lazy.attended[0], context) << "layer 0 attends to the whole context";
+    for (int l = 1; l < c.n_layers; ++l) {
+      // Selections: half the context from layer 1, a quarter from layer 3 (+1: the newest token).
+      EXPECT_LE(lazy.attended[l], (l < 3 ? context / 2 : context / 4) + 1) << "step " << step << " layer " << l;
+      restricted = restricted || lazy.attended[l] < lazy.cached[l];
+    }
     tokens.assign(1, 300 + step);
     positions.assign(1, context);
   }
-  EXPECT_GT(lazy.revived(), 20) << "the test meant to force revivals";
-  EXPECT_GT(revived_rows, lazy.revived()) << "revived tokens are computed from their layer on";
-  int64_t in_aux = 0;
-  for (int32_t p = 0; p < 64 + 12; ++p) in_aux += lazy.InAux(p);
-  EXPECT_EQ(lazy.aux_entries(), in_aux);
-  EXPECT_EQ(kv->manager().aux().Rows(1), in_aux) << "the Aux Cache's host-tier rows are the strategy's entries";
-  EXPECT_GT(kv->manager().aux().Blocks(1), 0);
+  EXPECT_TRUE(restricted) << "decode steps find tokens cached at a layer but no longer selected there";
 }
 
 }  // namespace
