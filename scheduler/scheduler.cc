@@ -159,9 +159,14 @@ std::vector<int> Scheduler::PlanRows(const std::vector<size_t>& order) const {
   }
   bool prefill_planned = false;
   for (size_t i : order) {
-    const int remaining = running_[i].Remaining();
+    int remaining = running_[i].Remaining();
     if (remaining <= 1 || budget <= 0) continue;
     const Request& r = *running_[i].request;
+    // A whole-prompt strategy recomputing after a preemption replays its prompt step
+    // alone, then the generated tokens: the fresh strategy scores what it scored the
+    // first time, so GemFilter's and CritiPrefill's selections and tokens stay the same.
+    const int prompt_left = static_cast<int>(r.spec.prompt.size()) - running_[i].computed;
+    if (r.spec.pruning.WholePrompt() && prompt_left > 0) remaining = prompt_left;
     if (r.spec.pruning.WholePrompt() && remaining > budget) {
       // The prompt cannot be split: it takes a step's prefill share alone, over budget if need be.
       if (prefill_planned) continue;

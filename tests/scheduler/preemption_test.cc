@@ -128,6 +128,40 @@ TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
   }
 }
 
+// Under recompute preemption, GemFilter and CritiPrefill requests keep the tokens they
+// get alone: the recomputation replays the prompt step by itself (what the fresh
+// strategy scores), then the generated tokens. (LazyLLM's per-step decode selections
+// are not replayed: its tokens may change, as the README says.)
+TEST_F(SchedulerTest, RecomputedWholePromptStrategiesKeepTheirTokens) {
+  constexpr int kRequests = 16;
+  const PruningParams strategies[] = {
+      Pruning("gemfilter", {"top_k=24", "filter_layer=1"}),
+      Pruning("critiprefill", {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"})};
+  std::vector<std::string> want(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    want[i] = absl::StrJoin(Offline(MixedPrompt(i), NewTokens(i), strategies[i % 2]), " ");
+  }
+  server::ServingOptions options = kTight;
+  options.scheduler.preemption = PreemptionMode::kRecompute;
+  options.engine.kv_device_blocks = 72;  // the pruned sequences need less than kTight's 120
+  ThreadPool engine_pool(2);
+  Served s(*model_, engine_pool, options);
+  for (int i = 0; i < kRequests; ++i) {
+    auto r = Make("replay/" + std::to_string(i), MixedPrompt(i), NewTokens(i));
+    r->spec.pruning = strategies[i % 2];
+    ASSERT_TRUE(s.Submit(r).ok());
+  }
+  for (int i = 0; i < kRequests; ++i) {
+    CollectingSink& sink = *sinks_["replay/" + std::to_string(i)];
+    ASSERT_TRUE(sink.Wait());
+    EXPECT_EQ(sink.finished.reason, FinishReason::kLength) << sink.finished.error;
+    EXPECT_EQ(absl::StrJoin(sink.tokens, " "), want[i]) << "request " << i << " (" << strategies[i % 2].name() << ")";
+  }
+  ExpectEverythingFree(s);
+  EXPECT_GT(s.Load().preemptions[static_cast<int>(PreemptionMode::kRecompute)], 0)
+      << "the test meant to force recomputation";
+}
+
 // Half of 64 concurrent requests (full, lazyllm, gemfilter and critiprefill mixed) are cancelled
 // at random engine steps (so they are waiting, running, or swapped out when it
 // happens), half of those through Abort(). Afterwards nothing is left anywhere.
