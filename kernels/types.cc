@@ -20,34 +20,31 @@ void KvSelection::SelectRows(int32_t n_q, std::span<const int32_t> rows) {
 absl::Status KvSelection::Validate(int64_t n_q, int64_t n_kv, int n_kv_heads) const {
   if (all()) return absl::OkStatus();
   int64_t q = 0;
-  for (size_t i = 0; i < segments.size(); ++i) {
-    const Segment& s = segments[i];
-    const bool head_follows = s.kv_head > 0 && s.kv_head < n_kv_heads && i > 0 &&
-                              segments[i - 1].kv_head == s.kv_head - 1 && segments[i - 1].q_begin == s.q_begin &&
-                              segments[i - 1].q_end == s.q_end;
-    if (s.kv_head > 0 && !head_follows) {
-      return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, " names KV head ", s.kv_head,
-                                                     " without the heads before it for the same query rows"));
+  for (size_t i = 0; i < segments.size();) {
+    // A group: one segment for every KV head, or one per KV head, heads in order.
+    const Segment& first = segments[i];
+    if (first.q_begin != q || first.q_end <= first.q_begin) {
+      return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, " covers query rows [", first.q_begin,
+                                                     ", ", first.q_end, ") after ", q, " rows"));
     }
-    if (!head_follows && (s.q_begin != q || s.q_end <= s.q_begin)) {
-      return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, " covers query rows [", s.q_begin,
-                                                     ", ", s.q_end, ") after ", q, " rows"));
-    }
-    if (s.kv_head < -1 || s.kv_head >= n_kv_heads ||
-        (s.kv_head >= 0 && s.kv_head < n_kv_heads - 1 &&
-         (i + 1 == segments.size() || segments[i + 1].kv_head != s.kv_head + 1))) {
-      return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, ": KV head ", s.kv_head,
-                                                     " is not followed by the next of ", n_kv_heads, " heads"));
-    }
-    q = s.q_end;
-    int64_t end = 0;
-    for (const KvRange& r : s.ranges) {
-      if (r.begin < end || r.end <= r.begin || r.end > n_kv) {
-        return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, ": range [", r.begin, ", ", r.end,
-                                                       ") is not ascending inside [0, ", n_kv, ")"));
+    const size_t heads = first.kv_head == -1 ? 1 : static_cast<size_t>(n_kv_heads);
+    for (size_t h = 0; h < heads; ++h, ++i) {
+      if (i == segments.size() || (first.kv_head != -1 && segments[i].kv_head != static_cast<int32_t>(h)) ||
+          segments[i].q_begin != first.q_begin || segments[i].q_end != first.q_end) {
+        return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, ": per-KV-head segments must name ",
+                                                       "heads 0..", n_kv_heads - 1,
+                                                       " in order for the same query rows"));
       }
-      end = r.end;
+      int64_t end = 0;
+      for (const KvRange& r : segments[i].ranges) {
+        if (r.begin < end || r.end <= r.begin || r.end > n_kv) {
+          return absl::InvalidArgumentError(absl::StrCat("KV selection segment ", i, ": range [", r.begin, ", ", r.end,
+                                                         ") is not ascending inside [0, ", n_kv, ")"));
+        }
+        end = r.end;
+      }
     }
+    q = first.q_end;
   }
   if (q != n_q) {
     return absl::InvalidArgumentError(absl::StrCat("KV selection covers ", q, " of ", n_q, " query rows"));
