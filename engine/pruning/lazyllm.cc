@@ -97,27 +97,14 @@ std::unique_ptr<StrategyParams> LazyLlmDefaults(const ModelConfig& config) {
 }
 
 LazyLlm::LazyLlm(const LazyLlmParams& params, const ModelConfig& config)
-    : layers_(params.layers),
-      keep_(params.keep),
-      max_revivals_(params.max_revivals),
-      n_layers_(config.n_layers),
-      n_embd_(config.n_embd),
-      aux_at_(params.layers.size(), 0) {
-  PS_CHECK(layers_.size() == keep_.size() && n_layers_ < std::numeric_limits<uint16_t>::max())
-      << "bad LazyLLM schedule";
+    : rows_(params.layers, config.n_layers, config.n_embd), keep_(params.keep), max_revivals_(params.max_revivals) {
+  PS_CHECK(params.layers.size() == keep_.size()) << "bad LazyLLM schedule";
 }
-
-int LazyLlm::PruneIndex(int layer) const {
-  auto it = std::lower_bound(layers_.begin(), layers_.end(), layer);
-  return it != layers_.end() && *it == layer ? static_cast<int>(it - layers_.begin()) : -1;
-}
-
-int LazyLlm::DepthAfter(int j) const { return j + 1 < static_cast<int>(layers_.size()) ? layers_[j + 1] : n_layers_; }
 
 int64_t LazyLlm::MaxAddedRows() const {
   int64_t most = 0;  // revivals at L_j: Aux Cache entries there, and at most the selection
-  for (size_t j = 0; j < layers_.size(); ++j) {
-    int64_t at_j = std::min(aux_at_[j], KeepCount(keep_[j], context_ + 1));
+  for (size_t j = 0; j < keep_.size(); ++j) {
+    int64_t at_j = std::min(rows_.aux_at(static_cast<int>(j)), KeepCount(keep_[j], rows_.context() + 1));
     if (max_revivals_ > 0) at_j = std::min<int64_t>(at_j, max_revivals_);
     most = std::max(most, at_j);
   }
@@ -126,25 +113,14 @@ int64_t LazyLlm::MaxAddedRows() const {
 
 absl::Status LazyLlm::BeginStep(StepRows* rows, SeqContext& ctx) {
   (void)ctx;
-  int32_t end = context_;
-  for (int32_t p : rows->positions) end = std::max(end, p + 1);
-  if (end > context_) {
-    depth_.resize(end, 0);
-    in_aux_.resize(end, 0);
-    context_ = end;
-  }
-  for (int32_t p : rows->positions) {
-    // A new row starts at layer 0: each token is computed at most once per layer.
-    PS_CHECK(depth_[p] == 0 && !in_aux_[p]) << "lazyllm: position " << p << " fed twice";
-    depth_[p] = static_cast<uint16_t>(DepthAfter(-1));
-  }
-  selected_.assign(context_, 1);  // the selection before the first pruning layer: everything
-  scores_.assign(context_, -1.0f);
+  rows_.Feed(rows->positions);
+  selected_.assign(rows_.context(), 1);  // the selection before the first pruning layer: everything
+  scores_.assign(rows_.context(), -1.0f);
   return absl::OkStatus();
 }
 
 LastQueryStat LazyLlm::WantsLastQuery(int layer) const {
-  return PruneIndex(layer + 1) >= 0 ? LastQueryStat::kProbs : LastQueryStat::kNone;
+  return rows_.PruneIndex(layer + 1) >= 0 ? LastQueryStat::kProbs : LastQueryStat::kNone;
 }
 
 void LazyLlm::AfterAttention(int layer, std::span<const float> probs, std::span<const int32_t> kv_positions,
@@ -159,24 +135,25 @@ void LazyLlm::Score(int layer, std::span<const float> probs, std::span<const int
 }
 
 void LazyLlm::RowsForLayer(int layer, LayerRows& rows, SeqContext& ctx) {
-  const int j = PruneIndex(layer);
+  const int j = rows_.PruneIndex(layer);
   if (j < 0) return;
   const int32_t newest = rows.positions.back();
+  const int32_t context = rows_.context();
   // Candidates: the previous selection (every one of them has KV at layer-1, so a score).
   cand_.clear();
   score_.clear();
-  for (int32_t p = 0; p < context_; ++p) {
+  for (int32_t p = 0; p < context; ++p) {
     if (!selected_[p] || scores_[p] < 0.0f) continue;
     cand_.push_back(p);
     score_.push_back(p == newest ? std::numeric_limits<float>::infinity() : scores_[p]);
   }
   std::fill(selected_.begin(), selected_.end(), 0);
-  for (int32_t i : TopKInOrder(score_, KeepCount(keep_[j], context_))) selected_[cand_[i]] = 1;
+  for (int32_t i : TopKInOrder(score_, KeepCount(keep_[j], context))) selected_[cand_[i]] = 1;
   // Selected tokens waiting in the Aux Cache at this layer come back; beyond
   // max_revivals the best-scored do, and the others stay there, out of the selection.
   revive_.clear();
-  for (int32_t p = 0; p < context_; ++p) {
-    if (selected_[p] && in_aux_[p] && depth_[p] == layer) revive_.push_back(p);
+  for (int32_t p = 0; p < context; ++p) {
+    if (selected_[p] && rows_.WaitsAt(p, j)) revive_.push_back(p);
   }
   if (max_revivals_ > 0 && static_cast<int64_t>(revive_.size()) > max_revivals_) {
     score_.clear();
@@ -190,49 +167,25 @@ void LazyLlm::RowsForLayer(int layer, LayerRows& rows, SeqContext& ctx) {
     revive_ = std::move(best);
   }
   std::fill(scores_.begin(), scores_.end(), -1.0f);
-
-  const int after = DepthAfter(j);
-  const size_t d = static_cast<size_t>(n_embd_);
-  for (size_t i = 0; i < rows.positions.size(); ++i) {
-    const int32_t p = rows.positions[i];
-    PS_CHECK(depth_[p] == layer && !in_aux_[p]) << "lazyllm: row " << p << " reached layer " << layer << " out of turn";
-    // Pruned here: its hidden state waits in the Aux Cache (kept when there is no room).
-    if (!selected_[p] && ctx.AuxPut(p, rows.hidden + i * d)) {
-      (*rows.keep)[i] = 0;
-      in_aux_[p] = 1;
-      ++aux_at_[j];
-      ++aux_count_;
-    } else {
-      depth_[p] = static_cast<uint16_t>(after);
-    }
-  }
-  for (int32_t p : revive_) {
-    // Revived: continues from this layer with its original position.
-    rows.add_positions->push_back(p);
-    rows.add_hidden->resize(rows.add_hidden->size() + d);
-    PS_CHECK(ctx.AuxTake(p, rows.add_hidden->data() + rows.add_hidden->size() - d))
-        << "lazyllm: position " << p << " missing from the Aux Cache";
-    in_aux_[p] = 0;
-    depth_[p] = static_cast<uint16_t>(after);
-    --aux_at_[j];
-    --aux_count_;
-    ++revived_;
-  }
+  rows_.Apply(j, selected_, revive_, rows, ctx);
 }
 
 void LazyLlm::SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) {
-  if (layers_.empty() || layer < layers_[0]) return;  // everything is selected below the first pruning layer
+  if (rows_.layers().empty() || layer < rows_.layers()[0])
+    return;  // everything is selected below the first pruning layer
   // The cached rows of selected tokens, and the rows this step computes here (those
   // include rows kept for want of Aux Cache room, attended as `full` would).
-  computed_.assign(context_, 0);
+  computed_.assign(rows_.context(), 0);
   for (int32_t p : att.new_positions) computed_[p] = 1;
   const std::vector<int32_t>& positions = ctx.Kv(layer).positions;
-  rows_.clear();
+  kv_rows_.clear();
   for (size_t r = 0; r < positions.size(); ++r) {
     const int32_t p = positions[r];
-    if (selected_[p] || computed_[p]) rows_.push_back(static_cast<int32_t>(r));
+    if (selected_[p] || computed_[p]) kv_rows_.push_back(static_cast<int32_t>(r));
   }
-  if (rows_.size() < positions.size()) selection->SelectRows(static_cast<int32_t>(att.q_positions.size()), rows_);
+  if (kv_rows_.size() < positions.size()) {
+    selection->SelectRows(static_cast<int32_t>(att.q_positions.size()), kv_rows_);
+  }
 }
 
 }  // namespace ps

@@ -3,14 +3,9 @@
 // attention probability (mean over heads) the newest token gave them at layer
 // L_j - 1, and the top keep_j fraction of the context is selected, within the
 // previous layer's selection (so selections shrink through a step). Selected
-// tokens flow through L_j; the others are pruned there: a pruned row's hidden
-// state goes to the Aux Cache (host-tier blocks, memory/aux_cache.h) and its KV
-// is not computed from L_j on. A later step that selects it again at L_j revives
-// it from the Aux Cache (with its original position) instead of recomputing
-// layers 0..L_j-1. When the host tier has no room for a pruned row, the row stays
-// (it is computed through, as `full` would). The newest token is always kept.
-// Each token is computed at most once per layer over the whole generation; at any
-// layer its entry is in the KV cache or the Aux Cache, never both. From the first
+// tokens flow through L_j; the others are pruned there, their hidden states
+// waiting in the Aux Cache, and a later step that selects them again at L_j
+// revives them (aux_rows.h). The newest token is always kept. From the first
 // pruning layer on, the step's queries attend only to the selected tokens (paper
 // Fig. 3) through the KV selection. A step revives at most max_revivals tokens per
 // pruning layer (the best-scored; 0: all, as the paper): a revived token is
@@ -23,6 +18,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "engine/pruning/aux_rows.h"
 #include "engine/pruning/registry.h"
 #include "engine/pruning/strategy.h"
 
@@ -54,12 +50,12 @@ class LazyLlm : public PruningStrategy {
 
   // State, for tests and accounting: a token's KV exists at layers < Depth(pos);
   // when Depth(pos) < n_layers its hidden state at that layer is in the Aux Cache.
-  int Depth(int32_t pos) const { return pos < static_cast<int32_t>(depth_.size()) ? depth_[pos] : 0; }
-  bool InAux(int32_t pos) const { return pos < static_cast<int32_t>(in_aux_.size()) && in_aux_[pos]; }
+  int Depth(int32_t pos) const { return rows_.Depth(pos); }
+  bool InAux(int32_t pos) const { return rows_.InAux(pos); }
   // In the current step's selection (after the last pruning layer passed).
   bool Selected(int32_t pos) const { return pos < static_cast<int32_t>(selected_.size()) && selected_[pos]; }
-  int64_t aux_entries() const { return aux_count_; }
-  int64_t revived() const { return revived_; }
+  int64_t aux_entries() const { return rows_.aux_entries(); }
+  int64_t revived() const { return rows_.revived(); }
 
  protected:
   // Importance of the tokens at the pruning layer `layer`, indexed by position;
@@ -68,23 +64,13 @@ class LazyLlm : public PruningStrategy {
   std::vector<float> scores_;
 
  private:
-  int PruneIndex(int layer) const;  // index in layers_ or -1
-  int DepthAfter(int j) const;      // where rows kept at pruning layer j stop: the next pruning layer or n_layers
-
-  std::vector<int> layers_;
+  AuxRows rows_;
   std::vector<float> keep_;
   int max_revivals_;
-  int n_layers_;
-  int n_embd_;
-  int32_t context_ = 0;          // positions 0..context_-1 exist after BeginStep
-  std::vector<uint16_t> depth_;  // per position
-  std::vector<char> in_aux_;     // per position
-  std::vector<char> selected_;   // per position: in this step's current selection
-  std::vector<int64_t> aux_at_;  // Aux Cache entries per pruning layer
-  int64_t aux_count_ = 0, revived_ = 0;
+  std::vector<char> selected_;          // per position: in this step's current selection
   std::vector<int32_t> cand_, revive_;  // RowsForLayer's scratch
   std::vector<float> score_;
-  std::vector<int32_t> rows_;  // SelectKv's scratch
+  std::vector<int32_t> kv_rows_;  // SelectKv's scratch
   std::vector<char> computed_;
 };
 
