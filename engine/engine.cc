@@ -54,6 +54,7 @@ struct Engine::Seq {
   std::vector<int64_t> layer_rows;            // prompt rows entering each layer, first pass
   std::vector<int32_t> kept_prompt;           // prompt indices that reached the last layer, first pass
   int64_t peak_blocks = 0;                    // KV blocks held at most, both tiers
+  int64_t peak_device_blocks = 0;             // ... in the device tier
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, Backend& backend, const EngineOptions& o) {
@@ -113,6 +114,7 @@ void Engine::End(int64_t seq_id, SeqStatus status, std::string error, SeqOutcome
   }
   u.kv_blocks = std::max(s.peak_blocks,
                          kv_->manager().BlocksIn(seq_id, Tier::kDevice) + kv_->manager().BlocksIn(seq_id, Tier::kHost));
+  u.kv_device_blocks = std::max(s.peak_device_blocks, kv_->manager().BlocksIn(seq_id, Tier::kDevice));
   if (s.spec.report_pruning) out->kept_spans = Spans(s.kept_prompt, s.spec.prompt, model_.tokenizer());
   if (!out->token || !out->token->finished) out->held_text = s.decoder.Flush();  // not lost on a cancel or error
   kv_->Free(seq_id);
@@ -133,6 +135,7 @@ StepResult Engine::Execute(const StepPlan& plan) {
   Run(plan, &r, lost);
   r.swap_bytes_to_host = kv_->swap().bytes_to_host();
   r.swap_bytes_to_device = kv_->swap().bytes_to_device();
+  r.move_wait_seconds = kv_->move_wait_seconds();
   return r;
 }
 
@@ -236,6 +239,7 @@ void Engine::Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& l
     s.next_position = out_.next_position[b];
     s.peak_blocks =
         std::max(s.peak_blocks, kv_->manager().BlocksIn(id, Tier::kDevice) + kv_->manager().BlocksIn(id, Tier::kHost));
+    s.peak_device_blocks = std::max(s.peak_device_blocks, kv_->manager().BlocksIn(id, Tier::kDevice));
     o.computed = s.computed;
     o.added_rows = s.strategy != nullptr ? s.strategy->MaxAddedRows() : 0;
     if (batch[b].no_logits) continue;

@@ -34,6 +34,9 @@ struct Usage {
   double prompt_tokens_computed = 0;
   // KV blocks the sequence held at most (it only grows, until a recompute drops it), all layers.
   int64_t kv_blocks = 0;
+  // Of those, the most held in the device tier at once (a strategy may keep part of
+  // its KV in the host tier).
+  int64_t kv_device_blocks = 0;
   // (layer, prompt tokens entering it) at layer 0 and wherever the count changes, first pass.
   std::vector<std::pair<int, int>> kept_per_layer;
   double queue_seconds = 0;
@@ -116,7 +119,8 @@ struct StepResult {
   std::vector<SeqOutcome> seqs;
   std::vector<SwapRecord> swaps;
   int batch_tokens = 0;                                       // rows computed this step (the runs' counts)
-  uint64_t swap_bytes_to_host = 0, swap_bytes_to_device = 0;  // totals since start
+  uint64_t swap_bytes_to_host = 0, swap_bytes_to_device = 0;  // totals since start (swaps and block moves)
+  double move_wait_seconds = 0;  // total since start: the engine waiting for a strategy's block moves
 };
 
 // What executes plans: the Engine, or a fake in the scheduler tests.

@@ -1,6 +1,7 @@
 #include "memory/kv_cache.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -128,10 +129,19 @@ absl::Status KvCache::Finish(SwapTicket ticket, const SwapPlan& plan) {
 }
 
 absl::Status KvCache::Move(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to) {
-  // Moves of a layer run in order: the earlier ones complete (and give their
-  // source blocks back, to this sequence's reservation) before this one is planned.
-  PS_RETURN_IF_ERROR(WaitMoves(seq, layer));
+  // A block moves again only once its earlier copy has landed.
+  const bool busy = std::ranges::any_of(moves_, [&](const PendingMove& m) {
+    return m.seq == seq && m.layer == layer &&
+           std::ranges::any_of(blocks, [&](int32_t b) { return std::ranges::find(m.blocks, b) != m.blocks.end(); });
+  });
+  if (busy) PS_RETURN_IF_ERROR(WaitMoves(seq, layer));
   std::optional<SwapPlan> plan = manager_->PlanMove(seq, layer, blocks, to);
+  if (!plan && to == Tier::kDevice) {
+    // Device blocks given back by this sequence's moves in flight are credited to
+    // its reservation once they complete.
+    PS_RETURN_IF_ERROR(WaitMoves(seq, -1));
+    plan = manager_->PlanMove(seq, layer, blocks, to);
+  }
   if (!plan) {
     return absl::ResourceExhaustedError(absl::StrCat("sequence ", seq, " layer ", layer, ": no room to move ",
                                                      blocks.size(), " blocks to the ", std::string(TierName(to)),
@@ -139,18 +149,24 @@ absl::Status KvCache::Move(int64_t seq, int layer, std::span<const int32_t> bloc
   }
   if (plan->copies.empty()) return absl::OkStatus();
   const SwapTicket ticket = swap_->Submit(plan->copies);
-  moves_.push_back({.seq = seq, .layer = layer, .ticket = ticket, .plan = std::move(*plan)});
+  moves_.push_back({.seq = seq,
+                    .layer = layer,
+                    .blocks = {blocks.begin(), blocks.end()},
+                    .ticket = ticket,
+                    .plan = std::move(*plan)});
   return absl::OkStatus();
 }
 
 template <typename Pick>
 absl::Status KvCache::WaitWhere(Pick&& pick) {
   absl::Status first;
+  const auto start = std::chrono::steady_clock::now();
   // In submission order: a later move may read the blocks an earlier one wrote.
   for (PendingMove& m : moves_) {
     if (pick(m)) first.Update(Finish(m.ticket, m.plan));
   }
   std::erase_if(moves_, pick);
+  move_wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return first;
 }
 

@@ -59,18 +59,24 @@ class KvCache {
 
   // Per-block moves during a step: blocks (indices into the layer's table) of (seq,
   // layer) to `to`, queued now; WaitMoves(seq, layer) before the next attention over
-  // that layer. ResourceExhausted when the destination tier (or reservation) is short.
+  // that layer. Waits first only for a move of the same blocks still in flight, or,
+  // when the reservation is short, for the sequence's moves to the host tier (their
+  // device blocks are credited back). ResourceExhausted when the destination tier
+  // (or reservation) is still short.
   absl::Status Move(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to);
   // Waits for the moves of (seq, layer), or of every layer when layer < 0.
   absl::Status WaitMoves(int64_t seq, int layer);
   // Waits for every move in flight (end of a step); the first error.
   absl::Status WaitAllMoves();
+  // Seconds the engine thread spent waiting for per-block moves, in all.
+  double move_wait_seconds() const { return move_wait_seconds_; }
 
  private:
   KvCache(const KvGeometry& g, Backend& backend) : geometry_(g), backend_(backend) {}
   struct PendingMove {
     int64_t seq = 0;
     int layer = 0;
+    std::vector<int32_t> blocks;  // indices into the layer's table
     SwapTicket ticket = 0;
     SwapPlan plan;
   };
@@ -84,6 +90,7 @@ class KvCache {
   std::unique_ptr<KvCacheManager> manager_;
   std::unique_ptr<SwapEngine> swap_;
   std::vector<PendingMove> moves_;
+  double move_wait_seconds_ = 0;
   // Scratch reused across calls: the last View's block table and StoreKv's row pointers.
   std::vector<const void*> k_blocks_, v_blocks_;
   std::vector<uint8_t*> k_rows_, v_rows_;

@@ -118,6 +118,7 @@ void EngineLoop::Publish(const StepResult& result, const std::vector<Outgoing>& 
     }
     load_.swap_bytes_to_host = result.swap_bytes_to_host;
     load_.swap_bytes_to_device = result.swap_bytes_to_device;
+    load_.move_wait_seconds = result.move_wait_seconds;
     snapshot = load_;
     snapshot.waiting += static_cast<int>(incoming_.size());
     snapshot.in_flight = static_cast<int>(active_.size());

@@ -134,6 +134,7 @@ pb::GenerateResponse ToProto(const RequestEvent& ev, bool want_logprobs) {
   u->set_time_to_first_token_seconds(ev.usage.ttft_seconds);
   u->set_total_time_seconds(ev.usage.total_seconds);
   u->set_kv_blocks(static_cast<uint64_t>(ev.usage.kv_blocks));
+  u->set_kv_device_blocks(static_cast<uint64_t>(ev.usage.kv_device_blocks));
   for (const auto& [layer, tokens] : ev.usage.kept_per_layer) {
     pb::LayerTokens* lt = u->add_kept_per_layer();
     lt->set_layer(static_cast<uint32_t>(layer));

@@ -92,13 +92,19 @@ Metrics::Metrics()
       swap_seconds_(prometheus::BuildHistogram()
                         .Name("pruneserve_kv_swap_seconds")
                         .Help("Time to move one sequence's KV blocks between the tiers")
-                        .Register(*registry_)) {
+                        .Register(*registry_)),
+      move_wait_(prometheus::BuildCounter()
+                     .Name("pruneserve_kv_move_wait_seconds_total")
+                     .Help("Time the engine waited for KV blocks a strategy moved between the tiers (prefetch not "
+                           "hidden behind compute)")
+                     .Register(*registry_)) {
   running_.Add({}).Set(0);
   waiting_.Add({}).Set(0);
   for (PreemptionMode m : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
     preemptions_.Add({{"mode", std::string(PreemptionModeName(m))}});
   }
   for (Tier t : {Tier::kHost, Tier::kDevice}) swap_bytes_.Add({{"direction", SwapDirection(t)}});
+  move_wait_.Add({});
 }
 
 void Metrics::OnStep(const LoadSnapshot& load, int batch_tokens) {
@@ -110,6 +116,17 @@ void Metrics::OnStep(const LoadSnapshot& load, int batch_tokens) {
     kv_blocks_.Add({{"tier", tier}, {"state", "used"}}).Set(static_cast<double>(kv.used));
     kv_blocks_.Add({{"tier", tier}, {"state", "free"}}).Set(static_cast<double>(kv.total - kv.used));
     kv_usage_.Add({{"tier", tier}}).Set(kv.total > 0 ? static_cast<double>(kv.used) / kv.total : 0.0);
+  }
+  // Whole-sequence swaps and a strategy's block moves alike.
+  for (auto [to, total] :
+       {std::pair{Tier::kHost, load.swap_bytes_to_host}, {Tier::kDevice, load.swap_bytes_to_device}}) {
+    uint64_t& seen = seen_swap_bytes_[static_cast<int>(to)];
+    if (total > seen) swap_bytes_.Add({{"direction", SwapDirection(to)}}).Increment(static_cast<double>(total - seen));
+    seen = std::max(seen, total);
+  }
+  if (load.move_wait_seconds > seen_move_wait_) {
+    move_wait_.Add({}).Increment(load.move_wait_seconds - seen_move_wait_);
+    seen_move_wait_ = load.move_wait_seconds;
   }
   if (batch_tokens > 0) {
     batch_tokens_
@@ -123,7 +140,7 @@ void Metrics::OnPreemption(PreemptionMode mode) {
 }
 
 void Metrics::OnSwap(Tier to, uint64_t bytes, double seconds) {
-  swap_bytes_.Add({{"direction", SwapDirection(to)}}).Increment(static_cast<double>(bytes));
+  (void)to, (void)bytes;  // the bytes counter follows the engine's totals (OnStep)
   swap_seconds_.Add({}, SwapBuckets()).Observe(seconds);
 }
 

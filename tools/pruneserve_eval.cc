@@ -126,7 +126,8 @@ std::string Lower(std::string s) {
 
 int main(int argc, char** argv) {
   std::string addr = "127.0.0.1:50051", haystack_dir = "../shared/testdata/haystack/paul_graham_essays", csv_path,
-              tasks_flag = "needle,magic,passkey,multikey", strategies_flag = "full,lazyllm,gemfilter,critiprefill";
+              tasks_flag = "needle,magic,passkey,multikey",
+              strategies_flag = "full,lazyllm,gemfilter,critiprefill,sliminfer";
   std::vector<int64_t> lengths, depths = {0, 25, 50, 75, 100};
   std::vector<std::string> strategy_args;
   int64_t max_new = 24, seed = 1;
@@ -249,12 +250,13 @@ int main(int argc, char** argv) {
   if (!csv_path.empty()) {
     csv.open(csv_path);
     if (!csv) return Fail("cannot write " + csv_path);
-    csv << "model,task,length,depth,strategy,prompt_tokens,correct,ttft_s,prompt_computed_pct,kv_blocks,answer\n";
+    csv << "model,task,length,depth,strategy,prompt_tokens,correct,ttft_s,prompt_computed_pct,kv_blocks,kv_device_"
+           "blocks,answer\n";
   }
   struct Cell {
     int n = 0, correct = 0;
     double ttft = 0, computed = 0;
-    uint64_t kv_blocks = 0;
+    uint64_t kv_blocks = 0, kv_device_blocks = 0;
   };
   std::map<std::pair<std::string, int>, Cell> cells;  // (strategy, length)
   std::fprintf(stderr, "%s: %zu prompts x %zu strategies\n", info.name().c_str(), prompts.size(), strategies.size());
@@ -285,23 +287,24 @@ int main(int argc, char** argv) {
       c.ttft += u.time_to_first_token_seconds();
       c.computed += computed;
       c.kv_blocks = std::max<uint64_t>(c.kv_blocks, u.kv_blocks());
+      c.kv_device_blocks = std::max<uint64_t>(c.kv_device_blocks, u.kv_device_blocks());
       std::fprintf(stderr, "[%zu/%zu] %-8s %6d tok depth %3d%% %-9s %s ttft %.2f s computed %.0f%%\n", i + 1,
                    prompts.size(), p.task.c_str(), u.prompt_tokens(), p.depth, strategy.c_str(),
                    correct ? "ok  " : "miss", u.time_to_first_token_seconds(), computed);
       if (csv.is_open()) {
         std::string quoted = answer;
         absl::StrReplaceAll({{"\"", "\"\""}, {"\n", "\\n"}, {"\r", "\\r"}}, &quoted);  // one row per line
-        csv << absl::StrFormat("%s,%s,%d,%d,%s,%u,%d,%.4f,%.1f,%u,\"%s\"\n", info.name(), p.task, p.length, p.depth,
+        csv << absl::StrFormat("%s,%s,%d,%d,%s,%u,%d,%.4f,%.1f,%u,%u,\"%s\"\n", info.name(), p.task, p.length, p.depth,
                                strategy, u.prompt_tokens(), correct ? 1 : 0, u.time_to_first_token_seconds(), computed,
-                               u.kv_blocks(), quoted);
+                               u.kv_blocks(), u.kv_device_blocks(), quoted);
       }
     }
   }
 
   std::printf("\n%s (%s), tasks %s, depths %s\n", info.name().c_str(), addr.c_str(), tasks_flag.c_str(),
               absl::StrJoin(depths, ",").c_str());
-  std::printf("%-10s %7s %9s %9s %8s %9s %10s\n", "strategy", "length", "accuracy", "ttft_s", "speedup", "computed",
-              "kv_blocks");
+  std::printf("%-12s %7s %9s %9s %8s %9s %10s %10s\n", "strategy", "length", "accuracy", "ttft_s", "speedup",
+              "computed", "kv_blocks", "kv_device");
   for (int64_t length : lengths) {
     const auto base = cells.find({"full", static_cast<int>(length)});
     for (const std::string& strategy : strategies) {
@@ -311,9 +314,9 @@ int main(int argc, char** argv) {
       const std::string speedup = base != cells.end() && base->second.n > 0 && ttft > 0
                                       ? absl::StrFormat("%.2fx", base->second.ttft / base->second.n / ttft)
                                       : "-";
-      std::printf("%-10s %7lld %8.1f%% %9.3f %8s %8.1f%% %10llu\n", strategy.c_str(), static_cast<long long>(length),
-                  100.0 * c.correct / c.n, ttft, speedup.c_str(), c.computed / c.n,
-                  static_cast<unsigned long long>(c.kv_blocks));
+      std::printf("%-12s %7lld %8.1f%% %9.3f %8s %8.1f%% %10llu %10llu\n", strategy.c_str(),
+                  static_cast<long long>(length), 100.0 * c.correct / c.n, ttft, speedup.c_str(), c.computed / c.n,
+                  static_cast<unsigned long long>(c.kv_blocks), static_cast<unsigned long long>(c.kv_device_blocks));
     }
   }
   if (csv.is_open()) std::printf("rows: %s\n", csv_path.c_str());

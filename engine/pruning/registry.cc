@@ -9,6 +9,7 @@
 #include "engine/pruning/critiprefill.h"
 #include "engine/pruning/gemfilter.h"
 #include "engine/pruning/lazyllm.h"
+#include "engine/pruning/sliminfer.h"
 #include "proto/field_args.h"
 #include "pruneserve/v1/generation.pb.h"
 
@@ -27,6 +28,9 @@ struct Registry {
       {"critiprefill",
        "CritiPrefill: prompt segments attend to their most critical key blocks (block-sparse prefill), decode dense",
        CritiPrefillDefaults},
+      {"sliminfer",
+       "SlimInfer: block-wise hidden-state pruning after slim layers, inactive blocks' KV in the host tier",
+       SlimInferDefaults},
   };
 };
 

@@ -39,8 +39,10 @@ class SeqContext {
   // floats) per position. Put is false when the host tier is full.
   virtual bool AuxPut(int32_t position, const float* hidden) = 0;
   virtual bool AuxTake(int32_t position, float* hidden) = 0;
-  // The sequence's KV at `layer`: blocks (with their tiers) and positions.
+  // The sequence's KV at `layer`: blocks (with their tiers) and positions; slot s
+  // lives in blocks[s / KvBlockTokens()].
   virtual const LayerTable& Kv(int layer) const = 0;
+  virtual int KvBlockTokens() const = 0;
   // Moves blocks (indices into Kv(layer).blocks) of `layer` to `to`; the next
   // attention over that layer waits for the copies. ResourceExhausted when the
   // destination has no room (nothing moved).

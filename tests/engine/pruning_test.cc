@@ -3,6 +3,7 @@
 // Cache invariants through generations with forced revivals, and the no-op settings
 // (keep 1.0, top_k >= prompt, budget >= prompt) giving exactly `full`'s tokens on
 // stories260K.
+#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -14,6 +15,7 @@
 #include "engine/pruning/lazyllm.h"
 #include "engine/pruning/registry.h"
 #include "engine/pruning/selection.h"
+#include "engine/pruning/sliminfer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pruneserve/v1/generation.pb.h"
@@ -84,6 +86,7 @@ class RowsOnlyContext final : public SeqContext {
   bool AuxPut(int32_t, const float*) override { return false; }
   bool AuxTake(int32_t, float*) override { return false; }
   const LayerTable& Kv(int) const override { return table_; }
+  int KvBlockTokens() const override { return 16; }
   absl::Status MoveBlocks(int, std::span<const int32_t>, Tier) override {
     return absl::UnimplementedError("no moves here");
   }
@@ -239,6 +242,23 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   EXPECT_EQ(criti.budget(), 1024u);
   EXPECT_EQ(criti.dense_prefix(), 4096u);
   EXPECT_EQ(criti.fusion_prev_weight(), 0.25f);
+  EXPECT_THAT(error("sliminfer", {"layers=4,29", "budgets=64,32"}), HasSubstr("pruning.sliminfer.layers[1]"));
+  EXPECT_THAT(error("sliminfer", {"layers=4", "budgets=64,32"}), HasSubstr("pruning.sliminfer.budgets: has 2"));
+  EXPECT_THAT(error("sliminfer", {"budgets=64"}), HasSubstr("pruning.sliminfer.layers: required with budgets"));
+  EXPECT_THAT(error("sliminfer", {"layers=4,8", "budgets=32,64"}), HasSubstr("pruning.sliminfer.budgets[1]"));
+  EXPECT_THAT(error("sliminfer", {"block_size=60"}), HasSubstr("pruning.sliminfer.block_size"));
+  EXPECT_THAT(error("sliminfer", {"gamma=1.5"}), HasSubstr("pruning.sliminfer.gamma"));
+  EXPECT_THAT(error("sliminfer", {"window=0"}), HasSubstr("pruning.sliminfer.window"));
+  // The paper's LLaMA-3.1-8B schedule for a 32-layer model with a 32k context.
+  ModelConfig c32 = Layers(32);
+  c32.n_ctx = 32768;
+  const pruneserve::v1::SlimInfer slim = AsProto(StrategyDefaults::ForModel(c32)->Get("sliminfer")).sliminfer();
+  EXPECT_THAT(slim.layers(), ElementsAre(10, 20, 30));
+  EXPECT_THAT(slim.budgets(), ElementsAre(8192, 4096, 2048));
+  EXPECT_EQ(slim.block_size(), 64u);
+  EXPECT_EQ(slim.unit_size(), 8u);
+  EXPECT_EQ(slim.window(), 4u);
+  EXPECT_FLOAT_EQ(slim.gamma(), 0.9f);
   EXPECT_THAT(error("full", {"top_k=4"}), HasSubstr("full has no parameters"));
   EXPECT_FALSE(FindStrategy("h2o").ok());
 }
@@ -289,6 +309,11 @@ TEST_F(PruningModelTest, NoOpSettingsGiveExactlyFullTokens) {
     auto criti = Make("critiprefill", {"segment_size=16", "block_size=4", "dense_prefix=0", b});
     EXPECT_EQ(Run(prompt, 40, criti.get(), &rows), full) << b;
   }
+  for (const char* b : {"budgets=120,120", "budgets=4096,128"}) {
+    auto slim = Make("sliminfer", {"layers=1,3", b, "block_size=8", "unit_size=4"});
+    EXPECT_EQ(Run(prompt, 40, slim.get(), &rows), full) << b;
+    EXPECT_EQ(rows, full_rows) << b;
+  }
   // The prompt's logits: equal at the no-op budget, changed by a small one (else the
   // lines above would prove nothing; the tiny model's greedy tokens survive it).
   auto logits = [&](PruningStrategy* strategy) {
@@ -326,6 +351,17 @@ TEST_F(PruningModelTest, StrategiesComputeLessAndGemFilterKeepsTheLastToken) {
   ASSERT_EQ(sel.size(), 32u);
   EXPECT_TRUE(std::is_sorted(sel.begin(), sel.end()));
   EXPECT_EQ(sel.back(), 199);
+  // 13 blocks of 16 (the last holds 8): layers 0-1 whole, 2-3 six blocks, 4 three,
+  // the last block among them.
+  auto slim = Make("sliminfer", {"layers=1,3", "budgets=96,48", "block_size=16", "unit_size=4"});
+  Run(prompt, 8, slim.get(), &rows);
+  EXPECT_EQ(rows, 200 * 2 + (5 * 16 + 8) * 2 + (2 * 16 + 8));
+  auto* s = static_cast<SlimInfer*>(slim.get());
+  EXPECT_TRUE(s->Active(0, 0) && s->Active(0, 12) && s->Active(1, 0) && s->Active(1, 12)) << "sink and tail";
+  // A first stage that keeps everything, then one that prunes.
+  auto late = Make("sliminfer", {"layers=1,3", "budgets=4096,48", "block_size=16", "unit_size=4"});
+  Run(prompt, 8, late.get(), &rows);
+  EXPECT_EQ(rows, 200 * 4 + (2 * 16 + 8));
 }
 
 // Forces revivals: odd steps favour the lowest positions, even steps the highest,
@@ -449,6 +485,129 @@ TEST_F(PruningModelTest, LazyLlmAttendsOnlyToTheSelectedTokens) {
     positions.assign(1, context);
   }
   EXPECT_TRUE(restricted) << "decode steps find tokens cached at a layer but no longer selected there";
+}
+
+TEST(SlimInfer, UnitMeansBlockScoresAndOverlapOnHandBuiltInputs) {
+  // Five rows of width 2 (stride 3), units of 2: the last unit has one row.
+  const std::vector<float> keys = {1, 3, 9, 3, 5, 9, 0, 0, 9, 4, 4, 9, 7, -1, 9};
+  EXPECT_THAT(UnitMeans(keys.data(), 5, 3, 2, 2), ElementsAre(2, 4, 2, 2, 7, -1));
+  // Two KV heads of size 2, two query heads each; three units, two per block.
+  const AttentionShape shape{.n_heads = 4, .n_kv_heads = 2, .head_dim = 2, .scale = 1};
+  const std::vector<float> q = {1, 0, 1, 0, /**/ 0, 1, 0, -1};  // heads 0-1 ask (1, 0); 2 (0, 1), 3 (0, -1)
+  const std::vector<float> units = {4, 0, 8, 8, /**/ 2, 0, 0, 6, /**/ -4, 0, 0, 0};
+  // Unit 0: heads 0-1 give 4 each, heads 2-3 cancel: mean 2. Unit 1: 2, 2, 6, -6: 1.
+  // Unit 2: -4, -4, 0, 0: -2. Block 0 = max(2, 1), block 1 = -2 (its only unit).
+  EXPECT_THAT(BlockScores(q, units, 2, shape), ElementsAre(2, -2));
+  const std::vector<char> active = {1, 0, 1, 1, 0, 0};
+  EXPECT_DOUBLE_EQ(ActiveOverlap(std::vector<int32_t>{0, 2, 3, 5}, active), 0.75);
+  EXPECT_DOUBLE_EQ(ActiveOverlap(std::vector<int32_t>{1, 4}, active), 0.0);
+  EXPECT_DOUBLE_EQ(ActiveOverlap(std::vector<int32_t>{}, active), 1.0);
+}
+
+// SlimInfer with scripted block scores: `prefer` lists the blocks each step ranks
+// first (in that order), the others follow by index.
+class ScriptedSlimInfer : public SlimInfer {
+ public:
+  using SlimInfer::SlimInfer;
+  std::vector<std::vector<int32_t>> prefer;
+  int step = 0;
+  int64_t attended_inactive = 0;  // rows attended at a slim stage that are neither active nor generated
+
+  void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) override {
+    SlimInfer::SelectKv(layer, att, ctx, selection);
+    if (layer < 2) return;  // layers 0-1 attend to everything
+    const std::vector<int32_t>& positions = ctx.Kv(layer).positions;
+    auto check = [&](int32_t r) {
+      attended_inactive += positions[r] < 128 && !Active(layer < 4 ? 0 : 1, positions[r] / 16);
+    };
+    if (selection->all()) {
+      for (size_t r = 0; r < positions.size(); ++r) check(static_cast<int32_t>(r));
+    } else {
+      for (const KvRange& range : selection->segments.at(0).ranges) {
+        for (int32_t r = range.begin; r < range.end; ++r) check(r);
+      }
+    }
+  }
+
+ protected:
+  void Score(int stage, std::span<const float> q_mean, std::vector<float>* scores) override {
+    SlimInfer::Score(stage, q_mean, scores);  // -inf marks blocks without keys at this layer
+    const std::vector<int32_t>& p = prefer[step];
+    for (size_t b = 0; b < scores->size(); ++b) {
+      if ((*scores)[b] > -std::numeric_limits<float>::infinity()) (*scores)[b] = -static_cast<float>(b);
+    }
+    for (size_t r = 0; r < p.size(); ++r) {
+      if ((*scores)[p[r]] > -std::numeric_limits<float>::infinity()) (*scores)[p[r]] = 1000.0f - static_cast<float>(r);
+    }
+  }
+};
+
+// Decode under the overlap rule, with the KV tiers checked after every step: at each
+// layer of a stage a cache block is in the device tier exactly when it holds an active
+// or generated row (or is the last); attention reads only active and generated rows;
+// every position is computed once per layer; blocks that left the prefill's selection
+// come back through the Aux Cache, offloaded ones through prefetches.
+TEST_F(PruningModelTest, SlimInferSwitchesBelowGammaAndKeepsOnlyActiveBlocksOnDevice) {
+  const ModelConfig& c = model_->config();
+  using Sets = std::vector<std::set<int32_t>>;
+  for (float gamma : {0.9f, 0.7f}) {
+    SCOPED_TRACE(absl::StrCat("gamma=", gamma));
+    // 128 prompt tokens in 8 blocks of 16 (sink 0, tail 7); stage 0 after layer 1 keeps
+    // 5 blocks, stage 1 after layer 3 keeps 3 (among those with keys at layer 3).
+    ScriptedSlimInfer slim(
+        SlimInferParams{.layers = {1, 3}, .budgets = {80, 48}, .block_size = 16, .unit_size = 4, .gamma = gamma}, c);
+    slim.prefer = {{1, 2, 3}, {1, 2, 3}, {1, 2, 4}, {4, 5, 6}, {1, 2, 3}};
+    // Step 2's stage-0 candidates overlap the active set by 0.8: a switch for gamma 0.9
+    // only. Step 3's overlap 0.6 or 0.4, step 4's 0.4, stage 1's 2/3: switches for both.
+    const Sets stage0 = gamma > 0.8f
+                            ? Sets{{0, 1, 2, 3, 7}, {0, 1, 2, 3, 7}, {0, 1, 2, 4, 7}, {0, 4, 5, 6, 7}, {0, 1, 2, 3, 7}}
+                            : Sets{{0, 1, 2, 3, 7}, {0, 1, 2, 3, 7}, {0, 1, 2, 3, 7}, {0, 4, 5, 6, 7}, {0, 1, 2, 3, 7}};
+    const Sets stage1 = {{0, 1, 7}, {0, 1, 7}, {0, 1, 7}, {0, 4, 7}, {0, 1, 7}};
+    Transformer t(*model_, backend_);
+    std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, c.n_ctx);
+    std::vector<int32_t> tokens = Prompt(128), positions(128);
+    std::iota(positions.begin(), positions.end(), 0);
+    ForwardOutput out;
+    for (int step = 0; step < 5; ++step) {
+      slim.step = step;
+      SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .strategy = &slim};
+      ASSERT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok());
+      ASSERT_TRUE(out.status[0].ok()) << out.status[0];
+      ASSERT_TRUE(kv->WaitAllMoves().ok());
+      const int32_t context = out.next_position[0];
+      for (int32_t b = 0; b < 8; ++b) {
+        EXPECT_EQ(slim.Active(0, b), stage0[step].count(b) == 1) << "step " << step << " block " << b;
+        EXPECT_EQ(slim.Active(1, b), stage1[step].count(b) == 1) << "step " << step << " block " << b;
+      }
+      for (int l = 0; l < c.n_layers; ++l) {
+        const LayerTable& table = kv->manager().Table(1, l);
+        std::set<int32_t> seen;
+        for (int32_t p : table.positions) EXPECT_TRUE(seen.insert(p).second) << "position " << p << " twice at " << l;
+        for (int32_t p = 0; p < context; ++p) {
+          EXPECT_EQ(seen.count(p) == 1, l < slim.rows().Depth(p)) << "step " << step << " layer " << l << " pos " << p;
+        }
+        if (l < 2) continue;  // layers 0-1 hold every token in the device tier
+        const int stage = l < 4 ? 0 : 1;
+        for (size_t cb = 0; cb < table.blocks.size(); ++cb) {
+          bool needed = cb + 1 == table.blocks.size();
+          for (size_t r = cb * 16; r < std::min(table.positions.size(), (cb + 1) * 16); ++r) {
+            const int32_t p = table.positions[r];
+            needed = needed || p >= 128 || slim.Active(stage, p / 16);
+          }
+          EXPECT_EQ(table.blocks[cb].tier, needed ? Tier::kDevice : Tier::kHost)
+              << "step " << step << " layer " << l << " cache block " << cb;
+        }
+      }
+      tokens.assign(1, 300 + step);
+      positions.assign(1, context);
+    }
+    EXPECT_EQ(slim.switches(), gamma > 0.8f ? 5 : 4);
+    EXPECT_EQ(slim.attended_inactive, 0);
+    EXPECT_GT(slim.rows().revived(), 0) << "blocks pruned in prefill came back through the Aux Cache";
+    EXPECT_GT(kv->swap().bytes_to_host(), 0u) << "leaving blocks went to the host tier";
+    EXPECT_GT(kv->swap().bytes_to_device(), 0u) << "returning blocks were prefetched";
+    EXPECT_TRUE(kv->manager().VerifyIntegrity().ok());
+  }
 }
 
 }  // namespace

@@ -162,7 +162,7 @@ TEST_F(SchedulerTest, RecomputedWholePromptStrategiesKeepTheirTokens) {
       << "the test meant to force recomputation";
 }
 
-// Half of 64 concurrent requests (full, lazyllm, gemfilter and critiprefill mixed) are cancelled
+// Half of 64 concurrent requests (all six strategies mixed) are cancelled
 // at random engine steps (so they are waiting, running, or swapped out when it
 // happens), half of those through Abort(). Afterwards nothing is left anywhere.
 TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
@@ -198,7 +198,8 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   const PruningParams strategies[] = {
       Pruning("full"), Pruning("lazyllm", {"layers=1,2,3,4", "keep=0.5,0.3,0.2,0.1"}),
       Pruning("gemfilter", {"top_k=24", "filter_layer=1"}),
-      Pruning("critiprefill", {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"})};
+      Pruning("critiprefill", {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"}),
+      Pruning("sliminfer", {"layers=1,3", "budgets=48,24", "block_size=8", "unit_size=4", "gamma=1"})};
   for (int i = 0; i < kRequests; ++i) {
     requests.push_back(Make(id(i), MixedPrompt(i), i % 2 == 0 ? 30 : kLastStep + 10));
     requests.back()->spec.pruning = strategies[(i / 2) % std::size(strategies)];

@@ -21,7 +21,8 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
       Pruning("gemfilter", {"top_k=40", "filter_layer=2"}),
       Pruning("gemfilter", {"top_k=40", "original_positions=true"}),
       Pruning("lazyllm", {"layers=2", "keep=0.3"}),
-      Pruning("critiprefill", {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"})};
+      Pruning("critiprefill", {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"}),
+      Pruning("sliminfer", {"layers=1,3", "budgets=48,24", "block_size=8", "unit_size=4", "gamma=1"})};
   constexpr int kStrategies = std::size(strategies), kRequests = 2 * kStrategies, kTokens = 24;
   auto strategy = [&](int i) { return strategies[i % kStrategies]; };
   std::vector<std::string> offline(kRequests);
@@ -29,6 +30,7 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
   // The strategies do change the tokens (else this test would prove nothing).
   EXPECT_NE(offline[1], absl::StrJoin(Offline(LongPrompt(1), kTokens), " "));
   EXPECT_NE(offline[2], absl::StrJoin(Offline(LongPrompt(2), kTokens), " "));
+  EXPECT_NE(offline[6], absl::StrJoin(Offline(LongPrompt(6), kTokens), " "));
 
   for (const bool together : {false, true}) {
     SCOPED_TRACE(together ? "mixed batch" : "alone");

@@ -2,13 +2,18 @@
 // prunes rows, selects the KV each layer attends to, and moves a KV block to the
 // host tier and back, inside shared batches, with the offline generator's tokens.
 // And LazyLLM's Aux Cache lives in the host tier: it shows in the host-tier block
-// metric while a long prompt runs and returns to 0.
+// metric while a long prompt runs and returns to 0. SlimInfer's block moves show in
+// the swap metrics, and its prefetches overlap compute: with a slowed copy engine the
+// engine waits for far less than the copies take.
 #include <prometheus/registry.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/str_join.h"
+#include "engine/pruning/sliminfer.h"
 #include "server/metrics.h"
 #include "tests/scheduler/scheduler_test_util.h"
 
@@ -185,6 +190,121 @@ TEST_F(SchedulerTest, LazyLlmAuxCacheShowsInTheHostTierMetricAndReturnsToZero) {
   EXPECT_EQ(probe.last(), 0) << "and they all come back when the request ends";
   EXPECT_EQ(s.Load().kv[static_cast<int>(Tier::kHost)].used, 0);
   EXPECT_EQ(absl::StrJoin(sinks_["aux"]->tokens, " "), absl::StrJoin(Offline(prompt, 40, r->spec.pruning), " "));
+}
+
+// SlimInfer with one slim layer (0) whose candidates alternate every step between
+// blocks {1, 2} and {5, 6} (with the sink 0 and the tail 7), so that every decode
+// step switches the active set of layers 1-4: two blocks leave for the host tier and
+// two come back, at each of those layers. Decode steps also stand in for a model
+// whose layers take time: `layer_time` at each layer from 1 on, while the copies
+// queued after layer 0's attention run.
+class SeesawSlimInfer final : public SlimInfer {
+ public:
+  SeesawSlimInfer(const ModelConfig& config, std::chrono::milliseconds layer_time)
+      : SlimInfer(SlimInferParams{.layers = {0}, .budgets = {64}, .block_size = 16, .unit_size = 4, .gamma = 1},
+                  config),
+        layer_time_(layer_time) {}
+  absl::Status BeginStep(StepRows* rows, SeqContext& ctx) override {
+    ++step_;
+    return SlimInfer::BeginStep(rows, ctx);
+  }
+  void RowsForLayer(int layer, LayerRows& rows, SeqContext& ctx) override {
+    SlimInfer::RowsForLayer(layer, rows, ctx);
+    if (step_ > 1) std::this_thread::sleep_for(layer_time_);  // the layer's compute, not a synchronisation
+  }
+
+ protected:
+  void Score(int stage, std::span<const float> q_mean, std::vector<float>* scores) override {
+    SlimInfer::Score(stage, q_mean, scores);
+    const int32_t a = step_ % 2 == 0 ? 1 : 5;
+    for (size_t b = 0; b < scores->size(); ++b) {
+      (*scores)[b] = static_cast<int32_t>(b) == a || static_cast<int32_t>(b) == a + 1 ? 1.0f : 0.0f;
+    }
+  }
+
+ private:
+  std::chrono::milliseconds layer_time_;
+  int step_ = 0;
+};
+
+class SeesawParams final : public StrategyParams {
+ public:
+  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<SeesawParams>(); }
+  absl::Status Merge(const google::protobuf::Message&, std::string_view) override { return absl::OkStatus(); }
+  void ToProto(google::protobuf::Message*) const override {}
+  absl::Status Validate(const ModelConfig&, std::string_view) const override { return absl::OkStatus(); }
+  bool WholePrompt() const override { return true; }
+  std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
+    return std::make_unique<SeesawSlimInfer>(config, std::chrono::milliseconds(8));
+  }
+};
+
+// Forwards to the server's metrics (on the engine loop's thread).
+class MetricsObserver final : public SchedulerObserver {
+ public:
+  void OnStep(const LoadSnapshot& load, int batch_tokens) override { metrics_.OnStep(load, batch_tokens); }
+  void OnPreemption(PreemptionMode m) override { metrics_.OnPreemption(m); }
+  void OnSwap(Tier to, uint64_t bytes, double seconds) override { metrics_.OnSwap(to, bytes, seconds); }
+  // The counter `name` with the label value `label` (empty: the unlabelled one).
+  double Counter(const std::string& name, const std::string& label = "") {
+    for (const prometheus::MetricFamily& f : metrics_.registry()->Collect()) {
+      if (f.name != name) continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        if (label.empty() || (!m.label.empty() && m.label[0].value == label)) return m.counter.value;
+      }
+    }
+    return -1;
+  }
+
+ private:
+  server::Metrics metrics_;
+};
+
+TEST_F(SchedulerTest, SlimInferMovesShowInTheSwapMetricsAndItsPrefetchesOverlapASlowCopyEngine) {
+  RegisterStrategy({.name = "test_seesaw_sliminfer",
+                    .summary = "test: SlimInfer switching its active blocks every step",
+                    .defaults = [](const ModelConfig&) { return std::make_unique<SeesawParams>(); }});
+  constexpr auto kCopyTime = std::chrono::milliseconds(2);
+  std::atomic<int64_t> copies{0};
+  MetricsObserver observer;
+  ThreadPool engine_pool(2);
+  server::ServingOptions options{.engine = {.kv_host_blocks = 256}};
+  options.engine.swap_copy = [&](uint8_t* dst, const uint8_t* src, size_t bytes) {
+    std::this_thread::sleep_for(kCopyTime);  // a slow copy engine
+    std::memcpy(dst, src, bytes);
+    ++copies;
+    return absl::OkStatus();
+  };
+  Served s(*model_, engine_pool, options, &observer);
+  std::vector<int32_t> prompt = {1};
+  for (int i = 1; i < 128; ++i) prompt.push_back(260 + (i * 37) % 250);
+  auto r = Make("seesaw", prompt, 12);
+  r->spec.pruning = Pruning("test_seesaw_sliminfer");
+  ASSERT_TRUE(s.Submit(r).ok());
+  ASSERT_TRUE(sinks_["seesaw"]->Wait());
+  EXPECT_EQ(sinks_["seesaw"]->finished.reason, FinishReason::kLength) << sinks_["seesaw"]->finished.error;
+  EXPECT_EQ(absl::StrJoin(sinks_["seesaw"]->tokens, " "), absl::StrJoin(Offline(prompt, 12, r->spec.pruning), " "));
+  EXPECT_LT(sinks_["seesaw"]->finished.usage.kv_device_blocks, sinks_["seesaw"]->finished.usage.kv_blocks)
+      << "part of its KV sat in the host tier";
+
+  const LoadSnapshot load = s.Load();
+  EXPECT_GT(load.swap_bytes_to_host, 0u);
+  EXPECT_GT(load.swap_bytes_to_device, 0u) << "offloaded blocks were prefetched back";
+  EXPECT_EQ(observer.Counter("pruneserve_kv_swap_bytes_total", "to_host"),
+            static_cast<double>(load.swap_bytes_to_host));
+  EXPECT_EQ(observer.Counter("pruneserve_kv_swap_bytes_total", "to_device"),
+            static_cast<double>(load.swap_bytes_to_device));
+  // Every decode step moves blocks at 4 layers; copying them took copies x 2 ms, and
+  // the engine waited for a fraction of that.
+  const double slowdown = static_cast<double>(copies.load()) * std::chrono::duration<double>(kCopyTime).count();
+  const double waited = observer.Counter("pruneserve_kv_move_wait_seconds_total");
+  std::printf("%ld block copies, %.3f s of copying, %.3f s waited\n", static_cast<long>(copies.load()), slowdown,
+              waited);
+  EXPECT_GE(copies.load(), 4 * 10);
+  EXPECT_EQ(waited, load.move_wait_seconds);
+  EXPECT_LT(waited, 0.5 * slowdown) << "waited " << waited << " s for copies that took " << slowdown << " s";
+  EXPECT_EQ(load.kv[static_cast<int>(Tier::kDevice)].used, 0);
+  EXPECT_EQ(load.kv[static_cast<int>(Tier::kHost)].used, 0);
 }
 
 }  // namespace

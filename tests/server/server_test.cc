@@ -271,14 +271,17 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   EXPECT_EQ(info.architecture(), "llama");
   EXPECT_EQ(info.vocab_size(), 512u);
   EXPECT_EQ(info.num_layers(), 5u);
-  EXPECT_EQ(absl::StrJoin(info.strategies(), " "), "full lazyllm gemfilter critiprefill");
-  ASSERT_EQ(info.strategy_defaults_size(), 4);
+  EXPECT_EQ(absl::StrJoin(info.strategies(), " "), "full lazyllm gemfilter critiprefill sliminfer");
+  ASSERT_EQ(info.strategy_defaults_size(), 5);
   EXPECT_TRUE(info.strategy_defaults(0).has_full());
   EXPECT_EQ(absl::StrJoin(info.strategy_defaults(1).lazyllm().layers(), ","), "3,4");  // 60% and 80% of 5 layers
   EXPECT_EQ(info.strategy_defaults(2).gemfilter().filter_layer(), 2u);                 // 40% of 5 layers
   EXPECT_EQ(info.strategy_defaults(2).gemfilter().top_k(), 1024u);
   EXPECT_EQ(info.strategy_defaults(3).critiprefill().budget(), 1024u);
   EXPECT_EQ(info.strategy_defaults(3).critiprefill().segment_size(), 512u);
+  // 10/32 and 20/32 of 5 layers (30/32 would be the last, which has no layer after it).
+  EXPECT_EQ(absl::StrJoin(info.strategy_defaults(4).sliminfer().layers(), ","), "2,3");
+  EXPECT_EQ(absl::StrJoin(info.strategy_defaults(4).sliminfer().budgets(), ","), "512,256");  // a 2048-token context
 }
 
 // A strategy per request over the wire: bad parameters are INVALID_ARGUMENT naming
@@ -325,10 +328,10 @@ TEST_F(ServerTest, PruningStrategiesOverTheWire) {
   criti_params->set_dense_prefix(0);
   StreamResult criti = RunStream(*stub, criti_req);
   ASSERT_TRUE(criti.status.ok()) << criti.status.error_message();
-  EXPECT_EQ(absl::StrJoin(criti.tokens, " "),
-            absl::StrJoin(Offline(prompt, 12, "critiprefill",
-                                  {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"}),
-                          " "));
+  EXPECT_EQ(
+      absl::StrJoin(criti.tokens, " "),
+      absl::StrJoin(
+          Offline(prompt, 12, "critiprefill", {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"}), " "));
 
   pb::GenerateRequest req = GreedyRequest(prompt, 12);
   req.mutable_pruning()->mutable_gemfilter()->set_top_k(16);

@@ -18,7 +18,8 @@ TEST(Eval, SmokeOnStories) {
       std::string(PS_BINARY_DIR) + "/pruneserve-eval --addr " + server.address() + " --haystack " + PS_TESTDATA +
       "/haystack/paul_graham_essays --lengths 300,500 --depths 0,50,100 --csv " + csv +
       " --strategy-arg gemfilter.top_k=64 --strategy-arg gemfilter.filter_layer=1 --strategy-arg lazyllm.layers=1,3"
-      " --strategy-arg lazyllm.keep=0.5,0.2 2>/dev/null";
+      " --strategy-arg lazyllm.keep=0.5,0.2 --strategy-arg sliminfer.layers=1,3"
+      " --strategy-arg sliminfer.budgets=128,64 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string table;
@@ -26,18 +27,21 @@ TEST(Eval, SmokeOnStories) {
   size_t n;
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) table.append(buf, n);
   ASSERT_EQ(pclose(p), 0) << table;
-  EXPECT_THAT(table, ::testing::HasSubstr("strategy    length  accuracy"));
+  EXPECT_THAT(table, ::testing::HasSubstr("strategy      length  accuracy"));
   EXPECT_THAT(table, ::testing::ContainsRegex("gemfilter +500 "));
 
   std::ifstream in(csv);
   std::string line;
   ASSERT_TRUE(std::getline(in, line));
-  EXPECT_EQ(line, "model,task,length,depth,strategy,prompt_tokens,correct,ttft_s,prompt_computed_pct,kv_blocks,answer");
+  EXPECT_EQ(line,
+            "model,task,length,depth,strategy,prompt_tokens,correct,ttft_s,prompt_computed_pct,kv_blocks,kv_device_"
+            "blocks,answer");
   std::map<std::string, int> rows;  // strategy -> rows
   std::map<std::string, double> computed;
   while (std::getline(in, line)) {
-    const std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(',', 10));
-    ASSERT_EQ(f.size(), 11u) << line;
+    const std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(',', 11));
+    ASSERT_EQ(f.size(), 12u) << line;
+    EXPECT_LE(std::stoi(f[10]), std::stoi(f[9])) << "device-tier blocks are part of the blocks held";
     EXPECT_EQ(f[0], "llama");
     EXPECT_THAT(f[1], ::testing::AnyOf("needle", "magic", "passkey", "multikey"));
     EXPECT_THAT(f[2], ::testing::AnyOf("300", "500"));
@@ -46,10 +50,12 @@ TEST(Eval, SmokeOnStories) {
     computed[f[4]] += std::stod(f[8]);
   }
   // 2 lengths x 3 depths x 4 tasks, under each strategy.
-  EXPECT_EQ(rows, (std::map<std::string, int>{{"critiprefill", 24}, {"full", 24}, {"gemfilter", 24}, {"lazyllm", 24}}));
+  EXPECT_EQ(rows, (std::map<std::string, int>{
+                      {"critiprefill", 24}, {"full", 24}, {"gemfilter", 24}, {"lazyllm", 24}, {"sliminfer", 24}}));
   EXPECT_DOUBLE_EQ(computed["full"], 24 * 100.0);
   EXPECT_LT(computed["lazyllm"], 24 * 90.0);  // 48% in prefill, decode-time revivals on top
   EXPECT_LT(computed["gemfilter"], 24 * 100.0);
+  EXPECT_LT(computed["sliminfer"], 24 * 100.0);
   std::remove(csv.c_str());
 }
 
