@@ -101,6 +101,22 @@ struct KvSelection {
 // when they touch.
 void AppendRange(std::vector<KvRange>& ranges, int32_t begin, int32_t end);
 
+// Which keys a query row sees by position, beyond causality (PoD): all of them, the
+// proximal ones (positions below `sinks` or within the `recent` newest up to the
+// query's own) or the others (distant).
+struct PositionWindow {
+  enum class Part { kAll, kProximal, kDistant };
+  Part part = Part::kAll;
+  int32_t sinks = 0, recent = 0;
+
+  bool Sees(int32_t key_pos, int32_t q_pos) const {
+    if (key_pos > q_pos) return false;
+    if (part == Part::kAll) return true;
+    const bool proximal = key_pos < sinks || key_pos > q_pos - recent;
+    return proximal == (part == Part::kProximal);
+  }
+};
+
 struct AttentionArgs {
   const float* q = nullptr;        // [n_q, n_heads*head_dim], rows `q_stride` floats apart
   const int32_t* q_pos = nullptr;  // [n_q]
@@ -116,6 +132,12 @@ struct AttentionArgs {
   // Optional [kv.n]: the last query row's scaled pre-softmax scores q·k summed over
   // heads (each query head against its GQA key head), -inf for masked or unselected keys.
   float* last_query_logits = nullptr;
+  // Optional [n_q, n_heads], rows lse_stride floats apart: each row's log-sum-exp of
+  // its scaled scores over the keys it saw (-inf: none), so that attentions over
+  // disjoint key sets merge exactly (o = sum_p exp(lse_p - lse) o_p).
+  float* lse = nullptr;
+  int64_t lse_stride = 0;
+  PositionWindow window;
 };
 
 }  // namespace ps

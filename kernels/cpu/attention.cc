@@ -230,9 +230,9 @@ class SegmentAttention {
       col += p.nb;
     }
     // Scale and mask; P = exp(S - m_new); rescale the rows' sums and outputs.
-    bool unmasked = true;  // every key of the tile visible to every query row
+    bool unmasked = a_.window.part == PositionWindow::Part::kAll;  // every key of the tile visible to every row
     for (const Chunk& p : pieces_) {
-      for (int64_t r = 0; r < p.nb; ++r) unmasked = unmasked && kv_.positions[p.j0 + r] <= min_pos;
+      for (int64_t r = 0; r < p.nb && unmasked; ++r) unmasked = kv_.positions[p.j0 + r] <= min_pos;
     }
     for (int h = 0; h < group_; ++h) {
       for (int64_t i = 0; i < nq; ++i) {
@@ -243,7 +243,7 @@ class SegmentAttention {
         for (const Chunk& p : pieces_) {
           const int32_t* pos = kv_.positions + p.j0;
           for (int64_t r = 0; r < p.nb; ++r, ++col) {
-            row[col] = unmasked || pos[r] <= qp ? row[col] * s_.scale : neg_inf;
+            row[col] = unmasked || a_.window.Sees(pos[r], qp) ? row[col] * s_.scale : neg_inf;
             if (dst != nullptr) dst[StatRow(p.j0 + r)] = row[col];
           }
         }
@@ -281,13 +281,18 @@ class SegmentAttention {
     }
   }
 
-  // O /= l (rows that saw no key stay 0); the last query row's m and l for the statistics.
+  // O /= l (rows that saw no key stay 0); the rows' log-sum-exp; the last query row's
+  // m and l for the statistics.
   void Finish(int kvh, int64_t q0, int64_t nq, float* out, int64_t out_stride, const float* m, const float* l) const {
     const bool last_tile = seg_.q_end == a_.n_q && seg_.last_logits != nullptr && q0 + nq == a_.n_q;
     for (int h = 0; h < group_; ++h) {
       for (int64_t i = 0; i < nq; ++i) {
         const float li = l[h * nq + i];
         if (li > 0) Scale(1.0f / li, out + i * out_stride + h * hd_, hd_);
+        if (a_.lse != nullptr) {
+          a_.lse[(q0 + i) * a_.lse_stride + kvh * group_ + h] =
+              li > 0 ? m[h * nq + i] + std::log(li) : -std::numeric_limits<float>::infinity();
+        }
       }
       if (last_tile) {
         seg_.last_norm[2 * (kvh * group_ + h)] = m[h * nq + nq - 1];
@@ -359,13 +364,13 @@ struct Gathered {
   KvRows view;
 };
 
-void Gather(const KvRows& kv, std::span<const KvRange> ranges, ThreadPool& pool, Gathered* g) {
+// `width`: the values of a row the attention reads (its heads'), from the row's start.
+void Gather(const KvRows& kv, std::span<const KvRange> ranges, int64_t width, ThreadPool& pool, Gathered* g) {
   g->rows.clear();
   for (const KvRange& r : ranges) {
     for (int32_t j = r.begin; j < r.end; ++j) g->rows.push_back(j);
   }
   const auto m = static_cast<int64_t>(g->rows.size());
-  const int64_t width = kv.stride;
   if (static_cast<int64_t>(g->k.size()) < m * width) {
     g->k.resize(m * width);
     g->v.resize(m * width);
@@ -400,7 +405,9 @@ void Gather(const KvRows& kv, std::span<const KvRange> ranges, ThreadPool& pool,
 
 void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a, ThreadPool& pool) {
   PS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0) << "bad head counts";
-  PS_CHECK(kv.stride == static_cast<int64_t>(s.n_kv_heads) * s.head_dim) << "KV rows hold " << kv.stride << " values";
+  // A view may start inside wider rows (one KV head of a cache: its blocks offset to the head).
+  const int64_t width = static_cast<int64_t>(s.n_kv_heads) * s.head_dim;
+  PS_CHECK(kv.stride >= width) << "KV rows hold " << kv.stride << " values, the heads " << width;
   // The last query's scaled scores per head (-inf where unselected or masked) and its
   // final softmax maximum and sum per head: the statistics are reduced from them.
   static thread_local std::vector<float> last_logits_storage, last_norm_storage;
@@ -437,7 +444,7 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       PS_CHECK(sel.kv_head >= -1 && sel.kv_head < s.n_kv_heads) << "selection names KV head " << sel.kv_head;
     }
     if (seg.q_end - seg.q_begin >= 2) {
-      Gather(kv, ranges, pool, &gathered);
+      Gather(kv, ranges, width, pool, &gathered);
       seg.kv = &gathered.view;
       seg.row_ids = gathered.rows.data();
       chunks.assign(1, Chunk{0, gathered.view.n});

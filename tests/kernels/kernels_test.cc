@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -328,6 +329,128 @@ TEST(Attention, ReadsExactlyTheSelection) {
   EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "the heads' query rows differ";
   bad.segments[1] = {.q_begin = 0, .q_end = 3, .ranges = {{1, 2}}, .kv_head = 2};
   EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "no such KV head";
+}
+
+// PoD's pieces: a position window (proximal: sinks and the recent keys; distant: the
+// rest) and each row's log-sum-exp, against a direct computation; the proximal and
+// distant parts merged by their log-sum-exps (PoD's gate) give the whole attention;
+// and a view of one KV head (blocks offset to the head, rows still the cache's width)
+// gives that head's output of the whole call. One query row over 3000 keys takes the
+// split (flash-decoding) path, 40 rows the gathered one.
+TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
+  ThreadPool pool(2);
+  constexpr int kHd = 16, kHeads = 4, kKvHeads = 2, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
+  const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.25f};
+  constexpr int64_t kBlock = 16;
+  for (DType dtype : {DType::kF32, DType::kF16})
+    for (auto [nq, nkv] : {std::pair<int64_t, int64_t>{1, 3000}, {1, 60}, {5, 60}, {40, 60}}) {
+      const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " nkv=", nkv);
+      auto q = Randn(nq * kQd, 21), k = Randn(nkv * kKvd, 22), v = Randn(nkv * kKvd, 23);
+      const std::vector<uint16_t> kh = AsHalves(dtype, &k), vh = AsHalves(dtype, &v);
+      std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+      std::iota(kv_pos.begin(), kv_pos.end(), 0);
+      for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
+      const int64_t n_blocks = (nkv + kBlock - 1) / kBlock;
+      std::vector<const void*> kp(n_blocks), vp(n_blocks);
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        kp[b] = dtype == DType::kF32 ? static_cast<const void*>(k.data() + b * kBlock * kKvd)
+                                     : kh.data() + b * kBlock * kKvd;
+        vp[b] = dtype == DType::kF32 ? static_cast<const void*>(v.data() + b * kBlock * kKvd)
+                                     : vh.data() + b * kBlock * kKvd;
+      }
+      const KvRows kv{.k_blocks = kp.data(),
+                      .v_blocks = vp.data(),
+                      .block_rows = kBlock,
+                      .positions = kv_pos.data(),
+                      .n = nkv,
+                      .stride = kKvd,
+                      .positions_ascending = true,
+                      .dtype = dtype};
+      struct Part {
+        std::vector<float> out, lse;
+      };
+      auto run = [&](PositionWindow::Part part) {
+        Part r{std::vector<float>(nq * kQd), std::vector<float>(nq * kHeads)};
+        Attention(s, kv,
+                  AttentionArgs{.q = q.data(),
+                                .q_pos = q_pos.data(),
+                                .n_q = nq,
+                                .q_stride = kQd,
+                                .out = r.out.data(),
+                                .out_stride = kQd,
+                                .lse = r.lse.data(),
+                                .lse_stride = kHeads,
+                                .window = {.part = part, .sinks = 4, .recent = 10}},
+                  pool);
+        return r;
+      };
+      const Part all = run(PositionWindow::Part::kAll), prox = run(PositionWindow::Part::kProximal),
+                 dist = run(PositionWindow::Part::kDistant);
+      for (auto [part, got] : {std::pair{PositionWindow::Part::kProximal, &prox},
+                               {PositionWindow::Part::kDistant, &dist},
+                               {PositionWindow::Part::kAll, &all}}) {
+        const PositionWindow w{.part = part, .sinks = 4, .recent = 10};
+        auto sees = [&](int64_t i, int, int64_t j) { return w.Sees(kv_pos[j], q_pos[i]); };
+        std::vector<double> probs, logits;
+        EXPECT_LT(MaxRelErr(got->out, NaiveAttention(s, q, k, v, nq, nkv, sees, &probs, &logits)), 1e-5) << what;
+        std::vector<double> want_lse(nq * kHeads);
+        for (int64_t i = 0; i < nq; ++i) {
+          for (int h = 0; h < kHeads; ++h) {
+            const int kvh = h / (kHeads / kKvHeads);
+            double m = -1e300, sum = 0;
+            std::vector<double> sc;
+            for (int64_t j = 0; j < nkv; ++j) {
+              if (!sees(i, kvh, j)) continue;
+              double d = 0;
+              for (int e = 0; e < kHd; ++e) d += double(q[i * kQd + h * kHd + e]) * k[j * kKvd + kvh * kHd + e];
+              sc.push_back(d * s.scale);
+              m = std::max(m, sc.back());
+            }
+            for (double x : sc) sum += std::exp(x - m);
+            want_lse[i * kHeads + h] = m + std::log(sum);
+          }
+        }
+        for (size_t x = 0; x < want_lse.size(); ++x) EXPECT_NEAR(got->lse[x], want_lse[x], 1e-4) << what;
+      }
+      // The gate g = 1 / (1 + exp(lse_D - lse_P)) merges the parts into the whole.
+      std::vector<double> merged(nq * kQd);
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int h = 0; h < kHeads; ++h) {
+          const double lp = prox.lse[i * kHeads + h], ld = dist.lse[i * kHeads + h];
+          const double g = 1.0 / (1.0 + std::exp(ld - lp));
+          EXPECT_NEAR(all.lse[i * kHeads + h], std::max(lp, ld) + std::log1p(std::exp(-std::fabs(lp - ld))), 1e-4);
+          for (int e = 0; e < kHd; ++e) {
+            const int64_t x = i * kQd + h * kHd + e;
+            merged[x] = g * prox.out[x] + (1 - g) * dist.out[x];
+          }
+        }
+      }
+      EXPECT_LT(MaxRelErr(all.out, merged), 1e-5) << what;
+      // KV head 1 alone: its two query heads, the blocks offset to the head.
+      std::vector<const void*> kp1(n_blocks), vp1(n_blocks);
+      const size_t elt = dtype == DType::kF32 ? 4 : 2;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        kp1[b] = static_cast<const uint8_t*>(kp[b]) + kHd * elt;
+        vp1[b] = static_cast<const uint8_t*>(vp[b]) + kHd * elt;
+      }
+      KvRows head1 = kv;
+      head1.k_blocks = kp1.data();
+      head1.v_blocks = vp1.data();
+      std::vector<float> out1(nq * kQd, 0.0f);
+      Attention(AttentionShape{.n_heads = 2, .n_kv_heads = 1, .head_dim = kHd, .scale = s.scale}, head1,
+                AttentionArgs{.q = q.data() + 2 * kHd,
+                              .q_pos = q_pos.data(),
+                              .n_q = nq,
+                              .q_stride = kQd,
+                              .out = out1.data() + 2 * kHd,
+                              .out_stride = kQd},
+                pool);
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int e = 0; e < 2 * kHd; ++e) {
+          EXPECT_NEAR(out1[i * kQd + 2 * kHd + e], all.out[i * kQd + 2 * kHd + e], 1e-5) << what;
+        }
+      }
+    }
 }
 
 // The tiled online-softmax kernel at awkward sizes against the direct computation:
