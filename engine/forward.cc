@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "engine/shared_attention.h"
 
 namespace ps {
 namespace {
@@ -203,9 +204,25 @@ absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, 
                        ctx, &selection_);
   }
   PS_RETURN_IF_ERROR(kv.WaitMoves(in.seq_id, layer));  // blocks a strategy moved for this attention
+  const LastQueryStat stat = strategy != nullptr ? strategy->WantsLastQuery(layer) : LastQueryStat::kNone;
+  if (const SharedScores* share = strategy != nullptr ? strategy->ShareScores(layer) : nullptr; share != nullptr) {
+    if (!selection_.all() || stat != LastQueryStat::kNone) {
+      return absl::InternalError(absl::StrCat("strategy ", std::string(strategy->name()), " shares scores at layer ",
+                                              layer, " with a KV selection or last-query statistics"));
+    }
+    return SharedAttention(backend_, kv, *share,
+                           SharedAttentionArgs{.seq = in.seq_id,
+                                               .layer = layer,
+                                               .shape = shape,
+                                               .q = q_.data() + q_first * qd,
+                                               .q_pos = positions_.data() + q_first,
+                                               .n_q = n_q,
+                                               .q_stride = qd,
+                                               .out = att_.data() + q_first * qd,
+                                               .out_stride = qd});
+  }
   PS_ASSIGN_OR_RETURN(const KvRows rows, kv.View(in.seq_id, layer, &selection_));
   PS_RETURN_IF_ERROR(selection_.Validate(n_q, rows.n, c.n_kv_heads));
-  const LastQueryStat stat = strategy != nullptr ? strategy->WantsLastQuery(layer) : LastQueryStat::kNone;
   if (stat != LastQueryStat::kNone) stat_.assign(rows.n, 0.0f);
   backend_.Attention(shape, rows,
                      AttentionArgs{.q = q_.data() + q_first * qd,

@@ -81,15 +81,22 @@ absl::Status KvCache::Append(int64_t seq, int layer, std::span<const int32_t> po
   return absl::OkStatus();
 }
 
-absl::StatusOr<KvRows> KvCache::View(int64_t seq, int layer, const KvSelection* selection) {
+absl::StatusOr<KvRows> KvCache::View(int64_t seq, int layer, const KvSelection* selection, int key_layer) {
   const LayerTable& t = manager_->Table(seq, layer);
+  const LayerTable& tk = key_layer >= 0 ? manager_->Table(seq, key_layer) : t;
+  if (tk.positions != t.positions) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, ": layers ", key_layer, " and ", layer,
+                                                      " hold different rows; their keys and values cannot pair"));
+  }
   const size_t bt = geometry_.block_tokens;
   k_blocks_.clear();
   v_blocks_.clear();
-  for (const BlockLoc& b : t.blocks) {
-    const bool here = b.tier == Tier::kDevice;
-    k_blocks_.push_back(here ? device_->data(b.id) : nullptr);
-    v_blocks_.push_back(here ? device_->data(b.id) + bt * geometry_.row_bytes() : nullptr);
+  for (size_t i = 0; i < t.blocks.size(); ++i) {
+    const BlockLoc& k = tk.blocks[i];
+    const BlockLoc& v = t.blocks[i];
+    const bool here = k.tier == Tier::kDevice && v.tier == Tier::kDevice;
+    k_blocks_.push_back(here ? device_->data(k.id) : nullptr);
+    v_blocks_.push_back(here ? device_->data(v.id) + bt * geometry_.row_bytes() : nullptr);
   }
   auto check = [&](int64_t begin, int64_t end) -> absl::Status {
     for (int64_t blk = begin / static_cast<int64_t>(bt); blk * static_cast<int64_t>(bt) < end; ++blk) {

@@ -45,9 +45,10 @@ class KvCache {
   // is short, FailedPrecondition when the layer's last block is in the host tier.
   absl::Status Append(int64_t seq, int layer, std::span<const int32_t> positions, const float* k, const float* v);
   // The rows of (seq, layer) for attention; FailedPrecondition when a block the
-  // selection reads (null: all of them) is in the host tier. Valid until the next
-  // View, Append or Free.
-  absl::StatusOr<KvRows> View(int64_t seq, int layer, const KvSelection* selection);
+  // selection reads (null: all of them) is in the host tier. With key_layer >= 0 the
+  // keys come from that layer (its rows must hold the same positions) and the values
+  // from `layer` (PoD's shared scores). Valid until the next View, Append or Free.
+  absl::StatusOr<KvRows> View(int64_t seq, int layer, const KvSelection* selection, int key_layer = -1);
   // Frees everything the sequence holds, once its moves are done.
   void Free(int64_t seq);
 

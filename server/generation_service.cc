@@ -269,6 +269,7 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
   out->set_chat_template(std::string(ChatFormatName(DetectChatTemplate(tok->chat_template()).format)));
   for (const StrategyInfo* s : Strategies()) {
     out->add_strategies(s->name);
+    out->add_strategy_summaries(s->summary);
     const absl::StatusOr<PruningParams> p = b->defaults.strategies->Get(s->name);
     if (p.ok()) PruningToProto(*p, out->add_strategy_defaults());
   }

@@ -28,7 +28,7 @@ namespace {
 
 struct Options {
   std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap", kv_dtype = "f32",
-                     device = "auto";
+                     device = "auto", pod_groups;
   std::vector<std::string> strategy_args;
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64, max_batch_tokens = 2048,
           prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,
@@ -63,6 +63,9 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddStringList("strategy-arg", &o.strategy_args,
                   "server default of a pruning parameter, STRATEGY.key=value (e.g. lazyllm.keep=0.5,0.3,0.2,0.1, "
                   "gemfilter.top_k=2048); requests override them; GetModelInfo lists the effective defaults");
+  f.AddString("pod-groups", &o.pod_groups,
+              "the model's calibration (pruneserve-calibrate writes MODEL.calibration.json): PoD's layer groups "
+              "(PoD is unavailable without it) and calibrated GemFilter / LazyLLM defaults");
   f.AddInt("default-max-new-tokens", &o.default_max_new_tokens, "max_new_tokens when a request sets none");
   f.AddFloat("default-temperature", &o.default_temperature, "temperature when a request sets none");
   f.AddFloat("default-top-p", &o.default_top_p, "top_p when a request sets none");
@@ -204,14 +207,27 @@ int main(int argc, char** argv) {
   const int64_t host_blocks = geometry.BlocksInBytes(o.kv_host_bytes);
   const PreemptionMode preemption = o.preemption == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
   server::ServiceState state{.model = model->get(), .metrics = &metrics, .kv_block_tokens = geometry.block_tokens};
-  if (absl::StatusOr<StrategyDefaults> d = StrategyDefaults::ForModel(c, o.strategy_args); d.ok()) {
+  CalibrationPtr calibration;
+  if (!o.pod_groups.empty()) {
+    absl::StatusOr<Calibration> cal = LoadCalibration(o.pod_groups, c);
+    if (!cal.ok()) return Fail(absl::StrCat("--pod-groups: ", cal.status().message()));
+    calibration = std::make_shared<const Calibration>(*std::move(cal));
+    size_t groups = 0;
+    for (const auto& head : calibration->groups) groups += head.size();
+    spdlog::info("calibration {}: PoD delta {} ({} groups over {} KV heads), needle layer {}", o.pod_groups,
+                 calibration->delta, groups, calibration->n_kv_heads, calibration->needle_layer);
+  }
+  if (absl::StatusOr<StrategyDefaults> d = StrategyDefaults::ForModel(c, o.strategy_args, calibration); d.ok()) {
     state.defaults.strategies = std::make_shared<const StrategyDefaults>(*std::move(d));
   } else {
     return Fail(absl::StrCat("--strategy-arg: ", d.status().message()));
   }
   for (const StrategyInfo* s : Strategies()) {
-    const std::string args = PruningArgsText(*state.defaults.strategies->Get(s->name));
-    spdlog::info("strategy {} defaults: {}", s->name, args.empty() ? "(none)" : args);
+    const PruningParams p = *state.defaults.strategies->Get(s->name);
+    const std::string args = PruningArgsText(p);
+    const absl::Status usable = p.params != nullptr ? p.params->Validate(c, s->name) : absl::OkStatus();
+    spdlog::info("strategy {} defaults: {}{}", s->name, args.empty() ? "(none)" : args,
+                 usable.ok() ? "" : absl::StrCat(" (unavailable: ", usable.message(), ")"));
   }
   absl::StatusOr<std::unique_ptr<server::Serving>> serving = server::Serving::Create(
       **model, **backend,

@@ -9,8 +9,9 @@
 //    grouping of consecutive layers at `delta` (PoD's Algorithm 1: a layer joins
 //    while its divergence from each layer of the group is below delta);
 //  - GemFilter / LazyLLM: the first layer whose last-query scores (summed over heads,
-//    average-pooled as GemFilter does) put most of their top-k on the needle, in most
-//    samples (GemFilter Fig. 5): GemFilter's filter layer, and LazyLLM prunes after it.
+//    average-pooled as GemFilter does) keep most of the needle's tokens among their
+//    top `locate-top` (1/16 of the prompt: chance keeps 1 in 16), in most samples
+//    (GemFilter Fig. 5): GemFilter's filter layer, and LazyLLM prunes after it.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -126,7 +127,7 @@ absl::StatusOr<std::string> ReadHaystack(const std::string& path) {
 
 int main(int argc, char** argv) {
   std::string model_path, haystack = "../shared/testdata/haystack/paul_graham_essays", out;
-  int64_t length = 4096, samples = 3, queries = 16, threads = 0;
+  int64_t length = 4096, samples = 3, queries = 16, threads = 0, locate_top = 0;
   double delta = 0.5;
   FlagParser flags("pruneserve-calibrate",
                    "Measures a model's strategy calibration (PoD's layer groups, GemFilter's filter layer, "
@@ -137,6 +138,8 @@ int main(int argc, char** argv) {
   flags.AddInt("length", &length, "prompt tokens per sample");
   flags.AddInt("samples", &samples, "prompts, the needle at depths spread over 10%..90%");
   flags.AddInt("queries", &queries, "last query rows whose attention distributions are compared");
+  flags.AddInt("locate-top", &locate_top,
+               "a layer locates the needle when most of its tokens are among this many best-scored (0: length/16)");
   flags.AddFloat("delta", &delta,
                  "PoD's grouping threshold in [0, 1]: a layer joins a group while its divergence (1 - similarity) "
                  "from each of its layers is below delta (0: no sharing)");
@@ -151,6 +154,7 @@ int main(int argc, char** argv) {
   if (samples < 1 || queries < 1 || length < 256) return Fail("--samples and --queries >= 1, --length >= 256");
   if (!(delta >= 0 && delta <= 1)) return Fail("--delta must be in [0, 1]");
   if (out.empty()) out = model_path + ".calibration.json";
+  if (locate_top <= 0) locate_top = length / 16;
 
   auto model = Model::Load(model_path);
   if (!model.ok()) return Fail(std::string(model.status().message()));
@@ -215,10 +219,10 @@ int main(int argc, char** argv) {
     compared += probe.rows();
     std::string where;
     for (int l = 0; l < c.n_layers; ++l) {
-      // GemFilter's view of the layer: pooled last-query scores, top as many as the needle's tokens.
+      // GemFilter's view of the layer: pooled last-query scores, the best locate_top.
       const std::vector<float> pooled = AvgPool1d(probe.Last(l), 5);
       int on_needle = 0;
-      for (int32_t j : TopKInOrder(pooled, static_cast<int64_t>(needle.size()))) {
+      for (int32_t j : TopKInOrder(pooled, locate_top)) {
         on_needle += j >= needle_begin && j < needle_begin + static_cast<int64_t>(needle.size());
       }
       const bool found = 2 * on_needle > static_cast<int>(needle.size());

@@ -5,6 +5,7 @@
 // needle). Stored as JSON next to the model file.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -48,6 +49,9 @@ struct Calibration {
   // [kv_head][layer]: the lowest layer of the layer's group.
   std::vector<std::vector<int>> BaseLayers() const;
 };
+
+// Shared by the strategies' parameters that read it.
+using CalibrationPtr = std::shared_ptr<const Calibration>;
 
 std::string CalibrationToJson(const Calibration& c);
 // Parses and checks the file against the model it is used with (layer and head

@@ -64,8 +64,8 @@ class Params final : public StrategyParams {
 
 }  // namespace
 
-std::unique_ptr<StrategyParams> CritiPrefillDefaults(const ModelConfig& config) {
-  (void)config;
+std::unique_ptr<StrategyParams> CritiPrefillDefaults(const ModelConfig& config, const CalibrationPtr& calibration) {
+  (void)config, (void)calibration;
   return std::make_unique<Params>(CritiPrefillParams{});
 }
 

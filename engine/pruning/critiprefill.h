@@ -34,7 +34,7 @@ struct CritiPrefillParams {
 };
 
 // The registry's defaults: the paper's settings (they do not depend on the model).
-std::unique_ptr<StrategyParams> CritiPrefillDefaults(const ModelConfig& config);
+std::unique_ptr<StrategyParams> CritiPrefillDefaults(const ModelConfig& config, const CalibrationPtr& calibration);
 
 // Element-wise maximum and minimum over `rows` rows (`stride` floats apart) of the
 // `width` floats starting at x: max[c] and min[c].

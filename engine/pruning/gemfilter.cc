@@ -61,10 +61,14 @@ class Params final : public StrategyParams {
 
 }  // namespace
 
-std::unique_ptr<StrategyParams> GemFilterDefaults(const ModelConfig& config) {
+std::unique_ptr<StrategyParams> GemFilterDefaults(const ModelConfig& config, const CalibrationPtr& calibration) {
+  // The calibrated layer (the first whose last-query scores locate a planted needle,
+  // tools/pruneserve-calibrate), else 40% of the depth (the paper's 13 of 32).
   const int n = config.n_layers;
-  return std::make_unique<Params>(
-      GemFilterParams{.filter_layer = std::clamp(static_cast<int>(std::lround(0.4 * n)), 0, std::max(0, n - 1))});
+  const int layer = calibration != nullptr && calibration->needle_layer >= 0
+                        ? calibration->needle_layer
+                        : std::clamp(static_cast<int>(std::lround(0.4 * n)), 0, std::max(0, n - 1));
+  return std::make_unique<Params>(GemFilterParams{.filter_layer = layer});
 }
 
 absl::Status GemFilter::BeginStep(StepRows* rows, SeqContext& ctx) {

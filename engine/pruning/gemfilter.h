@@ -26,7 +26,7 @@ struct GemFilterParams {
 
 // The registry's defaults: filter_layer at 40% of the depth (the paper's 13 of 32
 // layers for LLaMA-3.1-8B), top_k 1024, pool_kernel 5.
-std::unique_ptr<StrategyParams> GemFilterDefaults(const ModelConfig& config);
+std::unique_ptr<StrategyParams> GemFilterDefaults(const ModelConfig& config, const CalibrationPtr& calibration);
 
 class GemFilter : public PruningStrategy {
  public:

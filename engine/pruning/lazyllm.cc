@@ -79,19 +79,29 @@ class Params final : public StrategyParams {
 
 }  // namespace
 
-std::unique_ptr<StrategyParams> LazyLlmDefaults(const ModelConfig& config) {
+std::unique_ptr<StrategyParams> LazyLlmDefaults(const ModelConfig& config, const CalibrationPtr& calibration) {
   // Chosen on SmolLM2-135M with pruneserve-eval (README "Pruning strategies"):
   // pruning before ~60% of the depth cost that model its retrieval.
   // Two revivals per pruning layer and step keep a decode step at a handful of rows:
   // on the 0.5B model at 7.6k tokens, 64 new tokens decoded at ~0.9x `full`'s rate
   // (unbounded: 0.3x), the whole request in ~0.65x `full`'s time.
+  // A calibrated model prunes from the layer after the one that locates a planted
+  // needle (tools/pruneserve-calibrate), with the same keep fractions.
   const int n = config.n_layers;
   LazyLlmParams p{.max_revivals = 2};
-  for (auto [depth, keep] : {std::pair{0.6, 0.3f}, {0.8, 0.1f}}) {
+  const std::vector<float> keep = {0.3f, 0.1f};
+  if (calibration != nullptr && !calibration->lazyllm_layers.empty()) {
+    for (size_t i = 0; i < calibration->lazyllm_layers.size() && i < keep.size(); ++i) {
+      p.layers.push_back(calibration->lazyllm_layers[i]);
+      p.keep.push_back(keep[i]);
+    }
+    return std::make_unique<Params>(std::move(p));
+  }
+  for (auto [depth, k] : {std::pair{0.6, keep[0]}, {0.8, keep[1]}}) {
     const int layer = std::clamp(static_cast<int>(std::lround(depth * n)), 1, std::max(1, n - 1));
     if (n < 2 || (!p.layers.empty() && layer <= p.layers.back())) continue;
     p.layers.push_back(layer);
-    p.keep.push_back(keep);
+    p.keep.push_back(k);
   }
   return std::make_unique<Params>(std::move(p));
 }

@@ -33,7 +33,7 @@ struct LazyLlmParams {
 };
 
 // The registry's defaults: layers at 60% and 80% of the depth, keep 0.3 and 0.1.
-std::unique_ptr<StrategyParams> LazyLlmDefaults(const ModelConfig& config);
+std::unique_ptr<StrategyParams> LazyLlmDefaults(const ModelConfig& config, const CalibrationPtr& calibration);
 
 class LazyLlm : public PruningStrategy {
  public:

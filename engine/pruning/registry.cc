@@ -9,6 +9,7 @@
 #include "engine/pruning/critiprefill.h"
 #include "engine/pruning/gemfilter.h"
 #include "engine/pruning/lazyllm.h"
+#include "engine/pruning/pod.h"
 #include "engine/pruning/sliminfer.h"
 #include "proto/field_args.h"
 #include "pruneserve/v1/generation.pb.h"
@@ -31,6 +32,10 @@ struct Registry {
       {"sliminfer",
        "SlimInfer: block-wise hidden-state pruning after slim layers, inactive blocks' KV in the host tier",
        SlimInferDefaults},
+      {"pod",
+       "PoD: per KV head, layers grouped by attention similarity share the distant tokens' scores of the group's "
+       "lowest layer (needs --pod-groups; stock weights, which the paper post-trains for it)",
+       PodDefaults},
   };
 };
 
@@ -89,8 +94,9 @@ void RegisterStrategy(StrategyInfo info) {
 }
 
 absl::StatusOr<StrategyDefaults> StrategyDefaults::ForModel(const ModelConfig& config,
-                                                            const std::vector<std::string>& args) {
-  StrategyDefaults d(config);
+                                                            const std::vector<std::string>& args,
+                                                            CalibrationPtr calibration) {
+  StrategyDefaults d(config, std::move(calibration));
   std::map<std::string, std::vector<std::string>> by_strategy;
   for (const std::string& a : args) {
     const size_t dot = a.find('.'), eq = a.find('=');
@@ -101,11 +107,11 @@ absl::StatusOr<StrategyDefaults> StrategyDefaults::ForModel(const ModelConfig& c
     by_strategy[s->name].push_back(a.substr(dot + 1));
   }
   for (const StrategyInfo* s : Strategies()) {
-    std::unique_ptr<StrategyParams> p = s->defaults ? s->defaults(config) : nullptr;
+    std::unique_ptr<StrategyParams> p = s->defaults ? s->defaults(config, d.calibration_) : nullptr;
     const std::string field = absl::StrCat("defaults.", s->name);
     PS_RETURN_IF_ERROR(MergeArgs(*s, by_strategy[s->name], field, p.get()));
     if (p != nullptr) {
-      PS_RETURN_IF_ERROR(p->Validate(config, field));
+      if (absl::Status st = p->Validate(config, field); !st.ok() && !absl::IsFailedPrecondition(st)) return st;
       d.params_[s->name] = std::move(p);
     }
   }
@@ -117,7 +123,7 @@ absl::StatusOr<PruningParams> StrategyDefaults::Get(std::string_view name) const
   auto it = params_.find(name);
   if (it != params_.end()) return PruningParams{.strategy = s, .params = it->second};
   if (s->defaults) {  // registered after these defaults were made
-    std::unique_ptr<StrategyParams> p = s->defaults(config_);
+    std::unique_ptr<StrategyParams> p = s->defaults(config_, calibration_);
     PS_RETURN_IF_ERROR(p->Validate(config_, absl::StrCat("defaults.", s->name)));
     return PruningParams{.strategy = s, .params = std::move(p)};
   }

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model.h"
+#include "engine/pruning/calibration.h"
 #include "engine/pruning/strategy.h"
 
 namespace google::protobuf {
@@ -54,8 +55,10 @@ absl::Status MergeIntField(bool has, uint32_t v, std::string_view field, std::st
 struct StrategyInfo {
   std::string name;     // the request's strategy name, and its PruningConfig message's field name
   std::string summary;  // one line for help texts
-  // The defaults for a model; null for `full` (no parameters, no strategy object).
-  std::function<std::unique_ptr<StrategyParams>(const ModelConfig&)> defaults;
+  // The defaults for a model, from its calibration where it has one (may be null);
+  // null for `full` (no parameters, no strategy object). Parameters that cannot run
+  // without a calibration fail Validate with FailedPrecondition, naming what is missing.
+  std::function<std::unique_ptr<StrategyParams>(const ModelConfig&, const CalibrationPtr&)> defaults;
 };
 
 // The registered strategies, `full` first, in table order.
@@ -82,10 +85,12 @@ struct PruningParams {
 // style overrides. What the server fills unset request fields from.
 class StrategyDefaults {
  public:
-  // The model's defaults with "STRATEGY.key=value" items on top, each strategy validated
-  // (errors name the field as defaults.<strategy>.<key>).
-  static absl::StatusOr<StrategyDefaults> ForModel(const ModelConfig& config,
-                                                   const std::vector<std::string>& args = {});
+  // The model's defaults (from its calibration, when given) with "STRATEGY.key=value"
+  // items on top, each strategy validated (errors name the field as
+  // defaults.<strategy>.<key>); a strategy that needs a missing calibration stays
+  // unavailable (its requests fail with FailedPrecondition) without failing the rest.
+  static absl::StatusOr<StrategyDefaults> ForModel(const ModelConfig& config, const std::vector<std::string>& args = {},
+                                                   CalibrationPtr calibration = nullptr);
   // Strategy `name` with its defaults (FindStrategy's error when unknown).
   absl::StatusOr<PruningParams> Get(std::string_view name) const;
   // Strategy `name` with "key=value" items over its defaults, validated; errors
@@ -97,8 +102,10 @@ class StrategyDefaults {
   absl::StatusOr<PruningParams> FromProto(const pruneserve::v1::PruningConfig& in) const;
 
  private:
-  explicit StrategyDefaults(const ModelConfig& config) : config_(config) {}
+  StrategyDefaults(const ModelConfig& config, CalibrationPtr calibration)
+      : config_(config), calibration_(std::move(calibration)) {}
   ModelConfig config_;
+  CalibrationPtr calibration_;
   std::map<std::string, std::shared_ptr<const StrategyParams>, std::less<>> params_;
 };
 

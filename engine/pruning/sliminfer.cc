@@ -91,7 +91,8 @@ class Params final : public StrategyParams {
 
 }  // namespace
 
-std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config) {
+std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config, const CalibrationPtr& calibration) {
+  (void)calibration;
   const int n = config.n_layers;
   const int ctx = std::max(config.n_ctx, 1024);
   SlimInferParams p;

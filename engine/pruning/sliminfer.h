@@ -48,7 +48,7 @@ struct SlimInferParams {
 // The registry's defaults: the paper's LLaMA-3.1-8B schedule (layers 10/20/30 of 32
 // keep 8k/4k/2k tokens of a 32k context) scaled to the model's depth and trained
 // context: layers at 10/32, 20/32 and 30/32 of the depth, budgets n_ctx/4, /8, /16.
-std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config);
+std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config, const CalibrationPtr& calibration);
 
 // Unit keys: the mean over each run of `unit_size` rows (the last run may be
 // shorter) of `keys` ([rows, width], `stride` floats apart): [ceil(rows/unit), width].

@@ -72,6 +72,30 @@ struct LayerAttention {
   AttentionShape shape;
 };
 
+// Attention scores shared across layers (PoD) at one layer. For each KV head, the
+// layer whose queries and keys score its distant keys: the layer itself means
+// ordinary attention for that head. Otherwise the head's query rows attend to their
+// proximal keys (positions below `sinks` or within the `recent` newest up to their
+// own) as usual, and to the distant ones with the base layer's scores (its queries
+// and keys) and this layer's values; a gate from the two parts' log-sum-exps,
+// g = 1 / (1 + exp(lse_D - lse_P)), mixes them: o = g o_P + (1 - g) o_D. When
+// gate_skip > 0, a single query row skips its distant part at a layer where the gate
+// (from the distant log-sum-exp this step's first non-base layer of the group left
+// in distant_lse) is at least gate_skip for every head of the group.
+struct SharedScores {
+  std::vector<int> base;             // [n_kv_heads]
+  std::vector<const float*> base_q;  // [n_kv_heads]: the base layer's queries of this step's query rows
+  int64_t q_stride = 0;              // floats between base_q rows
+  int32_t sinks = 0, recent = 0;
+  float gate_skip = 0;
+  // [n_kv_heads][n_heads / n_kv_heads]: the distant log-sum-exps of the step's single
+  // query row at its group (valid where distant_lse_valid[kv head]); the engine fills
+  // them at the group's first non-base layer, the strategy resets the flags per step.
+  float* distant_lse = nullptr;
+  char* distant_lse_valid = nullptr;
+  int64_t* distant_skipped = nullptr;  // distant parts skipped, counted by the engine
+};
+
 // What AfterAttention receives about the last query row at a layer.
 enum class LastQueryStat {
   kNone,
@@ -104,6 +128,14 @@ class PruningStrategy {
   // empty means all of them (and costs nothing).
   virtual void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) {
     (void)layer, (void)att, (void)ctx, (void)selection;
+  }
+
+  // Scores shared across layers at `layer` (PoD), or null: ordinary attention (over
+  // the selection). Valid until the next call. Called after SelectKv, which must
+  // leave the selection empty when this returns a plan.
+  virtual const SharedScores* ShareScores(int layer) {
+    (void)layer;
+    return nullptr;
   }
 
   virtual LastQueryStat WantsLastQuery(int layer) const {

@@ -13,9 +13,11 @@
 #include "engine/pruning/critiprefill.h"
 #include "engine/pruning/gemfilter.h"
 #include "engine/pruning/lazyllm.h"
+#include "engine/pruning/pod.h"
 #include "engine/pruning/registry.h"
 #include "engine/pruning/selection.h"
 #include "engine/pruning/sliminfer.h"
+#include "engine/shared_attention.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pruneserve/v1/generation.pb.h"
@@ -202,8 +204,13 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
     const absl::StatusOr<PruningParams> p = d->Get(s->name);
     ASSERT_TRUE(p.ok()) << s->name;
     EXPECT_EQ(p->name(), s->name);
-    if (p->params != nullptr) {
-      EXPECT_TRUE(p->params->Validate(c, "pruning").ok()) << s->name;
+    if (p->params == nullptr) continue;
+    const absl::Status valid = p->params->Validate(c, "pruning");
+    if (s->name == "pod") {  // no calibration given: unavailable, saying what it needs
+      EXPECT_EQ(valid.code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(std::string(valid.message()), HasSubstr("--pod-groups"));
+    } else {
+      EXPECT_TRUE(valid.ok()) << s->name << ": " << valid;
     }
   }
 
@@ -487,6 +494,20 @@ TEST_F(PruningModelTest, LazyLlmAttendsOnlyToTheSelectedTokens) {
   EXPECT_TRUE(restricted) << "decode steps find tokens cached at a layer but no longer selected there";
 }
 
+TEST(Pod, GateAndMergeOnHandBuiltNumbers) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_FLOAT_EQ(ProximalGate(std::log(3.0f), 0.0f), 0.75f);
+  EXPECT_FLOAT_EQ(ProximalGate(0.0f, -inf), 1.0f) << "no distant keys";
+  EXPECT_FLOAT_EQ(ProximalGate(2.0f, 2.0f), 0.5f);
+  // Two rows of two heads of two values; row 1's log-sum-exps in the middle of a wider array.
+  std::vector<float> o_p = {1, 1, 2, 2, /**/ 0, 0, 4, 4};
+  const std::vector<float> o_d = {3, 3, 0, 0, /**/ 8, 8, 4, 4};
+  const std::vector<float> lse_p = {std::log(3.0f), 0, 9, 0, 5, 9}, lse_d = {0, -inf, 9, std::log(3.0f), 5, 9};
+  MergeByGate(2, 2, 2, o_p.data(), 4, o_d.data(), 4, lse_p.data(), lse_d.data(), 3);
+  // g = 0.75, 1, 0.25, 0.5.
+  EXPECT_THAT(o_p, ::testing::Pointwise(::testing::FloatNear(1e-6f), std::vector<float>{1.5f, 1.5f, 2, 2, 6, 6, 4, 4}));
+}
+
 TEST(SlimInfer, UnitMeansBlockScoresAndOverlapOnHandBuiltInputs) {
   // Five rows of width 2 (stride 3), units of 2: the last unit has one row.
   const std::vector<float> keys = {1, 3, 9, 3, 5, 9, 0, 0, 9, 4, 4, 9, 7, -1, 9};
@@ -502,6 +523,58 @@ TEST(SlimInfer, UnitMeansBlockScoresAndOverlapOnHandBuiltInputs) {
   EXPECT_DOUBLE_EQ(ActiveOverlap(std::vector<int32_t>{0, 2, 3, 5}, active), 0.75);
   EXPECT_DOUBLE_EQ(ActiveOverlap(std::vector<int32_t>{1, 4}, active), 0.0);
   EXPECT_DOUBLE_EQ(ActiveOverlap(std::vector<int32_t>{}, active), 1.0);
+}
+
+// PoD on the test calibration (tests/engine/test_calibration.h): delta 0 leaves every
+// layer alone (exactly `full`); at 0.25 head 0 groups layers {0,1,2} {3,4}, heads 1-2
+// {0,1} {2,3} {4}, head 3 none. With every token proximal the shared path equals dense
+// attention; with a short window the distant scores come from the group's lowest
+// layer and the logits move; a decode step skips distant parts where the gate allows.
+TEST_F(PruningModelTest, PodGroupsShareDistantScores) {
+  const ModelConfig& c = model_->config();
+  const std::vector<int32_t> prompt = Prompt(120);
+  int64_t full_rows = 0, rows = 0;
+  const std::vector<int32_t> full = Run(prompt, 24, nullptr, &full_rows);
+  auto alone = Make("pod", {"delta=0"});
+  EXPECT_EQ(Run(prompt, 24, alone.get(), &rows), full);
+  EXPECT_EQ(static_cast<Pod*>(alone.get())->KeySaving(), 0.0);
+
+  auto grouped = Make("pod", {"sinks=4", "recent=8"});
+  const Pod& pod = *static_cast<Pod*>(grouped.get());
+  EXPECT_THAT(pod.base(), ElementsAre(ElementsAre(0, 0, 0, 3, 3), ElementsAre(0, 0, 2, 2, 4),
+                                      ElementsAre(0, 0, 2, 2, 4), ElementsAre(0, 1, 2, 3, 4)));
+  EXPECT_DOUBLE_EQ(pod.KeySaving(), 7.0 / 20.0);
+  auto logits = [&](PruningStrategy* strategy) {
+    Transformer t(*model_, backend_);
+    std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, 256);
+    std::vector<int32_t> positions(prompt.size());
+    std::iota(positions.begin(), positions.end(), 0);
+    SeqInput in{.seq_id = 1, .tokens = prompt, .positions = positions, .strategy = strategy};
+    ForwardOutput out;
+    EXPECT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok() && out.status[0].ok());
+    return out.logits;
+  };
+  auto diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    float d = 0;
+    for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+    return d;
+  };
+  const std::vector<float> dense = logits(nullptr);
+  auto roomy = Make("pod", {"sinks=4", "recent=4096"});
+  EXPECT_LT(diff(logits(roomy.get()), dense), 1e-4f) << "every key proximal: the dense result";
+  EXPECT_GT(diff(logits(grouped.get()), dense), 1e-3f) << "distant keys scored by the group's lowest layer";
+
+  for (float skip : {0.0f, 0.01f}) {
+    auto gated = Make("pod", {"sinks=4", "recent=8", absl::StrCat("gate_skip=", skip)});
+    Run(prompt, 8, gated.get());
+    const int64_t skipped = static_cast<Pod*>(gated.get())->distant_skipped();
+    if (skip == 0) {
+      EXPECT_EQ(skipped, 0);
+    } else {
+      EXPECT_GT(skipped, 0) << "decode steps skip distant parts whose gate is at least " << skip;
+    }
+  }
+  (void)c;
 }
 
 // SlimInfer with scripted block scores: `prefer` lists the blocks each step ranks

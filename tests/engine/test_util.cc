@@ -1,5 +1,7 @@
 #include "tests/engine/test_util.h"
 
+#include "tests/engine/test_calibration.h"
+
 #include <sys/stat.h>
 
 #include "absl/strings/str_split.h"
@@ -65,7 +67,7 @@ std::vector<int32_t> Greedy(const Model& m, Backend& backend, const std::vector<
 }
 
 PruningParams Strategy(const ModelConfig& config, const std::string& name, const std::vector<std::string>& args) {
-  absl::StatusOr<StrategyDefaults> d = StrategyDefaults::ForModel(config);
+  absl::StatusOr<StrategyDefaults> d = StrategyDefaults::ForModel(config, {}, TestCalibration(config));
   EXPECT_TRUE(d.ok()) << d.status();
   absl::StatusOr<PruningParams> p = d->WithArgs(name, args, "pruning");
   EXPECT_TRUE(p.ok()) << p.status();
@@ -111,9 +113,10 @@ void ExpectGreedyMatchesGolden(const Model& m, Backend& backend, const std::stri
       const float ours = top[0].logprob - top[1].logprob;  // logit margin: same as logprob margin
       EXPECT_LT(margins[i], near_tie) << "diverged at step " << i << " without a near-tie in llama.cpp";
       EXPECT_LT(ours, near_tie) << "diverged at step " << i << " without a near-tie here";
-      std::printf("golden '%.24s...' (%zu prompt tokens): %zu/%zu tokens equal; divergence at a near-tie "
-                  "(llama.cpp margin %.3f, ours %.3f)\n",
-                  row[0].c_str(), prompt.size(), i, want.size(), margins[i], ours);
+      std::printf(
+          "golden '%.24s...' (%zu prompt tokens): %zu/%zu tokens equal; divergence at a near-tie "
+          "(llama.cpp margin %.3f, ours %.3f)\n",
+          row[0].c_str(), prompt.size(), i, want.size(), margins[i], ours);
     } else {
       std::printf("golden '%.24s...' (%zu prompt tokens): %zu/%zu tokens equal\n", row[0].c_str(), prompt.size(), i,
                   want.size());

@@ -183,8 +183,9 @@ TEST(ChatTemplate, FindsQwenDefaultSystemPrompt) {
             "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   msgs.insert(msgs.begin(), ChatMessage{"system", "Be brief."});
-  EXPECT_EQ(*ApplyChatTemplate(t, msgs), "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                                         "<|im_start|>assistant\n");
+  EXPECT_EQ(*ApplyChatTemplate(t, msgs),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
   // A template without a literal default system turn has none.
   EXPECT_EQ(DetectChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}").default_system, "");
 }

@@ -185,7 +185,7 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   ThreadPool engine_pool(2);
   server::ServingOptions options = kTight;
   options.engine.kv_host_blocks = 20;    // smaller than some sequences: those preemptions recompute
-  options.engine.kv_device_blocks = 72;  // pruned sequences need less: more pressure than kTight
+  options.engine.kv_device_blocks = 80;  // pruned sequences need less: more pressure than kTight
   Served s(*model_, engine_pool, options, &canceller);
   canceller.scheduler = &s;
   std::mt19937 rng(7);
@@ -196,10 +196,12 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   std::vector<int> cancel_step(kRequests, -1);
   // Strategies mixed: pruned KV, Aux Caches and GemFilter's scratch prefix passes go too.
   const PruningParams strategies[] = {
-      Pruning("full"), Pruning("lazyllm", {"layers=1,2,3,4", "keep=0.5,0.3,0.2,0.1"}),
+      Pruning("full"),
+      Pruning("lazyllm", {"layers=1,2,3,4", "keep=0.5,0.3,0.2,0.1"}),
       Pruning("gemfilter", {"top_k=24", "filter_layer=1"}),
       Pruning("critiprefill", {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"}),
-      Pruning("sliminfer", {"layers=1,3", "budgets=48,24", "block_size=8", "unit_size=4", "gamma=1"})};
+      Pruning("sliminfer", {"layers=1,3", "budgets=48,24", "block_size=8", "unit_size=4", "gamma=1"}),
+      Pruning("pod", {"sinks=4", "recent=16"})};
   for (int i = 0; i < kRequests; ++i) {
     requests.push_back(Make(id(i), MixedPrompt(i), i % 2 == 0 ? 30 : kLastStep + 10));
     requests.back()->spec.pruning = strategies[(i / 2) % std::size(strategies)];

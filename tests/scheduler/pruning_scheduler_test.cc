@@ -22,7 +22,8 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
       Pruning("gemfilter", {"top_k=40", "original_positions=true"}),
       Pruning("lazyllm", {"layers=2", "keep=0.3"}),
       Pruning("critiprefill", {"segment_size=16", "block_size=4", "budget=8", "dense_prefix=0"}),
-      Pruning("sliminfer", {"layers=1,3", "budgets=48,24", "block_size=8", "unit_size=4", "gamma=1"})};
+      Pruning("sliminfer", {"layers=1,3", "budgets=48,24", "block_size=8", "unit_size=4", "gamma=1"}),
+      Pruning("pod", {"sinks=4", "recent=16"})};
   constexpr int kStrategies = std::size(strategies), kRequests = 2 * kStrategies, kTokens = 24;
   auto strategy = [&](int i) { return strategies[i % kStrategies]; };
   std::vector<std::string> offline(kRequests);
@@ -31,6 +32,7 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
   EXPECT_NE(offline[1], absl::StrJoin(Offline(LongPrompt(1), kTokens), " "));
   EXPECT_NE(offline[2], absl::StrJoin(Offline(LongPrompt(2), kTokens), " "));
   EXPECT_NE(offline[6], absl::StrJoin(Offline(LongPrompt(6), kTokens), " "));
+  EXPECT_NE(offline[7], absl::StrJoin(Offline(LongPrompt(7), kTokens), " "));
 
   for (const bool together : {false, true}) {
     SCOPED_TRACE(together ? "mixed batch" : "alone");

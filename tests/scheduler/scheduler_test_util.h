@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "server/serving.h"
+#include "tests/engine/test_calibration.h"
 
 namespace ps {
 
@@ -98,7 +99,9 @@ class SchedulerTest : public ::testing::Test {
   }
   // The model's defaults for strategy `name` with `args` applied.
   PruningParams Pruning(const std::string& name, const std::vector<std::string>& args = {}) {
-    absl::StatusOr<PruningParams> p = StrategyDefaults::ForModel(model_->config())->WithArgs(name, args, "pruning");
+    absl::StatusOr<PruningParams> p =
+        StrategyDefaults::ForModel(model_->config(), {}, testing::TestCalibration(model_->config()))
+            ->WithArgs(name, args, "pruning");
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *p : PruningParams{};
   }

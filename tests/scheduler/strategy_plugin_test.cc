@@ -87,7 +87,9 @@ std::vector<int32_t> LongPrompt(int i) {  // 70 to 150 tokens
 TEST_F(SchedulerTest, AStrategyRegisteredAtRunTimePrunesSelectsAndMovesBlocks) {
   RegisterStrategy({.name = "test_mover",
                     .summary = "test: prunes, selects, moves a block",
-                    .defaults = [](const ModelConfig&) { return std::make_unique<MoverParams>(g_counters); }});
+                    .defaults = [](const ModelConfig&, const CalibrationPtr&) {
+                      return std::make_unique<MoverParams>(g_counters);
+                    }});
   const PruningParams mover = Pruning("test_mover");
   ASSERT_EQ(mover.name(), "test_mover");
   EXPECT_FALSE(StrategyDefaults::ForModel(model_->config())->WithArgs("test_mover", {"x=1"}, "pruning").ok());
@@ -261,9 +263,10 @@ class MetricsObserver final : public SchedulerObserver {
 };
 
 TEST_F(SchedulerTest, SlimInferMovesShowInTheSwapMetricsAndItsPrefetchesOverlapASlowCopyEngine) {
-  RegisterStrategy({.name = "test_seesaw_sliminfer",
-                    .summary = "test: SlimInfer switching its active blocks every step",
-                    .defaults = [](const ModelConfig&) { return std::make_unique<SeesawParams>(); }});
+  RegisterStrategy(
+      {.name = "test_seesaw_sliminfer",
+       .summary = "test: SlimInfer switching its active blocks every step",
+       .defaults = [](const ModelConfig&, const CalibrationPtr&) { return std::make_unique<SeesawParams>(); }});
   constexpr auto kCopyTime = std::chrono::milliseconds(2);
   std::atomic<int64_t> copies{0};
   MetricsObserver observer;

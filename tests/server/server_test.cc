@@ -2,6 +2,8 @@
 // engine's offline output, concurrency, cancellation (client, deadline, Abort),
 // the validation table, metrics and graceful shutdown.
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_join.h"
@@ -10,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/engine/test_calibration.h"
 #include "tests/server/server_process.h"
 
 namespace ps::testing {
@@ -25,7 +28,8 @@ std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n, const st
                              const std::vector<std::string>& args = {}) {
   static auto* model = Model::Load(kStories)->release();
   const absl::StatusOr<PruningParams> params =
-      StrategyDefaults::ForModel(model->config())->WithArgs(strategy, args, "pruning");
+      StrategyDefaults::ForModel(model->config(), {}, TestCalibration(model->config()))
+          ->WithArgs(strategy, args, "pruning");
   EXPECT_TRUE(params.ok()) << params.status();
   const std::unique_ptr<PruningStrategy> pruner = params->Make(model->config());
   ThreadPool pool(1);
@@ -271,8 +275,10 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   EXPECT_EQ(info.architecture(), "llama");
   EXPECT_EQ(info.vocab_size(), 512u);
   EXPECT_EQ(info.num_layers(), 5u);
-  EXPECT_EQ(absl::StrJoin(info.strategies(), " "), "full lazyllm gemfilter critiprefill sliminfer");
-  ASSERT_EQ(info.strategy_defaults_size(), 5);
+  EXPECT_EQ(absl::StrJoin(info.strategies(), " "), "full lazyllm gemfilter critiprefill sliminfer pod");
+  ASSERT_EQ(info.strategy_summaries_size(), info.strategies_size());
+  EXPECT_THAT(info.strategy_summaries(5), ::testing::HasSubstr("stock weights"));
+  ASSERT_EQ(info.strategy_defaults_size(), 6);
   EXPECT_TRUE(info.strategy_defaults(0).has_full());
   EXPECT_EQ(absl::StrJoin(info.strategy_defaults(1).lazyllm().layers(), ","), "3,4");  // 60% and 80% of 5 layers
   EXPECT_EQ(info.strategy_defaults(2).gemfilter().filter_layer(), 2u);                 // 40% of 5 layers
@@ -360,7 +366,49 @@ TEST_F(ServerTest, PruningStrategiesOverTheWire) {
   EXPECT_DOUBLE_EQ(MetricValue(page, R"(pruneserve_prompt_tokens_pruned_total{strategy="lazyllm"})"),
                    prompt.size() - lazy.finished.usage().prompt_tokens_computed());
   EXPECT_EQ(MetricValue(page, R"(pruneserve_prompt_tokens_kept_total{layer="0",strategy="gemfilter"})"), 16);
+
+  // PoD needs the model's layer groups, which this server was not given.
+  req = GreedyRequest(prompt, 4);
+  req.mutable_pruning()->mutable_pod();
+  StreamResult pod = RunStream(*stub, req);
+  EXPECT_EQ(pod.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(pod.status.error_message(), ::testing::HasSubstr("--pod-groups"));
   EXPECT_TRUE(Drained(*server_));
+}
+
+// With --pod-groups the server loads the calibration: PoD streams the engine's tokens
+// for those groups; a file for another model is refused at start-up, naming it.
+TEST(ServerCalibration, PodGroupsFileEnablesPod) {
+  static auto* model = Model::Load(kStories)->release();
+  const std::string file = ::testing::TempDir() + "/pod_groups_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(file) << CalibrationToJson(*TestCalibration(model->config()));
+  ServerProcess server({"--model", kStories, "--threads", "2", "--pod-groups", file});
+  auto stub = server.Stub();
+  std::vector<int32_t> prompt = {1};
+  for (int k = 0; k < 80; ++k) prompt.push_back(300 + (k * 29) % 200);
+  pb::GenerateRequest req = GreedyRequest(prompt, 12);
+  req.mutable_pruning()->mutable_pod()->set_sinks(4);
+  req.mutable_pruning()->mutable_pod()->set_recent(8);
+  StreamResult pod = RunStream(*stub, req);
+  ASSERT_TRUE(pod.status.ok()) << pod.status.error_message();
+  EXPECT_EQ(absl::StrJoin(pod.tokens, " "), absl::StrJoin(Offline(prompt, 12, "pod", {"sinks=4", "recent=8"}), " "));
+  req.mutable_pruning()->mutable_pod()->set_delta(1.5f);
+  EXPECT_EQ(RunStream(*stub, req).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  Calibration other = *TestCalibration(model->config());
+  other.n_layers = 7;
+  std::ofstream(file) << CalibrationToJson(other);
+  const std::string cmd = std::string(PS_BINARY_DIR) + "/pruneserve --model " + kStories + " --pod-groups " + file +
+                          " --port 0 --metrics-port -1 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  EXPECT_NE(pclose(p), 0);
+  EXPECT_THAT(out, ::testing::HasSubstr("calibrated for 7 layers"));
+  std::remove(file.c_str());
 }
 
 TEST(ServerLimits, QueueFullIsResourceExhausted) {
