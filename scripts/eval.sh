@@ -7,6 +7,9 @@
 # Without them: lengths 1024..8192, depths 0..100 by 25, all four tasks (about an hour on 2 cores).
 # PS_EVAL_MODEL=FILE serves another model, e.g. the 0.5B evaluation model
 # (models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf, fetched by `scripts/fetch_model.sh --eval`).
+# The model's calibration (FILE.calibration.json from build/pruneserve-calibrate), when
+# there is one, goes to the server as --pod-groups (PoD needs it); PS_EVAL_SERVER_ARGS
+# adds server flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -20,8 +23,12 @@ fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target pruneserve pruneserve-cli pruneserve-eval
 tmp=$(mktemp -d)
+server_args=(${PS_EVAL_SERVER_ARGS:-})
+if [ -f "$model.calibration.json" ]; then
+  server_args+=(--pod-groups "$model.calibration.json")
+fi
 build/pruneserve --model "$model" --host 127.0.0.1 --port 0 --port-file "$tmp/ports" \
-  --metrics-port -1 --log-level warn > "$tmp/server.log" 2>&1 &
+  --metrics-port -1 --log-level warn "${server_args[@]}" > "$tmp/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$tmp"' EXIT
 for _ in $(seq 600); do

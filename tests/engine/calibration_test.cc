@@ -9,6 +9,7 @@
 #include "engine/pruning/calibration.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/command.h"
 
 namespace ps {
 namespace {
@@ -83,17 +84,12 @@ TEST(Calibration, JsonRoundTripAndChecksAgainstTheModel) {
 
 TEST(Calibration, ToolWritesAFileTheModelAccepts) {
   const std::string out = ::testing::TempDir() + "/calibration_" + std::to_string(::getpid()) + ".json";
-  const std::string cmd = std::string(PS_BINARY_DIR) + "/pruneserve-calibrate --model " + PS_TESTDATA +
-                          "/stories260K/stories260K.gguf --haystack " + PS_TESTDATA +
-                          "/haystack/paul_graham_essays --length 300 --samples 2 --queries 4 --threads 2 --out " + out +
-                          " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string printed;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) printed.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << printed;
+  const testing::CommandResult run = testing::RunCommand(
+      std::string(PS_BINARY_DIR) + "/pruneserve-calibrate --model " + PS_TESTDATA +
+      "/stories260K/stories260K.gguf --haystack " + PS_TESTDATA +
+      "/haystack/paul_graham_essays --length 300 --samples 2 --queries 4 --threads 2 --out " + out + " 2>/dev/null");
+  const std::string& printed = run.output;
+  ASSERT_EQ(run.exit_code, 0) << printed;
   EXPECT_THAT(printed, HasSubstr("PoD delta 0.50"));
   EXPECT_THAT(printed, HasSubstr("wrote " + out));
   ModelConfig stories = Config(5, 4);

@@ -287,6 +287,23 @@ class PruningModelTest : public ::testing::Test {
   std::unique_ptr<PruningStrategy> Make(const std::string& name, std::vector<std::string> args) {
     return testing::Strategy(model_->config(), name, args).Make(model_->config());
   }
+  // The logits of a prompt's single forward step (every row's).
+  std::vector<float> PromptLogits(const std::vector<int32_t>& prompt, PruningStrategy* strategy) {
+    Transformer t(*model_, backend_);
+    std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, 256);
+    std::vector<int32_t> positions(prompt.size());
+    std::iota(positions.begin(), positions.end(), 0);
+    SeqInput in{.seq_id = 1, .tokens = prompt, .positions = positions, .strategy = strategy};
+    ForwardOutput out;
+    EXPECT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok() && out.status[0].ok());
+    return out.logits;
+  }
+  static float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    float d = 0;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+    return d;
+  }
   static std::vector<int32_t> Prompt(int n) {
     std::vector<int32_t> p = {1};
     for (int i = 1; i < n; ++i) p.push_back(260 + (i * 37) % 240);
@@ -323,25 +340,11 @@ TEST_F(PruningModelTest, NoOpSettingsGiveExactlyFullTokens) {
   }
   // The prompt's logits: equal at the no-op budget, changed by a small one (else the
   // lines above would prove nothing; the tiny model's greedy tokens survive it).
-  auto logits = [&](PruningStrategy* strategy) {
-    Transformer t(*model_, backend_);
-    std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, 256);
-    std::vector<int32_t> positions(prompt.size());
-    std::iota(positions.begin(), positions.end(), 0);
-    SeqInput in{.seq_id = 1, .tokens = prompt, .positions = positions, .strategy = strategy};
-    ForwardOutput out;
-    EXPECT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok() && out.status[0].ok());
-    return out.logits;
-  };
-  const std::vector<float> dense = logits(nullptr);
+  const std::vector<float> dense = PromptLogits(prompt, nullptr);
   auto roomy = Make("critiprefill", {"segment_size=16", "block_size=4", "dense_prefix=0", "budget=120"});
-  EXPECT_EQ(logits(roomy.get()), dense);
+  EXPECT_EQ(PromptLogits(prompt, roomy.get()), dense);
   auto sparse = Make("critiprefill", {"segment_size=16", "block_size=4", "dense_prefix=0", "budget=8"});
-  const std::vector<float> changed = logits(sparse.get());
-  ASSERT_EQ(changed.size(), dense.size());
-  float diff = 0;
-  for (size_t i = 0; i < dense.size(); ++i) diff = std::max(diff, std::fabs(changed[i] - dense[i]));
-  EXPECT_GT(diff, 1e-3f);
+  EXPECT_GT(MaxAbsDiff(PromptLogits(prompt, sparse.get()), dense), 1e-3f);
 }
 
 TEST_F(PruningModelTest, StrategiesComputeLessAndGemFilterKeepsTheLastToken) {
@@ -544,25 +547,11 @@ TEST_F(PruningModelTest, PodGroupsShareDistantScores) {
   EXPECT_THAT(pod.base(), ElementsAre(ElementsAre(0, 0, 0, 3, 3), ElementsAre(0, 0, 2, 2, 4),
                                       ElementsAre(0, 0, 2, 2, 4), ElementsAre(0, 1, 2, 3, 4)));
   EXPECT_DOUBLE_EQ(pod.KeySaving(), 7.0 / 20.0);
-  auto logits = [&](PruningStrategy* strategy) {
-    Transformer t(*model_, backend_);
-    std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, 256);
-    std::vector<int32_t> positions(prompt.size());
-    std::iota(positions.begin(), positions.end(), 0);
-    SeqInput in{.seq_id = 1, .tokens = prompt, .positions = positions, .strategy = strategy};
-    ForwardOutput out;
-    EXPECT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok() && out.status[0].ok());
-    return out.logits;
-  };
-  auto diff = [](const std::vector<float>& a, const std::vector<float>& b) {
-    float d = 0;
-    for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-    return d;
-  };
-  const std::vector<float> dense = logits(nullptr);
+  const std::vector<float> dense = PromptLogits(prompt, nullptr);
   auto roomy = Make("pod", {"sinks=4", "recent=4096"});
-  EXPECT_LT(diff(logits(roomy.get()), dense), 1e-4f) << "every key proximal: the dense result";
-  EXPECT_GT(diff(logits(grouped.get()), dense), 1e-3f) << "distant keys scored by the group's lowest layer";
+  EXPECT_LT(MaxAbsDiff(PromptLogits(prompt, roomy.get()), dense), 1e-4f) << "every key proximal: the dense result";
+  EXPECT_GT(MaxAbsDiff(PromptLogits(prompt, grouped.get()), dense), 1e-3f)
+      << "distant keys scored by the group's lowest layer";
 
   for (float skip : {0.0f, 0.01f}) {
     auto gated = Make("pod", {"sinks=4", "recent=8", absl::StrCat("gate_skip=", skip)});

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/command.h"
 #include "tests/engine/test_calibration.h"
 #include "tests/server/server_process.h"
 
@@ -398,16 +399,10 @@ TEST(ServerCalibration, PodGroupsFileEnablesPod) {
   Calibration other = *TestCalibration(model->config());
   other.n_layers = 7;
   std::ofstream(file) << CalibrationToJson(other);
-  const std::string cmd = std::string(PS_BINARY_DIR) + "/pruneserve --model " + kStories + " --pod-groups " + file +
-                          " --port 0 --metrics-port -1 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  EXPECT_NE(pclose(p), 0);
-  EXPECT_THAT(out, ::testing::HasSubstr("calibrated for 7 layers"));
+  const CommandResult refused = RunCommand(std::string(PS_BINARY_DIR) + "/pruneserve --model " + kStories +
+                                           " --pod-groups " + file + " --port 0 --metrics-port -1 2>&1");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_THAT(refused.output, ::testing::HasSubstr("calibrated for 7 layers"));
   std::remove(file.c_str());
 }
 

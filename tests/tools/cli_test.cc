@@ -10,23 +10,13 @@
 
 #include "base/mapped_file.h"
 #include "gtest/gtest.h"
+#include "tests/command.h"
 
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout + stderr
-};
-
-Result RunCli(const std::string& args) {
-  const std::string cmd = std::string(PS_BINARY_DIR) + "/pruneserve-run " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+// Exit code and stdout + stderr.
+ps::testing::CommandResult RunCli(const std::string& args) {
+  return ps::testing::RunCommand(std::string(PS_BINARY_DIR) + "/pruneserve-run " + args + " 2>&1");
 }
 
 const std::string kStories = std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf";
@@ -71,7 +61,7 @@ TEST(Cli, BadArgumentsFailWithAMessage) {
            "--model " + kStories + " --prompt hi --max-new-tokens 100000",
            "--model " + kStories + " --prompt hi --threads abc", "--model " + kStories + " --bogus-flag",
            "--model " + kStories + " --prompt '' --no-special"}) {
-    const Result r = RunCli(args);
+    const ps::testing::CommandResult r = RunCli(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
     EXPECT_NE(r.output.find("pruneserve-run: "), std::string::npos) << args << "\n" << r.output;
   }
@@ -94,7 +84,7 @@ TEST(Cli, BrokenModelFilesFailWithAMessage) {
   int rejected = 0;
   for (size_t i = 0; i < variants.size(); ++i) {
     std::ofstream(path, std::ios::binary) << variants[i];
-    const Result r = RunCli("--model " + path + " --prompt 'Once upon' --max-new-tokens 4");
+    const ps::testing::CommandResult r = RunCli("--model " + path + " --prompt 'Once upon' --max-new-tokens 4");
     ASSERT_LT(r.exit_code, 128) << "crashed on variant " << i << ":\n" << r.output;  // a signal is a crash
     if (r.exit_code != 0) {
       EXPECT_EQ(r.exit_code, 1);

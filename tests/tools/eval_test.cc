@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/command.h"
 #include "tests/server/server_process.h"
 
 namespace ps::testing {
@@ -20,13 +21,9 @@ TEST(Eval, SmokeOnStories) {
       " --strategy-arg gemfilter.top_k=64 --strategy-arg gemfilter.filter_layer=1 --strategy-arg lazyllm.layers=1,3"
       " --strategy-arg lazyllm.keep=0.5,0.2 --strategy-arg sliminfer.layers=1,3"
       " --strategy-arg sliminfer.budgets=128,64 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string table;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) table.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << table;
+  const CommandResult run = RunCommand(cmd);
+  const std::string& table = run.output;
+  ASSERT_EQ(run.exit_code, 0) << table;
   EXPECT_THAT(table, ::testing::HasSubstr("strategy      length  accuracy"));
   EXPECT_THAT(table, ::testing::ContainsRegex("gemfilter +500 "));
 
