@@ -49,8 +49,7 @@ constexpr char kQuestion[] = "\n\nQuestion: What is the best thing to do in San 
 // every query and key of a one-step prompt) and leaves the attention itself alone.
 class AttentionProbe final : public PruningStrategy {
  public:
-  AttentionProbe(int n_layers, int queries)
-      : n_layers_(n_layers), queries_(queries), dist_(n_layers), last_(n_layers) {}
+  AttentionProbe(int n_layers, int queries) : queries_(queries), dist_(n_layers), last_(n_layers) {}
   std::string_view name() const override { return "calibration-probe"; }
 
   void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) override {
@@ -95,7 +94,6 @@ class AttentionProbe final : public PruningStrategy {
   const std::vector<float>& Last(int layer) const { return last_[layer]; }
 
  private:
-  int n_layers_;
   int queries_;
   int64_t n_ = 0, rows_ = 0;
   std::vector<std::vector<float>> dist_;  // [layer][kv_head][row][n]

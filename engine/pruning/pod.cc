@@ -74,7 +74,6 @@ Pod::Pod(const PodParams& params, const ModelConfig& config)
     : params_(params),
       n_layers_(config.n_layers),
       n_kv_heads_(config.n_kv_heads),
-      group_(config.n_heads / config.n_kv_heads),
       q_dim_(config.q_dim()),
       shares_(config.n_layers, 0),
       feeds_(config.n_layers, 0),

@@ -55,7 +55,7 @@ class Pod : public PruningStrategy {
 
  private:
   PodParams params_;
-  int n_layers_, n_kv_heads_, group_, q_dim_;
+  int n_layers_, n_kv_heads_, q_dim_;
   std::vector<std::vector<int>> base_;
   std::vector<char> shares_;           // [layer]: a head reads another layer's scores here
   std::vector<char> feeds_;            // [layer]: a group of several layers starts here for some head
