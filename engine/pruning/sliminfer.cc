@@ -105,16 +105,13 @@ std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config, con
   return std::make_unique<Params>(std::move(p));
 }
 
-std::vector<float> UnitMeans(const float* keys, int64_t rows, int64_t stride, int width, int unit_size) {
-  const int64_t units = (rows + unit_size - 1) / unit_size;
-  std::vector<float> out(units * width, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* u = out.data() + (r / unit_size) * width;
-    for (int c = 0; c < width; ++c) u[c] += keys[r * stride + c];
-  }
-  for (int64_t u = 0; u < units; ++u) {
-    const auto count = static_cast<float>(std::min<int64_t>(unit_size, rows - u * unit_size));
-    for (int c = 0; c < width; ++c) out[u * width + c] /= count;
+std::vector<float> UnitMeans(std::span<const float> sums, std::span<const int32_t> counts, int width) {
+  PS_CHECK(sums.size() == counts.size() * width) << "unit means: bad shapes";
+  std::vector<float> out(sums.size(), 0.0f);
+  for (size_t u = 0; u < counts.size(); ++u) {
+    if (counts[u] == 0) continue;
+    const float inv = 1.0f / static_cast<float>(counts[u]);
+    for (int c = 0; c < width; ++c) out[u * width + c] = sums[u * width + c] * inv;
   }
   return out;
 }
@@ -206,15 +203,8 @@ absl::Status SlimInfer::BeginStep(StepRows* rows, SeqContext& ctx) {
 
 void SlimInfer::Score(int stage, std::span<const float> q_mean, std::vector<float>* scores) {
   const Stage& st = stages_[stage];
-  const auto units = static_cast<int64_t>(st.unit_count.size());
-  unit_keys_.assign(st.unit_sum.size(), 0.0f);
-  for (int64_t u = 0; u < units; ++u) {
-    if (st.unit_count[u] == 0) continue;
-    const float inv = 1.0f / static_cast<float>(st.unit_count[u]);
-    for (int c = 0; c < kv_dim_; ++c) unit_keys_[u * kv_dim_ + c] = st.unit_sum[u * kv_dim_ + c] * inv;
-  }
   const int per_block = params_.block_size / params_.unit_size;
-  *scores = BlockScores(q_mean, unit_keys_, per_block, shape_);
+  *scores = BlockScores(q_mean, UnitMeans(st.unit_sum, st.unit_count, kv_dim_), per_block, shape_);
   for (int32_t b = 0; b < n_blocks_; ++b) {
     if (st.unit_count[static_cast<int64_t>(b) * per_block] == 0) (*scores)[b] = -kInf;  // no keys at this layer
   }

@@ -50,9 +50,9 @@ struct SlimInferParams {
 // context: layers at 10/32, 20/32 and 30/32 of the depth, budgets n_ctx/4, /8, /16.
 std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config, const CalibrationPtr& calibration);
 
-// Unit keys: the mean over each run of `unit_size` rows (the last run may be
-// shorter) of `keys` ([rows, width], `stride` floats apart): [ceil(rows/unit), width].
-std::vector<float> UnitMeans(const float* keys, int64_t rows, int64_t stride, int width, int unit_size);
+// Unit keys from running sums: sums [units, width] of the keys of counts[u] rows
+// each; the mean per unit (zeros where no row was summed).
+std::vector<float> UnitMeans(std::span<const float> sums, std::span<const int32_t> counts, int width);
 
 // Block scores: for each block of `units_per_block` unit keys (the last may have
 // fewer), the max over its units of the mean over query heads h of q[h]·k[h / group]
@@ -110,7 +110,7 @@ class SlimInfer : public PruningStrategy {
   std::vector<std::vector<char>> active_;  // [stage][block]
   int64_t switches_ = 0;
   // Scratch.
-  std::vector<float> q_mean_, scores_, unit_keys_;
+  std::vector<float> q_mean_, scores_;
   std::vector<char> go_on_;
   std::vector<int32_t> revive_, kv_rows_, to_device_, to_host_;
 };

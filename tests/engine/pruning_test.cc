@@ -512,9 +512,11 @@ TEST(Pod, GateAndMergeOnHandBuiltNumbers) {
 }
 
 TEST(SlimInfer, UnitMeansBlockScoresAndOverlapOnHandBuiltInputs) {
-  // Five rows of width 2 (stride 3), units of 2: the last unit has one row.
-  const std::vector<float> keys = {1, 3, 9, 3, 5, 9, 0, 0, 9, 4, 4, 9, 7, -1, 9};
-  EXPECT_THAT(UnitMeans(keys.data(), 5, 3, 2, 2), ElementsAre(2, 4, 2, 2, 7, -1));
+  // Keys (1, 3) (3, 5) | (0, 0) (4, 4) | (7, -1) summed per unit of 2 (the third has
+  // one row), and a unit no row reached.
+  const std::vector<float> sums = {4, 8, 4, 4, 7, -1, 0, 0};
+  const std::vector<int32_t> counts = {2, 2, 1, 0};
+  EXPECT_THAT(UnitMeans(sums, counts, 2), ElementsAre(2, 4, 2, 2, 7, -1, 0, 0));
   // Two KV heads of size 2, two query heads each; three units, two per block.
   const AttentionShape shape{.n_heads = 4, .n_kv_heads = 2, .head_dim = 2, .scale = 1};
   const std::vector<float> q = {1, 0, 1, 0, /**/ 0, 1, 0, -1};  // heads 0-1 ask (1, 0); 2 (0, 1), 3 (0, -1)
