@@ -20,6 +20,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -141,7 +142,9 @@ int main(int argc, char** argv) {
                    "prompt lengths in tokens (default: 1024, doubling, up to the model's context)");
   flags.AddIntList("depths", &depths, "needle depths in percent of the context");
   flags.AddString("tasks", &tasks_flag, "comma-separated: needle, magic, passkey, multikey");
-  flags.AddString("strategies", &strategies_flag, "comma-separated strategies; full is the speedup baseline");
+  flags.AddString("strategies", &strategies_flag,
+                  "comma-separated strategies; full is the speedup baseline; NAME:key=value[:key=value] is a "
+                  "variant with its own parameters, e.g. pod:delta=0.3,pod:delta=0.7,sliminfer:budgets=4096,2048");
   flags.AddStringList("strategy-arg", &strategy_args,
                       "STRATEGY.key=value for a strategy's parameters (else server defaults)");
   flags.AddInt("max-new-tokens", &max_new, "answer length");
@@ -153,7 +156,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::vector<std::string> tasks = absl::StrSplit(tasks_flag, ',', absl::SkipEmpty());
-  const std::vector<std::string> strategies = absl::StrSplit(strategies_flag, ',', absl::SkipEmpty());
+  // Split at commas, but a piece that starts with a digit continues a variant's list value (budgets=512,256).
+  std::vector<std::string> strategies;
+  for (absl::string_view piece : absl::StrSplit(strategies_flag, ',', absl::SkipEmpty())) {
+    if (!strategies.empty() && absl::ascii_isdigit(piece.front())) {
+      absl::StrAppend(&strategies.back(), ",", piece);
+    } else {
+      strategies.emplace_back(piece);
+    }
+  }
   for (const std::string& t : tasks) {
     if (t != "needle" && t != "magic" && t != "passkey" && t != "multikey") return Fail("unknown task " + t);
   }
@@ -164,10 +175,13 @@ int main(int argc, char** argv) {
     if (dot == std::string::npos) return Fail("--strategy-arg " + a + " is not STRATEGY.key=value");
     args_of[a.substr(0, dot)].push_back(a.substr(dot + 1));
   }
-  std::map<std::string, pb::PruningConfig> configs;
-  for (const std::string& s : strategies) {
-    if (absl::Status st = ps::SetStrategyArgs(s, args_of[s], &configs[s]); !st.ok())
-      return Fail(std::string(st.message()));
+  std::map<std::string, pb::PruningConfig> configs;  // by label: NAME or NAME:key=value[:key=value]
+  for (const std::string& label : strategies) {
+    const std::vector<std::string> parts = absl::StrSplit(label, ':');
+    std::vector<std::string> args = args_of[parts[0]];
+    args.insert(args.end(), parts.begin() + 1, parts.end());
+    if (absl::Status st = ps::SetStrategyArgs(parts[0], args, &configs[label]); !st.ok())
+      return Fail(absl::StrCat(label, ": ", st.message()));
   }
 
   Client client(addr);
@@ -288,14 +302,15 @@ int main(int argc, char** argv) {
       c.computed += computed;
       c.kv_blocks = std::max<uint64_t>(c.kv_blocks, u.kv_blocks());
       c.kv_device_blocks = std::max<uint64_t>(c.kv_device_blocks, u.kv_device_blocks());
-      std::fprintf(stderr, "[%zu/%zu] %-8s %6d tok depth %3d%% %-9s %s ttft %.2f s computed %.0f%%\n", i + 1,
+      std::fprintf(stderr, "[%zu/%zu] %-8s %6d tok depth %3d%% %-16s %s ttft %.2f s computed %.0f%%\n", i + 1,
                    prompts.size(), p.task.c_str(), u.prompt_tokens(), p.depth, strategy.c_str(),
                    correct ? "ok  " : "miss", u.time_to_first_token_seconds(), computed);
       if (csv.is_open()) {
         std::string quoted = answer;
         absl::StrReplaceAll({{"\"", "\"\""}, {"\n", "\\n"}, {"\r", "\\r"}}, &quoted);  // one row per line
+        const std::string label = absl::StrContains(strategy, ',') ? absl::StrCat("\"", strategy, "\"") : strategy;
         csv << absl::StrFormat("%s,%s,%d,%d,%s,%u,%d,%.4f,%.1f,%u,%u,\"%s\"\n", info.name(), p.task, p.length, p.depth,
-                               strategy, u.prompt_tokens(), correct ? 1 : 0, u.time_to_first_token_seconds(), computed,
+                               label, u.prompt_tokens(), correct ? 1 : 0, u.time_to_first_token_seconds(), computed,
                                u.kv_blocks(), u.kv_device_blocks(), quoted);
       }
     }
@@ -303,7 +318,7 @@ int main(int argc, char** argv) {
 
   std::printf("\n%s (%s), tasks %s, depths %s\n", info.name().c_str(), addr.c_str(), tasks_flag.c_str(),
               absl::StrJoin(depths, ",").c_str());
-  std::printf("%-12s %7s %9s %9s %8s %9s %10s %10s\n", "strategy", "length", "accuracy", "ttft_s", "speedup",
+  std::printf("%-16s %7s %9s %9s %8s %9s %10s %10s\n", "strategy", "length", "accuracy", "ttft_s", "speedup",
               "computed", "kv_blocks", "kv_device");
   for (int64_t length : lengths) {
     const auto base = cells.find({"full", static_cast<int>(length)});
@@ -314,7 +329,7 @@ int main(int argc, char** argv) {
       const std::string speedup = base != cells.end() && base->second.n > 0 && ttft > 0
                                       ? absl::StrFormat("%.2fx", base->second.ttft / base->second.n / ttft)
                                       : "-";
-      std::printf("%-12s %7lld %8.1f%% %9.3f %8s %8.1f%% %10llu %10llu\n", strategy.c_str(),
+      std::printf("%-16s %7lld %8.1f%% %9.3f %8s %8.1f%% %10llu %10llu\n", strategy.c_str(),
                   static_cast<long long>(length), 100.0 * c.correct / c.n, ttft, speedup.c_str(), c.computed / c.n,
                   static_cast<unsigned long long>(c.kv_blocks), static_cast<unsigned long long>(c.kv_device_blocks));
     }

@@ -1,6 +1,6 @@
 // pruneserve-eval against a real server on stories260K at small sizes: it
 // completes, prints its table, and writes one CSV row per (prompt, strategy) with
-// full's and the strategies' figures side by side.
+// full's and the strategies' figures side by side, a variant (NAME:key=value) under its label.
 #include <fstream>
 
 #include "absl/strings/str_split.h"
@@ -20,11 +20,12 @@ TEST(Eval, SmokeOnStories) {
       "/haystack/paul_graham_essays --lengths 300,500 --depths 0,50,100 --csv " + csv +
       " --strategy-arg gemfilter.top_k=64 --strategy-arg gemfilter.filter_layer=1 --strategy-arg lazyllm.layers=1,3"
       " --strategy-arg lazyllm.keep=0.5,0.2 --strategy-arg sliminfer.layers=1,3"
-      " --strategy-arg sliminfer.budgets=128,64 2>/dev/null";
+      " --strategy-arg sliminfer.budgets=128,64"
+      " --strategies full,lazyllm,gemfilter,critiprefill,sliminfer,gemfilter:top_k=4096 2>/dev/null";
   const CommandResult run = RunCommand(cmd);
   const std::string& table = run.output;
   ASSERT_EQ(run.exit_code, 0) << table;
-  EXPECT_THAT(table, ::testing::HasSubstr("strategy      length  accuracy"));
+  EXPECT_THAT(table, ::testing::HasSubstr("strategy          length  accuracy"));
   EXPECT_THAT(table, ::testing::ContainsRegex("gemfilter +500 "));
 
   std::ifstream in(csv);
@@ -47,12 +48,17 @@ TEST(Eval, SmokeOnStories) {
     computed[f[4]] += std::stod(f[8]);
   }
   // 2 lengths x 3 depths x 4 tasks, under each strategy.
-  EXPECT_EQ(rows, (std::map<std::string, int>{
-                      {"critiprefill", 24}, {"full", 24}, {"gemfilter", 24}, {"lazyllm", 24}, {"sliminfer", 24}}));
+  EXPECT_EQ(rows, (std::map<std::string, int>{{"critiprefill", 24},
+                                              {"full", 24},
+                                              {"gemfilter", 24},
+                                              {"lazyllm", 24},
+                                              {"sliminfer", 24},
+                                              {"gemfilter:top_k=4096", 24}}));
   EXPECT_DOUBLE_EQ(computed["full"], 24 * 100.0);
   EXPECT_LT(computed["lazyllm"], 24 * 90.0);  // 48% in prefill, decode-time revivals on top
   EXPECT_LT(computed["gemfilter"], 24 * 100.0);
   EXPECT_LT(computed["sliminfer"], 24 * 100.0);
+  EXPECT_DOUBLE_EQ(computed["gemfilter:top_k=4096"], 24 * 100.0);  // the variant's own top_k keeps all
   std::remove(csv.c_str());
 }
 
