@@ -105,15 +105,14 @@ std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config, con
   return std::make_unique<Params>(std::move(p));
 }
 
-std::vector<float> UnitMeans(std::span<const float> sums, std::span<const int32_t> counts, int width) {
+void UnitMeans(std::span<const float> sums, std::span<const int32_t> counts, int width, std::vector<float>* out) {
   PS_CHECK(sums.size() == counts.size() * width) << "unit means: bad shapes";
-  std::vector<float> out(sums.size(), 0.0f);
+  out->assign(sums.size(), 0.0f);
   for (size_t u = 0; u < counts.size(); ++u) {
     if (counts[u] == 0) continue;
     const float inv = 1.0f / static_cast<float>(counts[u]);
-    for (int c = 0; c < width; ++c) out[u * width + c] = sums[u * width + c] * inv;
+    for (int c = 0; c < width; ++c) (*out)[u * width + c] = sums[u * width + c] * inv;
   }
-  return out;
 }
 
 std::vector<float> BlockScores(std::span<const float> q, std::span<const float> unit_keys, int units_per_block,
@@ -204,7 +203,8 @@ absl::Status SlimInfer::BeginStep(StepRows* rows, SeqContext& ctx) {
 void SlimInfer::Score(int stage, std::span<const float> q_mean, std::vector<float>* scores) {
   const Stage& st = stages_[stage];
   const int per_block = params_.block_size / params_.unit_size;
-  *scores = BlockScores(q_mean, UnitMeans(st.unit_sum, st.unit_count, kv_dim_), per_block, shape_);
+  UnitMeans(st.unit_sum, st.unit_count, kv_dim_, &unit_keys_);
+  *scores = BlockScores(q_mean, unit_keys_, per_block, shape_);
   for (int32_t b = 0; b < n_blocks_; ++b) {
     if (st.unit_count[static_cast<int64_t>(b) * per_block] == 0) (*scores)[b] = -kInf;  // no keys at this layer
   }

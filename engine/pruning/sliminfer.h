@@ -51,8 +51,9 @@ struct SlimInferParams {
 std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config, const CalibrationPtr& calibration);
 
 // Unit keys from running sums: sums [units, width] of the keys of counts[u] rows
-// each; the mean per unit (zeros where no row was summed).
-std::vector<float> UnitMeans(std::span<const float> sums, std::span<const int32_t> counts, int width);
+// each; the mean per unit (zeros where no row was summed) into *out (reused storage:
+// this runs at every slim layer of every decode step).
+void UnitMeans(std::span<const float> sums, std::span<const int32_t> counts, int width, std::vector<float>* out);
 
 // Block scores: for each block of `units_per_block` unit keys (the last may have
 // fewer), the max over its units of the mean over query heads h of q[h]·k[h / group]
@@ -110,7 +111,7 @@ class SlimInfer : public PruningStrategy {
   std::vector<std::vector<char>> active_;  // [stage][block]
   int64_t switches_ = 0;
   // Scratch.
-  std::vector<float> q_mean_, scores_;
+  std::vector<float> q_mean_, scores_, unit_keys_;
   std::vector<char> go_on_;
   std::vector<int32_t> revive_, kv_rows_, to_device_, to_host_;
 };

@@ -516,7 +516,9 @@ TEST(SlimInfer, UnitMeansBlockScoresAndOverlapOnHandBuiltInputs) {
   // one row), and a unit no row reached.
   const std::vector<float> sums = {4, 8, 4, 4, 7, -1, 0, 0};
   const std::vector<int32_t> counts = {2, 2, 1, 0};
-  EXPECT_THAT(UnitMeans(sums, counts, 2), ElementsAre(2, 4, 2, 2, 7, -1, 0, 0));
+  std::vector<float> means = {9};  // overwritten, not appended to
+  UnitMeans(sums, counts, 2, &means);
+  EXPECT_THAT(means, ElementsAre(2, 4, 2, 2, 7, -1, 0, 0));
   // Two KV heads of size 2, two query heads each; three units, two per block.
   const AttentionShape shape{.n_heads = 4, .n_kv_heads = 2, .head_dim = 2, .scale = 1};
   const std::vector<float> q = {1, 0, 1, 0, /**/ 0, 1, 0, -1};  // heads 0-1 ask (1, 0); 2 (0, 1), 3 (0, -1)
