@@ -2,36 +2,23 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "engine/shared_attention.h"
 
 namespace ps {
-namespace {
 
-void Grow(std::vector<float>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(n);
-}
-
-}  // namespace
-
-void Transformer::EnsureCapacity(int64_t rows) {
-  if (rows <= capacity_) return;
+absl::Status Transformer::EnsureCapacity(int64_t rows) {
   const ModelConfig& c = model_.config();
-  Grow(x_, rows * c.n_embd);
-  Grow(xn_, rows * c.n_embd);
-  Grow(q_, rows * c.q_dim());
-  Grow(k_, rows * c.kv_dim());
-  Grow(v_, rows * c.kv_dim());
-  Grow(att_, rows * c.q_dim());
-  Grow(tmp_, rows * c.n_embd);
-  Grow(gate_, rows * c.n_ff);
-  Grow(up_, rows * c.n_ff);
-  capacity_ = rows;
+  const std::pair<Activations*, int> buffers[] = {{&x_, c.n_embd},   {&xn_, c.n_embd}, {&q_, c.q_dim()},
+                                                  {&k_, c.kv_dim()},  {&v_, c.kv_dim()}, {&att_, c.q_dim()},
+                                                  {&tmp_, c.n_embd},  {&gate_, c.n_ff},  {&up_, c.n_ff}};
+  for (const auto& [buffer, width] : buffers) PS_RETURN_IF_ERROR(buffer->Reserve(backend_, rows * width));
+  return absl::OkStatus();
 }
 
 // The engine services of one sequence during a step (SeqContext). A prefix pass
@@ -117,8 +104,8 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvCache& kv, 
   return absl::OkStatus();
 }
 
-void Transformer::EditRows(int layer, std::span<const SeqInput> batch, std::span<Context* const> contexts,
-                           const std::vector<absl::Status>& status) {
+absl::Status Transformer::EditRows(int layer, std::span<const SeqInput> batch, std::span<Context* const> contexts,
+                                   const std::vector<absl::Status>& status) {
   const int d = model_.config().n_embd;
   std::vector<Segment>& seg = segments_;
   edits_.resize(batch.size());
@@ -134,7 +121,7 @@ void Transformer::EditRows(int layer, std::span<const SeqInput> batch, std::span
       changed = changed || seg[i].n > 0;
     } else if (batch[i].strategy != nullptr) {
       LayerRows lr{.positions = std::span<const int32_t>(positions_.data() + seg[i].offset, seg[i].n),
-                   .hidden = x_.data() + seg[i].offset * d,
+                   .hidden = Host(x_.data() + seg[i].offset * d, seg[i].n * d, host_hidden_),
                    .n_embd = d,
                    .keep = &e.keep,
                    .add_positions = &e.add_positions,
@@ -147,34 +134,38 @@ void Transformer::EditRows(int layer, std::span<const SeqInput> batch, std::span
     }
     total += static_cast<int64_t>(e.add_positions.size() + std::count(e.keep.begin(), e.keep.end(), 1));
   }
-  if (!changed) return;
-  EnsureCapacity(total);
-  // Rebuild into tmp_ (free between layers): per sequence, added rows then kept rows.
+  if (!changed) return absl::OkStatus();
+  // Rebuild into tmp_ (free between layers): per sequence, added rows (from the
+  // host) then kept rows (gathered from x_).
+  PS_RETURN_IF_ERROR(tmp_.Reserve(backend_, total * d));
   new_positions_.clear();
   new_origins_.clear();
-  int64_t dst = 0;
+  gather_.clear();
   for (size_t i = 0; i < batch.size(); ++i) {
     const RowEdit& e = edits_[i];
-    const int64_t start = dst;
-    const auto n_add = static_cast<int64_t>(e.add_positions.size());
-    if (n_add > 0) std::memcpy(tmp_.data() + dst * d, e.add_hidden.data(), n_add * d * sizeof(float));
-    dst += n_add;
+    const auto start = static_cast<int64_t>(gather_.size());
+    gather_.insert(gather_.end(), e.add_positions.size(), -1);
     new_positions_.insert(new_positions_.end(), e.add_positions.begin(), e.add_positions.end());
     new_origins_.insert(new_origins_.end(), e.add_positions.size(), -1);
     for (int64_t r = 0; r < seg[i].n; ++r) {
       if (!e.keep[r]) continue;
       const int64_t src = seg[i].offset + r;
-      std::memcpy(tmp_.data() + dst * d, x_.data() + src * d, d * sizeof(float));
+      gather_.push_back(static_cast<int32_t>(src));
       new_positions_.push_back(positions_[src]);
       new_origins_.push_back(origins_[src]);
-      ++dst;
     }
-    seg[i] = Segment{.offset = start, .n = dst - start};
+    seg[i] = Segment{.offset = start, .n = static_cast<int64_t>(gather_.size()) - start};
+  }
+  backend_.GatherRows(x_.data(), gather_, d, tmp_.data());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const std::vector<float>& add = edits_[i].add_hidden;
+    if (!add.empty()) backend_.CopyFromHost(add.data(), tmp_.data() + seg[i].offset * d, add.size() * sizeof(float));
   }
   x_.swap(tmp_);
   positions_.swap(new_positions_);
   origins_.swap(new_origins_);
-  n_rows_ = dst;
+  n_rows_ = total;
+  return EnsureCapacity(total);  // x_ holds `total` rows already: kept
 }
 
 absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, Context& ctx, int64_t offset, int64_t n,
@@ -195,10 +186,10 @@ absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, 
   if (strategy != nullptr) {
     strategy->SelectKv(layer,
                        LayerAttention{.q_positions = std::span<const int32_t>(positions_.data() + q_first, n_q),
-                                      .q = q_.data() + q_first * qd,
+                                      .q = Host(q_.data() + q_first * qd, n_q * qd, host_q_),
                                       .q_stride = qd,
                                       .new_positions = std::span<const int32_t>(positions_.data() + offset, n),
-                                      .k = k_.data() + offset * kvd,
+                                      .k = Host(k_.data() + offset * kvd, n * kvd, host_k_),
                                       .k_stride = kvd,
                                       .shape = shape},
                        ctx, &selection_);
@@ -219,11 +210,14 @@ absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, 
                                                .n_q = n_q,
                                                .q_stride = qd,
                                                .out = att_.data() + q_first * qd,
-                                               .out_stride = qd});
+                                               .out_stride = qd},
+                           shared_);
   }
   PS_ASSIGN_OR_RETURN(const KvRows rows, kv.View(in.seq_id, layer, &selection_));
   PS_RETURN_IF_ERROR(selection_.Validate(n_q, rows.n, c.n_kv_heads));
-  if (stat != LastQueryStat::kNone) stat_.assign(rows.n, 0.0f);
+  if (stat != LastQueryStat::kNone) {
+    PS_RETURN_IF_ERROR(stat_.Reserve(backend_, rows.n));
+  }
   backend_.Attention(shape, rows,
                      AttentionArgs{.q = q_.data() + q_first * qd,
                                    .q_pos = positions_.data() + q_first,
@@ -235,7 +229,9 @@ absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, 
                                    .last_query_probs = stat == LastQueryStat::kProbs ? stat_.data() : nullptr,
                                    .last_query_logits = stat == LastQueryStat::kLogits ? stat_.data() : nullptr});
   if (stat != LastQueryStat::kNone) {
-    strategy->AfterAttention(layer, stat_, std::span<const int32_t>(rows.positions, rows.n), ctx);
+    const float* values = Host(stat_.data(), rows.n, host_stat_);
+    strategy->AfterAttention(layer, std::span<const float>(values, rows.n),
+                             std::span<const int32_t>(rows.positions, rows.n), ctx);
   }
   return absl::OkStatus();
 }
@@ -280,7 +276,7 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     origins_.insert(origins_.end(), s.origin.begin(), s.origin.begin() + n);
   }
   n_rows_ = static_cast<int64_t>(tokens_.size());
-  EnsureCapacity(n_rows_);
+  PS_RETURN_IF_ERROR(EnsureCapacity(n_rows_));
   out->rows_computed.assign(batch.size(), 0);
   out->layer_rows.assign(batch.size() * c.n_layers, 0);
   backend_.Embed(model_.tok_embd, tokens_, x_.data());
@@ -289,7 +285,7 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     const LayerWeights& w = model_.layers[l];
     bool edit = any_strategy;
     for (size_t i = 0; i < batch.size() && !edit; ++i) edit = !status[i].ok() && seg[i].n > 0;
-    if (l > 0 && edit) EditRows(l, batch, contexts, status);  // pruning hook: rows leave, revived rows come back
+    if (l > 0 && edit) PS_RETURN_IF_ERROR(EditRows(l, batch, contexts, status));  // rows leave, revived ones come back
     const int64_t n_rows = n_rows_;
     if (n_rows == 0) break;  // every sequence failed
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -350,7 +346,11 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     n_out += count;
   }
   out->logits.resize(static_cast<size_t>(n_out) * c.n_vocab);
-  if (n_out > 0) backend_.MatMul(model_.output, xn_.data(), n_out, out->logits.data());
+  if (n_out > 0) {
+    PS_RETURN_IF_ERROR(logits_.Reserve(backend_, n_out * c.n_vocab));
+    backend_.MatMul(model_.output, xn_.data(), n_out, logits_.data());
+    backend_.CopyToHost(logits_.data(), out->logits.data(), out->logits.size() * sizeof(float));
+  }
   return backend_.Synchronize();
 }
 

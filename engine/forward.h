@@ -1,8 +1,10 @@
 // The forward pass over a ragged batch: each sequence contributes its own rows
 // (token ids with position ids); matmuls run over all rows together, attention
 // per sequence over the KV its strategy selects. Every operation goes through the
-// Backend. A failure belongs to one sequence (its rows leave the batch, the others
-// go on), never to the batch. Call from one thread at a time.
+// Backend, and the activations live in its memory: the strategies' hooks see host
+// copies (or the memory itself on a host-addressable backend). A failure belongs to
+// one sequence (its rows leave the batch, the others go on), never to the batch.
+// Call from one thread at a time.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,8 @@
 #include "absl/status/status.h"
 #include "engine/model.h"
 #include "engine/pruning/strategy.h"
+#include "engine/shared_attention.h"
+#include "kernels/activations.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 
@@ -66,9 +70,13 @@ class Transformer {
                       KvCache& kv);
   // Applies the strategies' RowsForLayer edits before `layer` and drops the rows of
   // failed sequences, compacting the activations.
-  void EditRows(int layer, std::span<const SeqInput> batch, std::span<Context* const> contexts,
-                const std::vector<absl::Status>& status);
-  void EnsureCapacity(int64_t rows);
+  absl::Status EditRows(int layer, std::span<const SeqInput> batch, std::span<Context* const> contexts,
+                        const std::vector<absl::Status>& status);
+  // Room for `rows` rows in every activation buffer (growing one drops its contents).
+  absl::Status EnsureCapacity(int64_t rows);
+  const float* Host(const float* src, int64_t n, std::vector<float>& staging) {
+    return HostView(backend_, src, n, staging);
+  }
 
   const Model& model_;
   Backend& backend_;
@@ -78,12 +86,15 @@ class Transformer {
     int64_t offset = 0;  // first row in the activation buffers
     int64_t n = 0;       // active rows
   };
-  // Activations, grown to the largest batch seen ([rows, width] row-major), and
-  // per-step bookkeeping reused across steps so the hot path does not allocate.
-  std::vector<float> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_;
-  std::vector<int32_t> tokens_, positions_, origins_, new_positions_, new_origins_;
+  // Activations in the backend's memory, grown to the largest batch seen ([rows,
+  // width] row-major; stat_ and logits_ as their hooks need), and per-step
+  // bookkeeping reused across steps so the hot path does not allocate.
+  Activations x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, stat_, logits_;
+  SharedAttentionScratch shared_;
+  // Host copies for the strategies' hooks (unused where the backend is host-addressable).
+  std::vector<float> host_hidden_, host_q_, host_k_, host_stat_;
+  std::vector<int32_t> tokens_, positions_, origins_, new_positions_, new_origins_, gather_;
   std::vector<Segment> segments_;
-  std::vector<float> stat_;
   KvSelection selection_;
   std::vector<StepRows> step_rows_;  // per sequence, as BeginStep left them
   struct RowEdit {
@@ -92,7 +103,6 @@ class Transformer {
     std::vector<float> add_hidden;
   };
   std::vector<RowEdit> edits_;  // per sequence, RowsForLayer's answer
-  int64_t capacity_ = 0;
 };
 
 }  // namespace ps

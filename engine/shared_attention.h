@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "engine/pruning/strategy.h"
+#include "kernels/activations.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 
@@ -25,16 +27,19 @@ struct SharedAttentionArgs {
   int64_t out_stride = 0;
 };
 
-absl::Status SharedAttention(Backend& backend, KvCache& kv, const SharedScores& share, const SharedAttentionArgs& a);
+// Buffers SharedAttention reuses across calls: the parts' log-sum-exps and the
+// distant output in activation memory, the base layer's queries staged there, and
+// host copies.
+struct SharedAttentionScratch {
+  Activations lse_p, lse_d, o_d, base_q;
+  std::vector<float> host;
+  std::vector<const void*> k_blocks, v_blocks;
+};
 
-// PoD's gate: the weight of the proximal part, 1 / (1 + exp(lse_d - lse_p)) (1 when
-// there are no distant keys, lse_d = -inf).
-float ProximalGate(float lse_p, float lse_d);
-
-// For n rows of `heads` heads of `hd` values: o_p = g o_p + (1 - g) o_d with g the
-// gate of the row and head (rows p_stride / d_stride apart; the log-sum-exps
-// [n, heads], lse_stride apart).
-void MergeByGate(int64_t n, int heads, int hd, float* o_p, int64_t p_stride, const float* o_d, int64_t d_stride,
-                 const float* lse_p, const float* lse_d, int64_t lse_stride);
+// `a.q` and `a.out` are activation memory; the base layer's queries (share.base_q)
+// are the strategy's host copies. The gate is ProximalGate (kernels/shared_math.h),
+// the merge Backend::MergeByGate.
+absl::Status SharedAttention(Backend& backend, KvCache& kv, const SharedScores& share, const SharedAttentionArgs& a,
+                             SharedAttentionScratch& scratch);
 
 }  // namespace ps

@@ -1,8 +1,15 @@
 // The seam between the forward pass and the hardware: every operation the
 // forward pass runs, one interface, implemented by CpuBackend (kernels/cpu/) and
 // CudaBackend (kernels/cuda/), chosen at start-up by CreateBackend
-// (`--device cpu|cuda|auto`). Buffers are row-major [rows, width] in the backend's
-// memory. Call from one thread at a time (the engine thread).
+// (`--device cpu|cuda|auto`). Call from one thread at a time (the engine thread).
+//
+// Where data lives: activations (every float buffer an operation reads or writes,
+// row-major [rows, width]) are in the backend's memory, from AllocateActivations;
+// host code reaches them only through CopyToHost / CopyFromHost, unless
+// host_addressable(). KV rows are in tier memory (AllocateTier). Weights (MatrixView,
+// norm and bias vectors) and index arrays (tokens, positions, block tables,
+// selections) are host memory: a device backend may mirror the weights once (they
+// never change) and reads the index arrays at the call.
 #pragma once
 
 #include <cstdint>
@@ -34,12 +41,22 @@ class Backend {
   virtual ~Backend() = default;
   virtual DeviceKind kind() const = 0;
   virtual std::string_view name() const = 0;
-  // Operations this backend cannot run yet; empty when it runs the whole forward pass.
-  virtual std::vector<std::string> MissingOps() const { return {}; }
 
   // Memory for the device KV tier (device memory) or the host tier (host memory
   // the device copies to and from directly: pinned on a GPU).
   virtual absl::StatusOr<MemoryRegion> AllocateTier(bool device_tier, size_t bytes) = 0;
+  // Memory for activations (device memory on a GPU).
+  virtual absl::StatusOr<MemoryRegion> AllocateActivations(size_t bytes) = 0;
+  // True when host code may read and write activation memory in place (the CPU):
+  // the forward pass then hands its strategies views instead of copies.
+  virtual bool host_addressable() const { return false; }
+  // Copies between host memory and activation memory, ordered with the operations
+  // before and after; CopyToHost returns once `dst` holds the bytes.
+  virtual void CopyToHost(const void* src, void* dst, size_t bytes) = 0;
+  virtual void CopyFromHost(const void* src, void* dst, size_t bytes) = 0;
+  // dst row i = src row rows[i] for rows of `width` floats; a negative rows[i] leaves
+  // dst row i as it is. src and dst do not overlap.
+  virtual void GatherRows(const float* src, std::span<const int32_t> rows, int64_t width, float* dst) = 0;
 
   // y[m, w.rows] = x[m, w.cols] · wᵀ
   virtual void MatMul(const MatrixView& w, const float* x, int64_t m, float* y) = 0;
@@ -60,6 +77,12 @@ class Backend {
   virtual void SiluMul(float* gate, const float* up, int64_t rows, int64_t n) = 0;
   // Causal attention of one sequence's query rows over its selected cached rows.
   virtual void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& args) = 0;
+  // PoD's merge of a proximal and a distant attention part, for n rows of `heads`
+  // heads of `hd` values: o_p = g o_p + (1 - g) o_d with g = ProximalGate(lse_p, lse_d)
+  // of the row and head (kernels/shared_math.h; rows p_stride / d_stride apart, the
+  // log-sum-exps [n, heads] lse_stride apart).
+  virtual void MergeByGate(int64_t n, int heads, int hd, float* o_p, int64_t p_stride, const float* o_d,
+                           int64_t d_stride, const float* lse_p, const float* lse_d, int64_t lse_stride) = 0;
   // Writes n rows of K and V ([n, kv_dim] F32) into cache rows of `dtype`: row i to
   // k_dst[i] and v_dst[i].
   virtual void StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v, uint8_t* const* k_dst,

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -12,8 +13,9 @@
 namespace ps {
 namespace {
 
-// libps_cuda.so in the program's folder.
+// $PS_CUDA_PLUGIN, else libps_cuda.so in the program's folder.
 std::string PluginPath() {
+  if (const char* env = std::getenv("PS_CUDA_PLUGIN"); env != nullptr && *env != '\0') return env;
   char exe[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();

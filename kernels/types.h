@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/dtype.h"
+#include "kernels/shared_math.h"
 
 namespace ps {
 
@@ -105,15 +106,12 @@ void AppendRange(std::vector<KvRange>& ranges, int32_t begin, int32_t end);
 // proximal ones (positions below `sinks` or within the `recent` newest up to the
 // query's own) or the others (distant).
 struct PositionWindow {
-  enum class Part { kAll, kProximal, kDistant };
+  enum class Part { kAll = 0, kProximal = 1, kDistant = 2 };  // WindowSees's numbering
   Part part = Part::kAll;
   int32_t sinks = 0, recent = 0;
 
   bool Sees(int32_t key_pos, int32_t q_pos) const {
-    if (key_pos > q_pos) return false;
-    if (part == Part::kAll) return true;
-    const bool proximal = key_pos < sinks || key_pos > q_pos - recent;
-    return proximal == (part == Part::kProximal);
+    return WindowSees(static_cast<int>(part), sinks, recent, key_pos, q_pos);
   }
 };
 

@@ -11,18 +11,40 @@
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/shared_math.h"
 
 namespace ps {
 namespace {
+
 constexpr int kMaxRopeDims = 1024;  // ValidateConfig bounds head_dim by this
+
+absl::StatusOr<MemoryRegion> HostMemory(size_t bytes, std::string_view what) {
+  auto* base = static_cast<uint8_t*>(::operator new[](bytes + 1, std::align_val_t(64), std::nothrow));
+  if (base == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes for ", what));
+  return MemoryRegion{.base = base, .release = [](uint8_t* p) { ::operator delete[](p, std::align_val_t(64)); }};
+}
+
 }  // namespace
 
 absl::StatusOr<MemoryRegion> CpuBackend::AllocateTier(bool device_tier, size_t bytes) {
   (void)device_tier;  // both tiers are ordinary host memory (pages committed as they are touched)
-  auto* base = static_cast<uint8_t*>(::operator new[](bytes + 1, std::align_val_t(64), std::nothrow));
-  if (base == nullptr)
-    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes for a KV tier"));
-  return MemoryRegion{.base = base, .release = [](uint8_t* p) { ::operator delete[](p, std::align_val_t(64)); }};
+  return HostMemory(bytes, "a KV tier");
+}
+
+absl::StatusOr<MemoryRegion> CpuBackend::AllocateActivations(size_t bytes) { return HostMemory(bytes, "activations"); }
+
+void CpuBackend::CopyToHost(const void* src, void* dst, size_t bytes) {
+  if (src != dst && bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+void CpuBackend::CopyFromHost(const void* src, void* dst, size_t bytes) {
+  if (src != dst && bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+void CpuBackend::GatherRows(const float* src, std::span<const int32_t> rows, int64_t width, float* dst) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= 0) std::memcpy(dst + i * width, src + rows[i] * width, width * sizeof(float));
+  }
 }
 
 void CpuBackend::MatMul(const MatrixView& w, const float* x, int64_t m, float* y) {
@@ -80,6 +102,18 @@ void CpuBackend::SiluMul(float* gate, const float* up, int64_t rows, int64_t n) 
 
 void CpuBackend::Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& args) {
   ps::Attention(shape, kv, args, pool_);
+}
+
+void CpuBackend::MergeByGate(int64_t n, int heads, int hd, float* o_p, int64_t p_stride, const float* o_d,
+                             int64_t d_stride, const float* lse_p, const float* lse_d, int64_t lse_stride) {
+  for (int64_t i = 0; i < n; ++i) {
+    for (int h = 0; h < heads; ++h) {
+      const float g = ProximalGate(lse_p[i * lse_stride + h], lse_d[i * lse_stride + h]);
+      float* p = o_p + i * p_stride + static_cast<int64_t>(h) * hd;
+      const float* d = o_d + i * d_stride + static_cast<int64_t>(h) * hd;
+      for (int c = 0; c < hd; ++c) p[c] = g * p[c] + (1.0f - g) * d[c];
+    }
+  }
 }
 
 void CpuBackend::StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v, uint8_t* const* k_dst,

@@ -15,6 +15,11 @@ class CpuBackend final : public Backend {
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::string_view name() const override { return "cpu"; }
   absl::StatusOr<MemoryRegion> AllocateTier(bool device_tier, size_t bytes) override;
+  absl::StatusOr<MemoryRegion> AllocateActivations(size_t bytes) override;
+  bool host_addressable() const override { return true; }
+  void CopyToHost(const void* src, void* dst, size_t bytes) override;
+  void CopyFromHost(const void* src, void* dst, size_t bytes) override;
+  void GatherRows(const float* src, std::span<const int32_t> rows, int64_t width, float* dst) override;
 
   void MatMul(const MatrixView& w, const float* x, int64_t m, float* y) override;
   void Embed(const MatrixView& table, std::span<const int32_t> tokens, float* x) override;
@@ -26,6 +31,8 @@ class CpuBackend final : public Backend {
                 float* v, int n_heads, int n_kv_heads, int head_dim) override;
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t n) override;
   void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& args) override;
+  void MergeByGate(int64_t n, int heads, int hd, float* o_p, int64_t p_stride, const float* o_d, int64_t d_stride,
+                   const float* lse_p, const float* lse_d, int64_t lse_stride) override;
   void StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v, uint8_t* const* k_dst,
                uint8_t* const* v_dst) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }

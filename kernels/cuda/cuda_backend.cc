@@ -1,49 +1,210 @@
 #include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <map>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/fp16.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace ps::cuda {
 namespace {
 
+// Device memory that grows on demand (contents are not kept when it grows).
+class Scratch {
+ public:
+  absl::StatusOr<uint8_t*> Get(size_t bytes) {
+    if (bytes > capacity_) {
+      absl::StatusOr<MemoryRegion> r = AllocateDevice(bytes);
+      if (!r.ok()) return r.status();
+      Release();
+      region_ = std::move(*r);
+      capacity_ = bytes;
+    }
+    return region_.base;
+  }
+  ~Scratch() { Release(); }
+
+ private:
+  void Release() {
+    if (region_.release) region_.release(region_.base);
+    region_ = {};
+  }
+  MemoryRegion region_;
+  size_t capacity_ = 0;
+};
+
 class CudaBackend final : public Backend {
  public:
+  explicit CudaBackend(WeightRowDecoder decode) : decode_(decode) {}
+  ~CudaBackend() override {
+    for (auto& [key, region] : mirrors_) region.release(region.base);
+  }
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string_view name() const override { return "cuda"; }
-  std::vector<std::string> MissingOps() const override {
-    return {"embed", "matmul (quantised weights)", "add_rms_norm", "add", "bias_rope", "attention", "store_kv"};
-  }
   absl::StatusOr<MemoryRegion> AllocateTier(bool device_tier, size_t bytes) override {
     return device_tier ? AllocateDevice(bytes) : AllocatePinned(bytes);
   }
+  absl::StatusOr<MemoryRegion> AllocateActivations(size_t bytes) override { return AllocateDevice(bytes); }
+  void CopyToHost(const void* src, void* dst, size_t bytes) override { Keep(Copy(dst, src, bytes)); }
+  void CopyFromHost(const void* src, void* dst, size_t bytes) override { Keep(Copy(dst, src, bytes)); }
+  void GatherRows(const float* src, std::span<const int32_t> rows, int64_t width, float* dst) override {
+    const auto* d_rows = Stage(index_, rows.data(), rows.size_bytes());
+    if (d_rows != nullptr) {
+      Keep(GatherRowsDevice(src, reinterpret_cast<const int32_t*>(d_rows), static_cast<int64_t>(rows.size()), width,
+                            dst));
+    }
+  }
 
   void MatMul(const MatrixView& w, const float* x, int64_t m, float* y) override {
-    if (w.type != DType::kF32) return Missing("matmul (quantised weights)");
-    Keep(Gemm(x, reinterpret_cast<const float*>(w.data), y, static_cast<int>(m), static_cast<int>(w.rows),
-              static_cast<int>(w.cols)));
+    const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    if (w.type == DType::kF32) {
+      if (const float* dw = Mirror(reinterpret_cast<const float*>(w.data), w.rows * w.cols); dw != nullptr) {
+        Keep(GemmDevice(x, dw, y, static_cast<int>(m), rows, cols));
+      }
+      return;
+    }
+    const uint16_t* dw = MirrorBf16(w);
+    absl::StatusOr<uint8_t*> x16 = bf16_.Get(static_cast<size_t>(m) * cols * sizeof(uint16_t));
+    if (dw == nullptr || !x16.ok()) return Keep(x16.status());
+    auto* xb = reinterpret_cast<uint16_t*>(*x16);
+    Keep(ToBf16Device(x, xb, m * w.cols));
+    Keep(GemmBf16Device(xb, dw, y, static_cast<int>(m), rows, cols));
   }
-  void Embed(const MatrixView&, std::span<const int32_t>, float*) override { Missing("embed"); }
+  void Embed(const MatrixView& table, std::span<const int32_t> tokens, float* x) override {
+    const bool bf16 = table.type != DType::kF32;
+    const void* dt = bf16 ? static_cast<const void*>(MirrorBf16(table))
+                          : Mirror(reinterpret_cast<const float*>(table.data), table.rows * table.cols);
+    const auto* d_tokens = Stage(index_, tokens.data(), tokens.size_bytes());
+    if (dt == nullptr || d_tokens == nullptr) return;
+    Keep(EmbedDevice(dt, bf16, reinterpret_cast<const int32_t*>(d_tokens), static_cast<int64_t>(tokens.size()),
+                     table.cols, x));
+  }
   void RmsNorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) override {
-    Keep(cuda::RmsNorm(x, w, out, static_cast<int>(rows), static_cast<int>(n), eps));
+    if (const float* dw = Mirror(w, n); dw != nullptr) Keep(RmsNormDevice(x, dw, out, rows, n, eps));
   }
-  void AddRmsNorm(const float*, float*, const float*, float*, int64_t, int64_t, float) override {
-    Missing("add_rms_norm");
+  void AddRmsNorm(const float* delta, float* x, const float* w, float* out, int64_t rows, int64_t n,
+                  float eps) override {
+    if (const float* dw = Mirror(w, n); dw != nullptr) Keep(AddRmsNormDevice(delta, x, dw, out, rows, n, eps));
   }
-  void Add(const float*, float*, int64_t, int64_t) override { Missing("add"); }
-  void BiasRope(const RopeParams&, std::span<const int32_t>, const QkvBias&, float*, float*, float*, int, int,
-                int) override {
-    Missing("bias_rope");
+  void Add(const float* x, float* y, int64_t rows, int64_t n) override { Keep(AddDevice(x, y, rows * n)); }
+  void BiasRope(const RopeParams& rope, std::span<const int32_t> positions, const QkvBias& bias, float* q, float* k,
+                float* v, int n_heads, int n_kv_heads, int head_dim) override {
+    const int qd = n_heads * head_dim, kvd = n_kv_heads * head_dim;
+    RopeDevice r{.n_dims = rope.n_dims,
+                 .theta_scale = std::pow(rope.freq_base, -2.0f / static_cast<float>(rope.n_dims)),
+                 .freq_scale = rope.freq_scale,
+                 .neox = rope.neox};
+    if (!rope.freq_factors.empty()) {
+      r.freq_factors = Mirror(rope.freq_factors.data(), static_cast<int64_t>(rope.freq_factors.size()));
+      if (r.freq_factors == nullptr) return;
+    }
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+    if (bias.q != nullptr) {
+      bq = Mirror(bias.q, qd);
+      bk = Mirror(bias.k, kvd);
+      bv = Mirror(bias.v, kvd);
+      if (bq == nullptr || bk == nullptr || bv == nullptr) return;
+    }
+    const auto* d_pos = Stage(index_, positions.data(), positions.size_bytes());
+    if (d_pos == nullptr) return;
+    Keep(BiasRopeDevice(r, reinterpret_cast<const int32_t*>(d_pos), static_cast<int64_t>(positions.size()), bq, bk,
+                        bv, q, k, v, n_heads, n_kv_heads, head_dim));
   }
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t n) override {
-    Keep(cuda::SiluMul(gate, up, rows * n));
+    Keep(SiluMulDevice(gate, up, rows * n));
   }
-  void Attention(const AttentionShape&, const KvRows&, const AttentionArgs&) override { Missing("attention"); }
-  void StoreKv(DType, int64_t, int64_t, const float*, const float*, uint8_t* const*, uint8_t* const*) override {
-    Missing("store_kv");
+  void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& a) override {
+    // The selection as segments over flat ranges (everything: one segment, one range).
+    segments_.clear();
+    ranges_.clear();
+    if (a.selection == nullptr || a.selection->all()) {
+      segments_.push_back({.q_begin = 0, .q_end = static_cast<int32_t>(a.n_q), .kv_head = -1, .range_end = 1});
+      ranges_ = {0, static_cast<int32_t>(kv.n)};
+    } else {
+      for (const KvSelection::Segment& sel : a.selection->segments) {
+        const auto first = static_cast<int32_t>(ranges_.size() / 2);
+        for (const KvRange& r : sel.ranges) ranges_.insert(ranges_.end(), {r.begin, r.end});
+        segments_.push_back({.q_begin = sel.q_begin,
+                             .q_end = sel.q_end,
+                             .kv_head = sel.kv_head,
+                             .range_begin = first,
+                             .range_end = static_cast<int32_t>(ranges_.size() / 2)});
+      }
+    }
+    const int64_t n_blocks = kv.block_rows > 0 ? (kv.n + kv.block_rows - 1) / kv.block_rows : 0;
+    const auto* d_segments = Stage(segments_scratch_, segments_.data(), segments_.size() * sizeof(AttentionSegment));
+    const auto* d_ranges = Stage(ranges_scratch_, ranges_.data(), ranges_.size() * sizeof(int32_t));
+    const auto* d_q_pos = Stage(q_pos_scratch_, a.q_pos, static_cast<size_t>(a.n_q) * sizeof(int32_t));
+    const auto* d_pos = Stage(positions_scratch_, kv.positions, static_cast<size_t>(kv.n) * sizeof(int32_t));
+    const auto* d_k = Stage(k_blocks_scratch_, kv.k_blocks, static_cast<size_t>(n_blocks) * sizeof(void*));
+    const auto* d_v = Stage(v_blocks_scratch_, kv.v_blocks, static_cast<size_t>(n_blocks) * sizeof(void*));
+    if (d_segments == nullptr || d_ranges == nullptr || d_q_pos == nullptr || d_pos == nullptr || d_k == nullptr ||
+        d_v == nullptr) {
+      return;
+    }
+    AttentionDeviceArgs d{.n_heads = shape.n_heads,
+                          .n_kv_heads = shape.n_kv_heads,
+                          .head_dim = shape.head_dim,
+                          .scale = shape.scale,
+                          .q = a.q,
+                          .q_pos = reinterpret_cast<const int32_t*>(d_q_pos),
+                          .n_q = a.n_q,
+                          .q_stride = a.q_stride,
+                          .out = a.out,
+                          .out_stride = a.out_stride,
+                          .k_blocks = reinterpret_cast<const void* const*>(d_k),
+                          .v_blocks = reinterpret_cast<const void* const*>(d_v),
+                          .block_rows = kv.block_rows,
+                          .stride = kv.stride,
+                          .n = kv.n,
+                          .positions = reinterpret_cast<const int32_t*>(d_pos),
+                          .dtype = kv.dtype,
+                          .segments = reinterpret_cast<const AttentionSegment*>(d_segments),
+                          .n_segments = static_cast<int>(segments_.size()),
+                          .ranges = reinterpret_cast<const int32_t*>(d_ranges),
+                          .window_part = static_cast<int>(a.window.part),
+                          .sinks = a.window.sinks,
+                          .recent = a.window.recent,
+                          .lse = a.lse,
+                          .lse_stride = a.lse_stride};
+    const bool stats = a.last_query_probs != nullptr || a.last_query_logits != nullptr;
+    if (stats) {
+      const size_t floats = static_cast<size_t>(shape.n_heads) * (kv.n + 2);
+      absl::StatusOr<uint8_t*> buf = stats_scratch_.Get(floats * sizeof(float));
+      if (!buf.ok()) return Keep(buf.status());
+      d.last_logits = reinterpret_cast<float*>(*buf);
+      d.last_norm = d.last_logits + static_cast<int64_t>(shape.n_heads) * kv.n;
+      Keep(FillDevice(d.last_logits, shape.n_heads * kv.n, -INFINITY));
+      Keep(FillDevice(d.last_norm, 2 * shape.n_heads, 0.0f));
+    }
+    Keep(AttentionDevice(d));
+    if (stats) {
+      Keep(LastQueryStatsDevice(d.last_logits, d.last_norm, shape.n_heads, kv.n, a.last_query_probs,
+                                a.last_query_logits));
+    }
+  }
+  void MergeByGate(int64_t n, int heads, int hd, float* o_p, int64_t p_stride, const float* o_d, int64_t d_stride,
+                   const float* lse_p, const float* lse_d, int64_t lse_stride) override {
+    Keep(MergeByGateDevice(n, heads, hd, o_p, p_stride, o_d, d_stride, lse_p, lse_d, lse_stride));
+  }
+  void StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v, uint8_t* const* k_dst,
+               uint8_t* const* v_dst) override {
+    // Both pointer arrays in one upload: k's then v's.
+    pointers_.assign(k_dst, k_dst + n);
+    pointers_.insert(pointers_.end(), v_dst, v_dst + n);
+    const auto* d = Stage(index_, pointers_.data(), pointers_.size() * sizeof(uint8_t*));
+    if (d == nullptr) return;
+    auto* const* d_ptrs = reinterpret_cast<uint8_t* const*>(d);
+    Keep(StoreKvDevice(dtype, kv_dim, n, k, v, d_ptrs, d_ptrs + n));
   }
   absl::Status Synchronize() override {
+    Keep(cuda::Synchronize());
     absl::Status s = std::move(error_);
     error_ = absl::OkStatus();
     return s;
@@ -51,23 +212,92 @@ class CudaBackend final : public Backend {
 
  private:
   void Keep(const absl::Status& s) { error_.Update(s); }
-  void Missing(std::string_view op) {
-    Keep(absl::UnimplementedError(absl::StrCat("the CUDA backend has no ", std::string(op), " yet")));
+  // The device copy of n floats of host weights (uploaded on first use: weights never
+  // change), or null with the error kept.
+  const float* Mirror(const float* host, int64_t n) {
+    const std::pair<const void*, int64_t> key{host, n};
+    if (auto it = mirrors_.find(key); it != mirrors_.end()) return reinterpret_cast<const float*>(it->second.base);
+    absl::StatusOr<MemoryRegion> r = AllocateDevice(static_cast<size_t>(n) * sizeof(float));
+    if (!r.ok()) {
+      Keep(r.status());
+      return nullptr;
+    }
+    if (absl::Status s = Copy(r->base, host, static_cast<size_t>(n) * sizeof(float)); !s.ok()) {
+      r->release(r->base);
+      Keep(s);
+      return nullptr;
+    }
+    return reinterpret_cast<const float*>(mirrors_.emplace(key, std::move(*r)).first->second.base);
   }
+  // The BF16 device copy of a weight matrix of another type, decoded row by row on
+  // the host (first use only), or null with the error kept.
+  const uint16_t* MirrorBf16(const MatrixView& w) {
+    const std::pair<const void*, int64_t> key{w.data, -(w.rows * w.cols)};  // apart from F32 mirrors of the data
+    if (auto it = mirrors_.find(key); it != mirrors_.end()) return reinterpret_cast<const uint16_t*>(it->second.base);
+    absl::StatusOr<MemoryRegion> r = AllocateDevice(static_cast<size_t>(w.rows * w.cols) * sizeof(uint16_t));
+    if (!r.ok()) {
+      Keep(r.status());
+      return nullptr;
+    }
+    constexpr int64_t kChunkRows = 256;
+    std::vector<float> row(static_cast<size_t>(w.cols));
+    std::vector<uint16_t> chunk;
+    for (int64_t r0 = 0; r0 < w.rows; r0 += kChunkRows) {
+      const int64_t r1 = std::min(w.rows, r0 + kChunkRows);
+      chunk.resize(static_cast<size_t>((r1 - r0) * w.cols));
+      for (int64_t i = r0; i < r1; ++i) {
+        decode_(w, i, row.data());
+        for (int64_t c = 0; c < w.cols; ++c) chunk[(i - r0) * w.cols + c] = Fp32ToBf16(row[c]);
+      }
+      if (absl::Status s = Copy(r->base + r0 * w.cols * sizeof(uint16_t), chunk.data(), chunk.size() * 2); !s.ok()) {
+        r->release(r->base);
+        Keep(s);
+        return nullptr;
+      }
+    }
+    return reinterpret_cast<const uint16_t*>(mirrors_.emplace(key, std::move(*r)).first->second.base);
+  }
+  // Host index data copied into `scratch` for the next kernel (the copy is ordered
+  // with the kernels, so the scratch is free again once the call returns), or null
+  // with the error kept.
+  const uint8_t* Stage(Scratch& scratch, const void* host, size_t bytes) {
+    absl::StatusOr<uint8_t*> d = scratch.Get(bytes > 0 ? bytes : 1);
+    if (!d.ok()) {
+      Keep(d.status());
+      return nullptr;
+    }
+    if (absl::Status s = Copy(*d, host, bytes); !s.ok()) {
+      Keep(s);
+      return nullptr;
+    }
+    return *d;
+  }
+
+  WeightRowDecoder decode_;
   absl::Status error_;
+  // Weights by (host address, floats): F32 copies; BF16 copies under -(elements).
+  std::map<std::pair<const void*, int64_t>, MemoryRegion> mirrors_;
+  Scratch index_, bf16_;
+  // Attention's staged arguments and statistics.
+  std::vector<AttentionSegment> segments_;
+  std::vector<int32_t> ranges_;
+  Scratch segments_scratch_, ranges_scratch_, q_pos_scratch_, positions_scratch_, k_blocks_scratch_,
+      v_blocks_scratch_, stats_scratch_;
+  std::vector<uint8_t*> pointers_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend() {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(WeightRowDecoder decode) {
+  if (decode == nullptr) return absl::InvalidArgumentError("the CUDA backend needs a weight decoder");
   if (absl::Status s = DeviceAvailable(); !s.ok()) return s;
-  return std::unique_ptr<Backend>(new CudaBackend());
+  return std::unique_ptr<Backend>(new CudaBackend(decode));
 }
 
 }  // namespace ps::cuda
 
-extern "C" ps::Backend* ps_cuda_create_backend(char* error, size_t error_size) {
-  absl::StatusOr<std::unique_ptr<ps::Backend>> b = ps::cuda::CreateCudaBackend();
+extern "C" ps::Backend* ps_cuda_create_backend(char* error, size_t error_size, ps::WeightRowDecoder decode) {
+  absl::StatusOr<std::unique_ptr<ps::Backend>> b = ps::cuda::CreateCudaBackend(decode);
   if (b.ok()) return b->release();
   std::snprintf(error, error_size, "%s", std::string(b.status().message()).c_str());
   return nullptr;

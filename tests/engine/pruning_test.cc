@@ -17,9 +17,10 @@
 #include "engine/pruning/registry.h"
 #include "engine/pruning/selection.h"
 #include "engine/pruning/sliminfer.h"
-#include "engine/shared_attention.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/shared_math.h"
 #include "pruneserve/v1/generation.pb.h"
 #include "tests/engine/test_util.h"
 
@@ -506,7 +507,8 @@ TEST(Pod, GateAndMergeOnHandBuiltNumbers) {
   std::vector<float> o_p = {1, 1, 2, 2, /**/ 0, 0, 4, 4};
   const std::vector<float> o_d = {3, 3, 0, 0, /**/ 8, 8, 4, 4};
   const std::vector<float> lse_p = {std::log(3.0f), 0, 9, 0, 5, 9}, lse_d = {0, -inf, 9, std::log(3.0f), 5, 9};
-  MergeByGate(2, 2, 2, o_p.data(), 4, o_d.data(), 4, lse_p.data(), lse_d.data(), 3);
+  ThreadPool pool(1);
+  CpuBackend(pool).MergeByGate(2, 2, 2, o_p.data(), 4, o_d.data(), 4, lse_p.data(), lse_d.data(), 3);
   // g = 0.75, 1, 0.25, 0.5.
   EXPECT_THAT(o_p, ::testing::Pointwise(::testing::FloatNear(1e-6f), std::vector<float>{1.5f, 1.5f, 2, 2, 6, 6, 4, 4}));
 }

@@ -1,14 +1,22 @@
-// CUDA kernels against the CPU kernels, by relative error, and the CUDA swap
-// engine. Skips without a GPU.
+// CUDA kernels against the CPU kernels, by relative error (the backends' operations
+// on the same random inputs, awkward sizes), and the CUDA swap engine. Skips without
+// a GPU.
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "base/fp16.h"
 #include "base/thread_pool.h"
 #include "gtest/gtest.h"
+#include "kernels/activations.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "memory/cuda_swap_engine.h"
 #include "tests/kernels/random.h"
@@ -48,6 +56,198 @@ TEST_F(CudaTest, RmsNormAndSiluMatchCpu) {
   ASSERT_TRUE(cuda::SiluMul(g1.data(), up.data(), 4097).ok());
   SiluMul(g2.data(), up.data(), 4097);
   for (int i = 0; i < 4097; ++i) EXPECT_NEAR(g1[i], g2[i], 1e-5f * (1 + std::fabs(g2[i])));
+}
+
+// The CUDA backend next to the CPU backend: device copies of host data in, host
+// copies out.
+class CudaBackendTest : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
+    auto b = cuda::CreateCudaBackend(
+        [](const MatrixView& w, int64_t row, float* out) { DequantizeRow(w.type, w.Row(row), out, w.cols); });
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpu_ = std::move(*b);
+  }
+  float* Device(const std::vector<float>& host) {
+    buffers_.push_back(std::make_unique<Activations>());
+    EXPECT_TRUE(buffers_.back()->Reserve(*gpu_, static_cast<int64_t>(host.size()) + 1).ok());
+    gpu_->CopyFromHost(host.data(), buffers_.back()->data(), host.size() * sizeof(float));
+    return buffers_.back()->data();
+  }
+  std::vector<float> FromDevice(const float* d, size_t n) {
+    std::vector<float> h(n);
+    gpu_->CopyToHost(d, h.data(), n * sizeof(float));
+    EXPECT_TRUE(gpu_->Synchronize().ok());
+    return h;
+  }
+  static void ExpectNear(const std::vector<float>& gpu, const std::vector<float>& cpu, float rel,
+                         const std::string& what) {
+    ASSERT_EQ(gpu.size(), cpu.size()) << what;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      ASSERT_NEAR(gpu[i], cpu[i], rel * (1 + std::fabs(cpu[i]))) << what << " at " << i;
+    }
+  }
+
+  ThreadPool pool_{2};
+  CpuBackend cpu_{pool_};
+  std::unique_ptr<Backend> gpu_;
+  std::vector<std::unique_ptr<Activations>> buffers_;
+};
+
+TEST_F(CudaBackendTest, ElementwiseOperationsMatchCpu) {
+  for (const int rows : {1, 17}) {
+    for (const int n : {1, 17, 4097}) {
+      const std::string what = std::to_string(rows) + "x" + std::to_string(n);
+      const size_t size = static_cast<size_t>(rows) * n;
+      auto x = Randn(size, 1), delta = Randn(size, 2), w = Randn(n, 3);
+      std::vector<float> out(size), x_cpu = x;
+      float* dx = Device(x);
+      float* dout = Device(out);
+      gpu_->RmsNorm(dx, w.data(), dout, rows, n, 1e-5f);
+      cpu_.RmsNorm(x.data(), w.data(), out.data(), rows, n, 1e-5f);
+      ExpectNear(FromDevice(dout, size), out, 1e-5f, "rms_norm " + what);
+
+      gpu_->AddRmsNorm(Device(delta), dx, w.data(), dout, rows, n, 1e-5f);
+      cpu_.AddRmsNorm(delta.data(), x_cpu.data(), w.data(), out.data(), rows, n, 1e-5f);
+      ExpectNear(FromDevice(dx, size), x_cpu, 1e-6f, "add_rms_norm (sum) " + what);
+      ExpectNear(FromDevice(dout, size), out, 1e-5f, "add_rms_norm " + what);
+
+      gpu_->Add(Device(delta), dx, rows, n);
+      cpu_.Add(delta.data(), x_cpu.data(), rows, n);
+      ExpectNear(FromDevice(dx, size), x_cpu, 1e-6f, "add " + what);
+
+      auto gate = Randn(size, 4), up = Randn(size, 5);
+      float* dgate = Device(gate);
+      gpu_->SiluMul(dgate, Device(up), rows, n);
+      cpu_.SiluMul(gate.data(), up.data(), rows, n);
+      ExpectNear(FromDevice(dgate, size), gate, 1e-5f, "silu_mul " + what);
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, GatherRowsAndMergeByGateMatchCpu) {
+  const int width = 17;
+  const auto src = Randn(40 * width, 6);
+  const std::vector<int32_t> rows = {39, -1, 0, 7, 7, -1, 38};
+  std::vector<float> dst = Randn(rows.size() * width, 7);
+  float* ddst = Device(dst);
+  gpu_->GatherRows(Device(src), rows, width, ddst);
+  cpu_.GatherRows(src.data(), rows, width, dst.data());
+  ExpectNear(FromDevice(ddst, dst.size()), dst, 0, "gather_rows");
+
+  // 17 rows of 2 heads of 64, the log-sum-exps 3 apart with -inf (no distant keys) among them.
+  const int n = 17, heads = 2, hd = 64;
+  auto o_p = Randn(n * heads * hd, 8), o_d = Randn(n * heads * hd, 9);
+  auto lse_p = Randn(n * 3, 10), lse_d = Randn(n * 3, 11);
+  lse_d[4] = -std::numeric_limits<float>::infinity();
+  float* dp = Device(o_p);
+  gpu_->MergeByGate(n, heads, hd, dp, heads * hd, Device(o_d), heads * hd, Device(lse_p), Device(lse_d), 3);
+  cpu_.MergeByGate(n, heads, hd, o_p.data(), heads * hd, o_d.data(), heads * hd, lse_p.data(), lse_d.data(), 3);
+  ExpectNear(FromDevice(dp, o_p.size()), o_p, 1e-6f, "merge_by_gate");
+}
+
+TEST_F(CudaBackendTest, BiasRopeMatchesCpu) {
+  const std::vector<int32_t> positions = {0, 1, 5, 4096, 32767};
+  const int rows = static_cast<int>(positions.size());
+  struct Case {
+    int n_heads, n_kv_heads, head_dim, n_dims;
+    bool neox, bias, factors;
+    float freq_scale;
+  };
+  for (const Case& c : {Case{4, 2, 64, 64, false, false, false, 1.0f}, Case{4, 2, 64, 64, true, true, false, 1.0f},
+                        Case{6, 2, 128, 64, true, false, true, 0.25f}, Case{3, 1, 48, 48, false, true, true, 1.0f}}) {
+    const std::string what = std::to_string(c.n_heads) + "/" + std::to_string(c.n_kv_heads) + " heads of " +
+                             std::to_string(c.head_dim) + (c.neox ? " neox" : "") + (c.bias ? " bias" : "") +
+                             (c.factors ? " factors" : "");
+    RopeParams rope{.n_dims = c.n_dims, .freq_base = 500000.0f, .freq_scale = c.freq_scale, .neox = c.neox};
+    if (c.factors) {
+      for (int i = 0; i < c.n_dims / 2; ++i) rope.freq_factors.push_back(1.0f + static_cast<float>(i % 5));
+    }
+    const int qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
+    auto q = Randn(rows * qd, 12), k = Randn(rows * kvd, 13), v = Randn(rows * kvd, 14);
+    const auto bq = Randn(qd, 15), bk = Randn(kvd, 16), bv = Randn(kvd, 17);
+    const QkvBias bias = c.bias ? QkvBias{.q = bq.data(), .k = bk.data(), .v = bv.data()} : QkvBias{};
+    float *dq = Device(q), *dk = Device(k), *dv = Device(v);
+    gpu_->BiasRope(rope, positions, bias, dq, dk, dv, c.n_heads, c.n_kv_heads, c.head_dim);
+    cpu_.BiasRope(rope, positions, bias, q.data(), k.data(), v.data(), c.n_heads, c.n_kv_heads, c.head_dim);
+    // Angles up to 32767 rad: sin/cos of the same float angle, within a few ulp of it.
+    ExpectNear(FromDevice(dq, q.size()), q, 2e-4f, "q " + what);
+    ExpectNear(FromDevice(dk, k.size()), k, 2e-4f, "k " + what);
+    ExpectNear(FromDevice(dv, v.size()), v, 1e-6f, "v " + what);
+  }
+}
+
+TEST_F(CudaBackendTest, StoreKvWritesTheCpuBytes) {
+  const int64_t kv_dim = 17 * 8, n = 17;
+  const auto k = Randn(n * kv_dim, 18), v = Randn(n * kv_dim, 19);
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const size_t row_bytes = kv_dim * (dtype == DType::kF32 ? 4 : 2);
+    auto tier = gpu_->AllocateTier(true, 2 * n * row_bytes);
+    ASSERT_TRUE(tier.ok()) << tier.status();
+    std::vector<uint8_t> host(2 * n * row_bytes);
+    std::vector<uint8_t*> k_dev, v_dev, k_host, v_host;
+    for (int64_t i = 0; i < n; ++i) {  // rows in reverse order, k's and v's interleaved
+      const size_t at = (n - 1 - i) * 2 * row_bytes;
+      k_dev.push_back(tier->base + at);
+      v_dev.push_back(tier->base + at + row_bytes);
+      k_host.push_back(host.data() + at);
+      v_host.push_back(host.data() + at + row_bytes);
+    }
+    gpu_->StoreKv(dtype, kv_dim, n, Device(k), Device(v), k_dev.data(), v_dev.data());
+    cpu_.StoreKv(dtype, kv_dim, n, k.data(), v.data(), k_host.data(), v_host.data());
+    std::vector<uint8_t> got(host.size());
+    gpu_->CopyToHost(tier->base, got.data(), got.size());
+    ASSERT_TRUE(gpu_->Synchronize().ok());
+    EXPECT_EQ(got, host) << "dtype " << static_cast<int>(dtype);
+    tier->release(tier->base);
+  }
+}
+
+TEST_F(CudaBackendTest, F32MatMulMatchesCpuAndErrorsFailTheStep) {
+  const int m = 17, n = 300, k = 576;
+  auto x = Randn(m * k, 20), w = Randn(n * k, 21);
+  const MatrixView view{.type = DType::kF32, .data = reinterpret_cast<const uint8_t*>(w.data()), .rows = n, .cols = k};
+  std::vector<float> y(m * n);
+  float* dy = Device(y);
+  gpu_->MatMul(view, Device(x), m, dy);
+  cpu_.MatMul(view, x.data(), m, y.data());
+  ExpectNear(FromDevice(dy, y.size()), y, 1e-3f, "matmul");
+  const std::vector<int32_t> pos = {0};
+  gpu_->Attention(AttentionShape{.n_heads = 1, .n_kv_heads = 1, .head_dim = 512, .scale = 1},
+                  KvRows{.block_rows = 1, .stride = 512},
+                  AttentionArgs{.q = dy, .q_pos = pos.data(), .n_q = 1, .q_stride = 512, .out = dy, .out_stride = 512});
+  EXPECT_EQ(gpu_->Synchronize().code(), absl::StatusCode::kInvalidArgument) << "a head too wide fails the step";
+  EXPECT_TRUE(gpu_->Synchronize().ok()) << "and the error is reported once";
+}
+
+// Weights of other types run as BF16 copies (GEMM with F32 accumulation): the result
+// within BF16's rounding of the CPU's.
+TEST_F(CudaBackendTest, HalfWeightsRunAsBf16) {
+  const int m = 17, n = 300, k = 576;
+  const auto x = Randn(m * k, 22), w = Randn(n * k, 23);
+  std::vector<uint16_t> w16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) w16[i] = Fp32ToFp16(w[i]);
+  const MatrixView view{.type = DType::kF16, .data = reinterpret_cast<const uint8_t*>(w16.data()), .rows = n, .cols = k};
+  std::vector<float> y(m * n);
+  float* dy = Device(y);
+  gpu_->MatMul(view, Device(x), m, dy);
+  cpu_.MatMul(view, x.data(), m, y.data());
+  const std::vector<float> got = FromDevice(dy, y.size());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    err += (got[i] - y[i]) * (got[i] - y[i]);
+    norm += y[i] * y[i];
+  }
+  EXPECT_LT(std::sqrt(err / norm), 1e-2);
+
+  const std::vector<int32_t> tokens = {299, 0, 17, 17, 4};
+  std::vector<float> e(tokens.size() * k);
+  float* de = Device(e);
+  gpu_->Embed(view, tokens, de);
+  cpu_.Embed(view, tokens, e.data());
+  ExpectNear(FromDevice(de, e.size()), e, 8e-3f, "embed");
 }
 
 // Random blocks survive host -> device -> host bit for bit through the CUDA swap

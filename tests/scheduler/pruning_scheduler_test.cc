@@ -34,12 +34,16 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
   EXPECT_NE(offline[6], absl::StrJoin(Offline(LongPrompt(6), kTokens), " "));
   EXPECT_NE(offline[7], absl::StrJoin(Offline(LongPrompt(7), kTokens), " "));
 
-  for (const bool together : {false, true}) {
-    SCOPED_TRACE(together ? "mixed batch" : "alone");
+  // Alone, in a mixed batch, and in a mixed batch on a backend whose activations host
+  // code can reach only through copies (as on a GPU).
+  for (const auto& [together, guarded] : {std::pair{false, false}, {true, false}, {true, true}}) {
+    const std::string run = guarded ? "guarded/" : together ? "mixed/" : "alone/";
+    SCOPED_TRACE(run);
     ThreadPool engine_pool(2);
     // A host tier for LazyLLM's Aux Cache (without one, pruned rows have nowhere to wait and stay).
-    Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256}, .scheduler = {.prefill_chunk = 64}});
-    auto id = [&](int i) { return std::string(together ? "mixed/" : "alone/") + std::to_string(i); };
+    Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256}, .scheduler = {.prefill_chunk = 64}}, nullptr,
+             guarded);
+    auto id = [&](int i) { return run + std::to_string(i); };
     for (int i = 0; i < kRequests; ++i) {
       auto r = Make(id(i), LongPrompt(i), kTokens);
       r->spec.pruning = strategy(i);
@@ -56,6 +60,7 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
     }
     const LoadSnapshot load = s.Load();
     EXPECT_EQ(load.kv[static_cast<int>(Tier::kDevice)].used, 0);
+    EXPECT_EQ(s.guarded().guarded_calls() > 0, guarded);
   }
 }
 

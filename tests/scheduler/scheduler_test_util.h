@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "server/serving.h"
+#include "tests/engine/guarded_backend.h"
 #include "tests/engine/test_calibration.h"
 
 namespace ps {
@@ -50,13 +51,16 @@ class CollectingSink : public RequestSink {
   std::condition_variable cv_;
 };
 
-// The serving core on the CPU backend, with the engine loop's thread-safe face.
+// The serving core on the CPU backend (behind a GuardedBackend when `guarded`: as
+// on a GPU, host code reaches activations only through copies), with the engine
+// loop's thread-safe face.
 class Served {
  public:
   Served(const Model& model, ThreadPool& pool, const server::ServingOptions& options,
-         SchedulerObserver* observer = nullptr)
-      : backend_(pool) {
-    auto s = server::Serving::Create(model, backend_, options, observer);
+         SchedulerObserver* observer = nullptr, bool guarded = false)
+      : backend_(pool), guarded_(backend_) {
+    Backend& backend = guarded ? static_cast<Backend&>(guarded_) : backend_;
+    auto s = server::Serving::Create(model, backend, options, observer);
     EXPECT_TRUE(s.ok()) << s.status();
     serving_ = std::move(*s);
   }
@@ -64,9 +68,11 @@ class Served {
   bool Abort(const std::string& id) { return serving_->loop().Abort(id); }
   LoadSnapshot Load() const { return serving_->loop().Load(); }
   void Stop() { serving_->loop().Stop(); }
+  const testing::GuardedBackend& guarded() const { return guarded_; }
 
  private:
   CpuBackend backend_;
+  testing::GuardedBackend guarded_;  // destroyed after serving_ (its activations)
   std::unique_ptr<server::Serving> serving_;
 };
 

@@ -1,0 +1,63 @@
+// Attention on the GPU over paged KV (device pointers throughout), with everything
+// Backend::Attention takes: GQA, KV selections (segments of query rows over row
+// ranges, per KV head or for all), PoD's position windows, per-row log-sum-exps and
+// the last query row's statistics. The first version favours plain correctness: one
+// thread block per (query row, head) walks its selected keys in tiles of 128 with an
+// online softmax; the tiled tensor-core kernels come next. C++17 (nvcc).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace ps::cuda {
+
+// A query segment: rows [q_begin, q_end) attend to ranges [range_begin, range_end)
+// of AttentionDeviceArgs::ranges (row ranges [begin, end) of the KV), for the query
+// heads of KV head kv_head (-1: every head).
+struct AttentionSegment {
+  int32_t q_begin = 0, q_end = 0, kv_head = -1, range_begin = 0, range_end = 0;
+};
+
+struct AttentionDeviceArgs {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 1.0f;
+  // Queries and output ([n_q, n_heads * head_dim], strided), query positions [n_q].
+  const float* q = nullptr;
+  const int32_t* q_pos = nullptr;
+  int64_t n_q = 0, q_stride = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  // KV rows: row j in blocks[j / block_rows] at (j % block_rows) * stride elements.
+  const void* const* k_blocks = nullptr;
+  const void* const* v_blocks = nullptr;
+  int64_t block_rows = 0, stride = 0, n = 0;
+  const int32_t* positions = nullptr;
+  DType dtype = DType::kF32;
+  // At least one segment (a selection of everything: {0, n_q, -1} over {0, n}).
+  const AttentionSegment* segments = nullptr;
+  int n_segments = 0;
+  const int32_t* ranges = nullptr;  // [2 * ranges]: begin, end
+  int window_part = 0;              // WindowSees (kernels/shared_math.h)
+  int32_t sinks = 0, recent = 0;
+  float* lse = nullptr;  // optional [n_q, n_heads], lse_stride apart
+  int64_t lse_stride = 0;
+  // Optional [n_heads, n], filled with -inf by the caller: the last query row's scaled
+  // scores (-inf where masked); [n_heads, 2]: its final maximum and sum.
+  float* last_logits = nullptr;
+  float* last_norm = nullptr;
+};
+
+absl::Status AttentionDevice(const AttentionDeviceArgs& a);
+
+// Fills n floats with v.
+absl::Status FillDevice(float* x, int64_t n, float v);
+
+// The last query row's statistics from AttentionDevice's last_logits / last_norm:
+// probs[j] = mean over heads of exp(logit - m) / l (0 where masked; null: skipped),
+// logits[j] = sum over heads of the logits (null: skipped).
+absl::Status LastQueryStatsDevice(const float* last_logits, const float* last_norm, int n_heads, int64_t n,
+                                  float* probs, float* logits);
+
+}  // namespace ps::cuda
