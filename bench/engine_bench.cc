@@ -1,10 +1,14 @@
 // Engine benchmark: prefill tokens/s at given prompt lengths, decode tokens/s and
 // peak memory, for one model and thread count. With --llamacpp it also runs
 // bench/llamacpp_bench.py (llama-cpp-python) on the same file and prints ratios.
+// With --synthetic llama3-8b it builds LLaMA-3-8B's shape in memory (random BF16
+// weights, 16 GB) instead of loading a file, for `--device cuda`; on a GPU it also
+// prints each figure as a share of the H100's limits.
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -12,10 +16,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/flags.h"
+#include "base/fp16.h"
 #include "base/mapped_file.h"
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "engine/generator.h"
 #include "engine/pruning/registry.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace {
@@ -32,6 +39,87 @@ double PeakRssMiB() {
 int Fail(const std::string& m) {
   std::fprintf(stderr, "ps_bench_engine: %s\n", m.c_str());
   return 1;
+}
+
+// The H100's limits the GPU figures are measured against.
+constexpr double kPeakBf16Flops = 990e12;
+constexpr double kPeakBytesPerS = 3.35e12;
+
+// LLaMA-3-8B's shape with random BF16 weights (norms 1): 32 layers, 4096 wide, 32
+// query and 8 KV heads of 128, FFN 14336, vocabulary 128256, 32k context.
+absl::StatusOr<std::unique_ptr<ps::Model>> SyntheticLlama3_8B(ps::ThreadPool& pool) {
+  using namespace ps;
+  ModelConfig c{.arch = Arch::kLlama,
+                .arch_name = "llama",
+                .name = "synthetic LLaMA-3-8B shape",
+                .n_vocab = 128256,
+                .n_embd = 4096,
+                .n_layers = 32,
+                .n_heads = 32,
+                .n_kv_heads = 8,
+                .head_dim = 128,
+                .n_ff = 14336,
+                .n_ctx = 32768,
+                .rms_eps = 1e-5f};
+  c.rope = RopeParams{.n_dims = 128, .freq_base = 500000.0f};
+  c.rope.freq_factors = Llama3FreqFactors(128, 500000.0f, 8.0f, 1.0f, 4.0f, 8192);
+  struct Storage {
+    std::vector<std::vector<uint16_t>> matrices;
+    std::vector<std::vector<float>> vectors;
+  };
+  auto storage = std::make_shared<Storage>();
+  TensorMap t;
+  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
+    std::vector<uint16_t>& m = storage->matrices.emplace_back(static_cast<size_t>(rows * cols));
+    // BF16 values of about +-1/sqrt(cols) from a per-chunk xorshift (fast, reproducible).
+    const float scale = 1.0f / std::sqrt(static_cast<float>(cols));
+    pool.ParallelFor(rows, 64, [&](int64_t r0, int64_t r1) {
+      uint32_t x = static_cast<uint32_t>(r0 * 2654435761u + rows) | 1u;
+      for (int64_t i = r0 * cols; i < r1 * cols; ++i) {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        m[i] = Fp32ToBf16(scale * (static_cast<float>(x >> 8) / 8388608.0f - 1.0f));
+      }
+    });
+    t[name] = TensorRef{.type = DType::kBF16,
+                        .dims = {cols, rows},
+                        .data = reinterpret_cast<const uint8_t*>(m.data()),
+                        .nbytes = m.size() * sizeof(uint16_t)};
+  };
+  auto ones = [&](const std::string& name, int64_t n) {
+    std::vector<float>& v = storage->vectors.emplace_back(static_cast<size_t>(n), 1.0f);
+    t[name] = TensorRef{.type = DType::kF32,
+                        .dims = {n},
+                        .data = reinterpret_cast<const uint8_t*>(v.data()),
+                        .nbytes = v.size() * sizeof(float)};
+  };
+  matrix("token_embd.weight", c.n_vocab, c.n_embd);
+  matrix("output.weight", c.n_vocab, c.n_embd);
+  ones("output_norm.weight", c.n_embd);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    ones(p + "attn_norm.weight", c.n_embd);
+    ones(p + "ffn_norm.weight", c.n_embd);
+    matrix(p + "attn_q.weight", c.q_dim(), c.n_embd);
+    matrix(p + "attn_k.weight", c.kv_dim(), c.n_embd);
+    matrix(p + "attn_v.weight", c.kv_dim(), c.n_embd);
+    matrix(p + "attn_output.weight", c.n_embd, c.q_dim());
+    matrix(p + "ffn_gate.weight", c.n_ff, c.n_embd);
+    matrix(p + "ffn_up.weight", c.n_ff, c.n_embd);
+    matrix(p + "ffn_down.weight", c.n_embd, c.n_ff);
+  }
+  return Model::Build(std::move(c), t, nullptr, storage);
+}
+
+// FLOPs (2 per multiply-add) of one token through the layers' matrices (a prefill
+// computes logits for its last row only), and of the causal attention of an n-token
+// prompt (QK and PV over half the pairs).
+double MatmulFlopsPerToken(const ps::ModelConfig& c) {
+  return c.n_layers * 2.0 * c.n_embd * (2.0 * c.q_dim() + 2.0 * c.kv_dim() + 3.0 * c.n_ff);
+}
+double AttentionFlops(const ps::ModelConfig& c, int64_t n) {
+  return 2.0 * 2.0 * c.n_layers * c.q_dim() * (static_cast<double>(n) * n / 2);
 }
 
 // Decode steps of `streams` sequences batched in one forward pass each, after a
@@ -80,7 +168,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> depth_list = {0};
   int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16, streams = 16;
   bool llamacpp = false, int8 = false, int8_decode = false;
-  std::string strategy, sweep;
+  std::string strategy, sweep, device = "cpu", synthetic;
   std::vector<std::string> strategy_args;
   FlagParser flags("ps_bench_engine",
                    "Prefill and decode throughput of the engine: one sequence at given prompt lengths and decode\n"
@@ -106,18 +194,31 @@ int main(int argc, char** argv) {
                   "(e.g. budget=256,512,1024 for critiprefill)");
   flags.AddBool("llamacpp", &llamacpp, "also run llama-cpp-python on the same file and print ratios");
   flags.AddString("python", &python, "Python interpreter with llama-cpp-python installed (for --llamacpp)");
+  flags.AddString("device", &device, "cpu | cuda: the backend (cuda: libps_cuda.so next to this program)");
+  flags.AddString("synthetic", &synthetic,
+                  "llama3-8b: LLaMA-3-8B's shape with random BF16 weights built in memory, instead of --model "
+                  "(token ids instead of --text; for --device cuda)");
   if (auto s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
   if (flags.help_requested()) {
     std::printf("%s", flags.Help().c_str());
     return 0;
   }
-  auto model = Model::Load(model_path);
+  if (!synthetic.empty() && synthetic != "llama3-8b") return Fail("--synthetic knows llama3-8b only");
+  if (!synthetic.empty() && llamacpp) return Fail("--llamacpp needs a model file, not --synthetic");
+  ThreadPool pool(static_cast<int>(threads));
+  auto model = synthetic.empty() ? Model::Load(model_path) : SyntheticLlama3_8B(pool);
   if (!model.ok()) return Fail(std::string(model.status().message()));
   const ModelConfig& c = (*model)->config();
 
-  const absl::StatusOr<std::string> text = ReadTextCorpus(text_path);
-  if (!text.ok()) return Fail(std::string(text.status().message()));
-  const std::vector<int32_t> all_ids = (*model)->tokenizer()->Encode(*text, true, false);
+  std::vector<int32_t> all_ids;
+  if (synthetic.empty()) {
+    const absl::StatusOr<std::string> text = ReadTextCorpus(text_path);
+    if (!text.ok()) return Fail(std::string(text.status().message()));
+    all_ids = (*model)->tokenizer()->Encode(*text, true, false);
+  } else {
+    all_ids.resize(static_cast<size_t>(c.n_ctx));
+    for (size_t i = 0; i < all_ids.size(); ++i) all_ids[i] = static_cast<int32_t>((i * 7919 + 11) % c.n_vocab);
+  }
   const int64_t longest = std::max(*std::max_element(prefill_list.begin(), prefill_list.end()),
                                    *std::max_element(depth_list.begin(), depth_list.end()) + decode);
   if (static_cast<int64_t>(all_ids.size()) < longest || longest > c.n_ctx) {
@@ -146,17 +247,29 @@ int main(int argc, char** argv) {
     }
   }
 
-  ThreadPool pool(static_cast<int>(threads));
-  CpuBackend backend(pool, CpuBackendOptions{.int8_activations = int8});
+  std::string note;
+  absl::StatusOr<std::unique_ptr<Backend>> made =
+      CreateBackend(device, pool, CpuBackendOptions{.int8_activations = int8}, &note);
+  if (!made.ok()) return Fail(std::string(made.status().message()));
+  Backend& backend = **made;
+  const bool gpu = backend.kind() == DeviceKind::kCuda;
   Transformer tf(**model, backend);
+  if (gpu) {  // the weights' device copies are made on first use: not inside a timed run
+    auto kv = OfflineKvCache(**model, backend, 8, static_cast<int>(block_tokens));
+    std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + 8), pos = {0, 1, 2, 3, 4, 5, 6, 7};
+    SeqInput in{.seq_id = 1, .tokens = ids, .positions = pos};
+    ForwardOutput out;
+    if (!kv.ok() || !tf.Forward({&in, 1}, **kv, &out).ok()) return Fail("warm-up pass on the device failed");
+  }
   std::map<std::string, double> ours;
   auto report = [&](const std::string& key, double v) {
     ours[key] = v;
     std::printf("ours %s %.1f\n", key.c_str(), v);
     std::fflush(stdout);
   };
-  std::printf("model %s (%s), %lld threads, %s activations\n", c.name.c_str(), model_path.c_str(),
-              static_cast<long long>(threads), int8 ? "int8" : "F32");
+  std::printf("model %s (%s), %s, %lld threads, %s activations\n", c.name.c_str(),
+              synthetic.empty() ? model_path.c_str() : "in memory", note.c_str(), static_cast<long long>(threads),
+              int8 ? "int8" : "F32");
   for (int64_t prefill : prefill_list) {
     const int n = static_cast<int>(prefill);
     std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + n), pos(n);
@@ -179,6 +292,11 @@ int main(int argc, char** argv) {
     const absl::StatusOr<double> full = prefill_seconds(nullptr);
     if (!full.ok()) return Fail(std::string(full.status().message()));
     report("prefill_" + std::to_string(n) + "_tok_per_s", n / *full);
+    if (gpu) {
+      const double flops = n * MatmulFlopsPerToken(c) + AttentionFlops(c, n);
+      std::printf("ours prefill_%d %.1f TFLOP/s, %.1f%% of %.0f\n", n, flops / *full / 1e12,
+                  100 * flops / *full / kPeakBf16Flops, kPeakBf16Flops / 1e12);
+    }
     for (const auto& [name, params] : pruned) {
       const absl::StatusOr<double> t = prefill_seconds(&params);
       if (!t.ok()) return Fail(std::string(t.status().message()));
@@ -193,6 +311,12 @@ int main(int argc, char** argv) {
                            depth > 512 ? 1 : static_cast<int>(repeats), static_cast<int>(block_tokens));
     if (!v.ok()) return Fail(std::string(v.status().message()));
     report(depth == 0 ? "decode_tok_per_s" : "decode_at_" + std::to_string(depth) + "_tok_per_s", *v);
+    if (gpu) {  // a decode step reads every weight once (BF16 copies: 2 bytes each), the KV aside
+      const double bytes = 2.0 * (c.n_layers * (2.0 * c.q_dim() + 2.0 * c.kv_dim() + 3.0 * c.n_ff) * c.n_embd +
+                                  static_cast<double>(c.n_vocab) * c.n_embd);
+      std::printf("ours decode %.0f GB/s of weights, %.1f%% of %.2f TB/s\n", bytes * *v / 1e9,
+                  100 * bytes * *v / kPeakBytesPerS, kPeakBytesPerS / 1e12);
+    }
   }
   if (streams > 0) {
     auto v = DecodeTokPerS(**model, backend, tf, all_ids, 4, static_cast<int>(streams), static_cast<int>(decode),
@@ -203,7 +327,7 @@ int main(int argc, char** argv) {
       std::printf("ours %lld_streams/1_stream %.2fx\n", static_cast<long long>(streams), *v / ours["decode_tok_per_s"]);
     }
   }
-  if (int8_decode && !int8) {  // llama.cpp's numerics: activations quantised to int8 blocks
+  if (int8_decode && !int8 && !gpu) {  // llama.cpp's numerics: activations quantised to int8 blocks
     CpuBackend int8_backend(pool, CpuBackendOptions{.int8_activations = true});
     Transformer int8_tf(**model, int8_backend);
     for (int s : {1, static_cast<int>(streams)}) {

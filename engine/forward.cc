@@ -14,9 +14,9 @@ namespace ps {
 
 absl::Status Transformer::EnsureCapacity(int64_t rows) {
   const ModelConfig& c = model_.config();
-  const std::pair<Activations*, int> buffers[] = {{&x_, c.n_embd},   {&xn_, c.n_embd}, {&q_, c.q_dim()},
-                                                  {&k_, c.kv_dim()},  {&v_, c.kv_dim()}, {&att_, c.q_dim()},
-                                                  {&tmp_, c.n_embd},  {&gate_, c.n_ff},  {&up_, c.n_ff}};
+  const std::pair<Activations*, int> buffers[] = {{&x_, c.n_embd},   {&xn_, c.n_embd},  {&q_, c.q_dim()},
+                                                  {&k_, c.kv_dim()}, {&v_, c.kv_dim()}, {&att_, c.q_dim()},
+                                                  {&tmp_, c.n_embd}, {&gate_, c.n_ff},  {&up_, c.n_ff}};
   for (const auto& [buffer, width] : buffers) PS_RETURN_IF_ERROR(buffer->Reserve(backend_, rows * width));
   return absl::OkStatus();
 }

@@ -15,8 +15,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend() {
   absl::StatusOr<void*> create = CudaPluginSymbol(kCudaCreateBackend);
   if (!create.ok()) return create.status();
   char error[512] = "";
-  std::unique_ptr<Backend> b(reinterpret_cast<Backend* (*)(char*, size_t, WeightRowDecoder)>(*create)(
-      error, sizeof(error), &DecodeWeightRow));
+  std::unique_ptr<Backend> b(
+      reinterpret_cast<Backend* (*)(char*, size_t, WeightRowDecoder)>(*create)(error, sizeof(error), &DecodeWeightRow));
   if (b == nullptr) return absl::UnavailableError(error);
   return b;
 }

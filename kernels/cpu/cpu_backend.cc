@@ -18,9 +18,10 @@ namespace {
 
 constexpr int kMaxRopeDims = 1024;  // ValidateConfig bounds head_dim by this
 
-absl::StatusOr<MemoryRegion> HostMemory(size_t bytes, std::string_view what) {
+absl::StatusOr<MemoryRegion> HostMemory(size_t bytes, const char* what) {
   auto* base = static_cast<uint8_t*>(::operator new[](bytes + 1, std::align_val_t(64), std::nothrow));
-  if (base == nullptr) return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes for ", what));
+  if (base == nullptr)
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes for ", what));
   return MemoryRegion{.base = base, .release = [](uint8_t* p) { ::operator delete[](p, std::align_val_t(64)); }};
 }
 

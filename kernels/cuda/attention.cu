@@ -16,8 +16,7 @@ constexpr int kMaxHeadDim = 256;
 
 absl::Status Launched(const char* kernel) {
   const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? absl::OkStatus()
-                          : absl::InternalError(std::string(kernel) + ": " + cudaGetErrorString(e));
+  return e == cudaSuccess ? absl::OkStatus() : absl::InternalError(std::string(kernel) + ": " + cudaGetErrorString(e));
 }
 
 __device__ float Load(DType dtype, const void* base, int64_t i) {

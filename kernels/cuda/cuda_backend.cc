@@ -113,8 +113,8 @@ class CudaBackend final : public Backend {
     }
     const auto* d_pos = Stage(index_, positions.data(), positions.size_bytes());
     if (d_pos == nullptr) return;
-    Keep(BiasRopeDevice(r, reinterpret_cast<const int32_t*>(d_pos), static_cast<int64_t>(positions.size()), bq, bk,
-                        bv, q, k, v, n_heads, n_kv_heads, head_dim));
+    Keep(BiasRopeDevice(r, reinterpret_cast<const int32_t*>(d_pos), static_cast<int64_t>(positions.size()), bq, bk, bv,
+                        q, k, v, n_heads, n_kv_heads, head_dim));
   }
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t n) override {
     Keep(SiluMulDevice(gate, up, rows * n));
@@ -281,8 +281,8 @@ class CudaBackend final : public Backend {
   // Attention's staged arguments and statistics.
   std::vector<AttentionSegment> segments_;
   std::vector<int32_t> ranges_;
-  Scratch segments_scratch_, ranges_scratch_, q_pos_scratch_, positions_scratch_, k_blocks_scratch_,
-      v_blocks_scratch_, stats_scratch_;
+  Scratch segments_scratch_, ranges_scratch_, q_pos_scratch_, positions_scratch_, k_blocks_scratch_, v_blocks_scratch_,
+      stats_scratch_;
   std::vector<uint8_t*> pointers_;
 };
 

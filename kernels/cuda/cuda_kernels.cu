@@ -140,8 +140,7 @@ __global__ void BiasRopeKernel(RopeDevice rope, const int32_t* positions, const 
     const int head = t / half, i = t % half;
     float theta = pos;
     for (int j = 0; j < i; ++j) theta *= rope.theta_scale;  // the CPU's running product
-    const float angle =
-        RopeAngle(theta, rope.freq_factors != nullptr ? rope.freq_factors[i] : 1.0f, rope.freq_scale);
+    const float angle = RopeAngle(theta, rope.freq_factors != nullptr ? rope.freq_factors[i] : 1.0f, rope.freq_scale);
     float s = 0, c = 0;
     sincosf(angle, &s, &c);
     float* x = head < n_heads ? qr + head * head_dim : kr + (head - n_heads) * head_dim;
@@ -262,7 +261,8 @@ absl::Status GemmDevice(const float* x, const float* w, float* y, int m, int n, 
   if (!cublas.error.empty()) return absl::FailedPreconditionError(cublas.error);
   const float alpha = 1.0f, beta = 0.0f;
   // Row-major y = x w^T is column-major y^T = w x^T.
-  const cublasStatus_t st = cublas.sgemm(cublas.handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, k, x, k, &beta, y, n);
+  const cublasStatus_t st =
+      cublas.sgemm(cublas.handle, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, k, x, k, &beta, y, n);
   if (st != CUBLAS_STATUS_SUCCESS) return absl::InternalError("cublasSgemm failed: " + std::to_string(st));
   return absl::OkStatus();
 }
@@ -326,17 +326,16 @@ absl::Status MergeByGateDevice(int64_t n, int heads, int hd, float* o_p, int64_t
                                int64_t d_stride, const float* lse_p, const float* lse_d, int64_t lse_stride) {
   const int64_t total = n * heads * hd;
   if (total == 0) return absl::OkStatus();
-  MergeByGateKernel<<<Blocks(total), kThreads>>>(n, heads, hd, o_p, p_stride, o_d, d_stride, lse_p, lse_d,
-                                                 lse_stride);
+  MergeByGateKernel<<<Blocks(total), kThreads>>>(n, heads, hd, o_p, p_stride, o_d, d_stride, lse_p, lse_d, lse_stride);
   return Launched("MergeByGateKernel");
 }
 
 absl::Status BiasRopeDevice(const RopeDevice& rope, const int32_t* positions, int64_t rows, const float* bq,
-                            const float* bk, const float* bv, float* q, float* k, float* v, int n_heads,
-                            int n_kv_heads, int head_dim) {
+                            const float* bk, const float* bv, float* q, float* k, float* v, int n_heads, int n_kv_heads,
+                            int head_dim) {
   if (rows == 0) return absl::OkStatus();
-  BiasRopeKernel<<<static_cast<unsigned>(rows), kThreads>>>(rope, positions, bq, bk, bv, q, k, v, n_heads,
-                                                            n_kv_heads, head_dim);
+  BiasRopeKernel<<<static_cast<unsigned>(rows), kThreads>>>(rope, positions, bq, bk, bv, q, k, v, n_heads, n_kv_heads,
+                                                            head_dim);
   return Launched("BiasRopeKernel");
 }
 

@@ -73,8 +73,8 @@ struct RopeDevice {
 // head_dim], k and v [rows, n_kv_heads * head_dim] and rotates q and k by positions
 // (device, [rows]).
 absl::Status BiasRopeDevice(const RopeDevice& rope, const int32_t* positions, int64_t rows, const float* bq,
-                            const float* bk, const float* bv, float* q, float* k, float* v, int n_heads,
-                            int n_kv_heads, int head_dim);
+                            const float* bk, const float* bv, float* q, float* k, float* v, int n_heads, int n_kv_heads,
+                            int head_dim);
 // Writes n rows of K and V ([n, kv_dim] F32) to rows of `dtype` (F32, F16, BF16) at
 // k_dst[i] and v_dst[i] (arrays of device pointers, on the device).
 absl::Status StoreKvDevice(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v,

@@ -35,8 +35,8 @@ class CudaForwardTest : public ::testing::Test {
                                 const PruningParams& pruning) {
     Generator gen(*model_, backend);
     const std::unique_ptr<PruningStrategy> strategy = pruning.Make(model_->config());
-    auto r = gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
-                          nullptr, strategy.get());
+    auto r = gen.Generate(prompt, SamplingParams{.temperature = 0},
+                          StopCriteria{.max_new_tokens = n, .ignore_eos = true}, nullptr, strategy.get());
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->tokens : std::vector<int32_t>{};
   }

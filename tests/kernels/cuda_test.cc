@@ -229,7 +229,8 @@ TEST_F(CudaBackendTest, HalfWeightsRunAsBf16) {
   const auto x = Randn(m * k, 22), w = Randn(n * k, 23);
   std::vector<uint16_t> w16(w.size());
   for (size_t i = 0; i < w.size(); ++i) w16[i] = Fp32ToFp16(w[i]);
-  const MatrixView view{.type = DType::kF16, .data = reinterpret_cast<const uint8_t*>(w16.data()), .rows = n, .cols = k};
+  const MatrixView view{
+      .type = DType::kF16, .data = reinterpret_cast<const uint8_t*>(w16.data()), .rows = n, .cols = k};
   std::vector<float> y(m * n);
   float* dy = Device(y);
   gpu_->MatMul(view, Device(x), m, dy);
