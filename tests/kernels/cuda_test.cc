@@ -222,6 +222,104 @@ TEST_F(CudaBackendTest, F32MatMulMatchesCpuAndErrorsFailTheStep) {
   EXPECT_TRUE(gpu_->Synchronize().ok()) << "and the error is reported once";
 }
 
+// Attention over paged KV (blocks of 16 rows, F32 and F16) against the CPU kernel:
+// everything, a selection per KV head, PoD's proximal and distant windows with their
+// log-sum-exps, and the last query row's statistics.
+TEST_F(CudaBackendTest, AttentionMatchesCpu) {
+  const AttentionShape shape{.n_heads = 4, .n_kv_heads = 2, .head_dim = 64, .scale = 0.125f};
+  const int64_t kvd = 128, n = 97, rows = 16, n_blocks = (n + rows - 1) / rows, n_q = 17;
+  std::vector<int32_t> positions(n), q_pos(n_q);
+  for (int64_t j = 0; j < n; ++j) positions[j] = static_cast<int32_t>(j);
+  for (int64_t i = 0; i < n_q; ++i) q_pos[i] = static_cast<int32_t>(n - n_q + i);
+  const auto k = Randn(n_blocks * rows * kvd, 24), v = Randn(n_blocks * rows * kvd, 25), q = Randn(n_q * 256, 26);
+  KvSelection per_head;  // KV head 0: rows 0-9 and 40-96; head 1: rows 20-96
+  per_head.segments.push_back(
+      {.q_begin = 0, .q_end = static_cast<int32_t>(n_q), .ranges = {{0, 10}, {40, 97}}, .kv_head = 0});
+  per_head.segments.push_back({.q_begin = 0, .q_end = static_cast<int32_t>(n_q), .ranges = {{20, 97}}, .kv_head = 1});
+  for (const DType dtype : {DType::kF32, DType::kF16}) {
+    const size_t elem = dtype == DType::kF32 ? 4 : 2;
+    std::vector<uint8_t> k_host(k.size() * elem), v_host(v.size() * elem);
+    if (dtype == DType::kF32) {
+      std::memcpy(k_host.data(), k.data(), k_host.size());
+      std::memcpy(v_host.data(), v.data(), v_host.size());
+    } else {
+      for (size_t i = 0; i < k.size(); ++i) {
+        reinterpret_cast<uint16_t*>(k_host.data())[i] = Fp32ToFp16(k[i]);
+        reinterpret_cast<uint16_t*>(v_host.data())[i] = Fp32ToFp16(v[i]);
+      }
+    }
+    auto tier = gpu_->AllocateTier(true, 2 * k_host.size());
+    ASSERT_TRUE(tier.ok()) << tier.status();
+    gpu_->CopyFromHost(k_host.data(), tier->base, k_host.size());
+    gpu_->CopyFromHost(v_host.data(), tier->base + k_host.size(), v_host.size());
+    std::vector<const void*> kb_cpu, vb_cpu, kb_gpu, vb_gpu;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      kb_cpu.push_back(k_host.data() + b * rows * kvd * elem);
+      vb_cpu.push_back(v_host.data() + b * rows * kvd * elem);
+      kb_gpu.push_back(tier->base + b * rows * kvd * elem);
+      vb_gpu.push_back(tier->base + k_host.size() + b * rows * kvd * elem);
+    }
+    auto view = [&](const std::vector<const void*>& kb, const std::vector<const void*>& vb) {
+      return KvRows{.k_blocks = kb.data(),
+                    .v_blocks = vb.data(),
+                    .block_rows = rows,
+                    .positions = positions.data(),
+                    .n = n,
+                    .stride = kvd,
+                    .positions_ascending = true,
+                    .dtype = dtype};
+    };
+    struct Case {
+      const char* name;
+      const KvSelection* selection;
+      PositionWindow window;
+    };
+    for (const Case& c :
+         {Case{"all", nullptr, {}}, Case{"per-head selection", &per_head, {}},
+          Case{"proximal", nullptr, {.part = PositionWindow::Part::kProximal, .sinks = 4, .recent = 16}},
+          Case{"distant", nullptr, {.part = PositionWindow::Part::kDistant, .sinks = 4, .recent = 16}}}) {
+      const std::string what = std::string(c.name) + (dtype == DType::kF32 ? " f32" : " f16");
+      std::vector<float> out(n_q * 256), lse(n_q * 4), probs(n), logits(n);
+      float *d_out = Device(out), *d_lse = Device(lse), *d_probs = Device(probs), *d_logits = Device(logits);
+      const AttentionArgs base{.q_pos = q_pos.data(),
+                               .n_q = n_q,
+                               .q_stride = 256,
+                               .out_stride = 256,
+                               .selection = c.selection,
+                               .lse_stride = 4,
+                               .window = c.window};
+      AttentionArgs on_gpu = base, on_cpu = base;
+      on_gpu.q = Device(q);
+      on_gpu.out = d_out;
+      on_gpu.lse = d_lse;
+      on_gpu.last_query_probs = d_probs;
+      on_cpu.q = q.data();
+      on_cpu.out = out.data();
+      on_cpu.lse = lse.data();
+      on_cpu.last_query_probs = probs.data();
+      gpu_->Attention(shape, view(kb_gpu, vb_gpu), on_gpu);
+      cpu_.Attention(shape, view(kb_cpu, vb_cpu), on_cpu);
+      ExpectNear(FromDevice(d_out, out.size()), out, 1e-4f, "out " + what);
+      ExpectNear(FromDevice(d_lse, lse.size()), lse, 1e-5f, "lse " + what);
+      ExpectNear(FromDevice(d_probs, probs.size()), probs, 1e-5f, "probs " + what);
+      on_gpu.last_query_probs = on_cpu.last_query_probs = nullptr;
+      on_gpu.last_query_logits = d_logits;
+      on_cpu.last_query_logits = logits.data();
+      gpu_->Attention(shape, view(kb_gpu, vb_gpu), on_gpu);
+      cpu_.Attention(shape, view(kb_cpu, vb_cpu), on_cpu);
+      const std::vector<float> got = FromDevice(d_logits, logits.size());
+      for (int64_t j = 0; j < n; ++j) {
+        if (std::isinf(logits[j])) {
+          EXPECT_TRUE(std::isinf(got[j]) && got[j] < 0) << "logits " << what << " at " << j;
+        } else {
+          EXPECT_NEAR(got[j], logits[j], 1e-4f * (1 + std::fabs(logits[j]))) << "logits " << what << " at " << j;
+        }
+      }
+    }
+    tier->release(tier->base);
+  }
+}
+
 // Weights of other types run as BF16 copies (GEMM with F32 accumulation): the result
 // within BF16's rounding of the CPU's.
 TEST_F(CudaBackendTest, HalfWeightsRunAsBf16) {
