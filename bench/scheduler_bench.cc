@@ -140,7 +140,10 @@ int main(int argc, char** argv) {
   Transformer tf(**model, backend);
   for (int64_t seq_len : seq_list) {
     const int len = static_cast<int>(seq_len);
-    const KvGeometry g{.n_layers = c.n_layers, .block_tokens = static_cast<int>(block_tokens), .kv_dim = c.kv_dim()};
+    const KvGeometry g{.n_layers = c.n_layers,
+                       .block_tokens = static_cast<int>(block_tokens),
+                       .kv_dim = c.kv_dim(),
+                       .n_kv_heads = c.n_kv_heads};
     const int64_t blocks = g.BlocksForTokens(len);
     const size_t block_bytes = g.block_bytes();
     auto cache = KvCache::Create({.geometry = g, .device_blocks = blocks, .host_blocks = blocks}, backend);

@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, Backe
   KvCacheOptions kv{.geometry = {.n_layers = c.n_layers,
                                  .block_tokens = o.kv_block_tokens,
                                  .kv_dim = c.kv_dim(),
+                                 .n_kv_heads = c.n_kv_heads,
                                  .dtype = o.kv_dtype},
                     .host_blocks = o.kv_host_blocks,
                     .aux_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float),

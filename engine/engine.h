@@ -19,7 +19,7 @@
 namespace ps {
 
 struct EngineOptions {
-  int kv_block_tokens = 16;      // tokens per KV block (one layer's K and V)
+  int kv_block_tokens = 16;      // tokens per KV page (memory/kv_geometry.h)
   DType kv_dtype = DType::kF32;  // KV element type: F32, F16 or BF16
   // KV blocks of the device tier; 0 = enough for 64 full-context sequences, up to 1 GiB.
   int64_t kv_device_blocks = 0;

@@ -56,8 +56,8 @@ class Transformer::Context final : public SeqContext {
   bool AuxTake(int32_t position, float* hidden) override { return kv_.manager().aux().Take(owner(), position, hidden); }
   const LayerTable& Kv(int layer) const override { return kv_.manager().Table(in_.seq_id, layer); }
   int KvBlockTokens() const override { return kv_.manager().block_tokens(); }
-  absl::Status MoveBlocks(int layer, std::span<const int32_t> blocks, Tier to) override {
-    return kv_.Move(in_.seq_id, layer, blocks, to);
+  absl::Status MovePages(int layer, std::span<const int32_t> pages, Tier to) override {
+    return kv_.Move(in_.seq_id, layer, pages, to);
   }
 
   int64_t rows_computed() const { return rows_computed_; }

@@ -9,9 +9,12 @@ namespace ps {
 absl::StatusOr<std::unique_ptr<KvCache>> OfflineKvCache(const Model& model, Backend& backend, int64_t max_tokens,
                                                         int block_tokens, DType dtype) {
   const ModelConfig& c = model.config();
-  KvCacheOptions o{
-      .geometry = {.n_layers = c.n_layers, .block_tokens = block_tokens, .kv_dim = c.kv_dim(), .dtype = dtype},
-      .aux_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float)};
+  KvCacheOptions o{.geometry = {.n_layers = c.n_layers,
+                                .block_tokens = block_tokens,
+                                .kv_dim = c.kv_dim(),
+                                .n_kv_heads = c.n_kv_heads,
+                                .dtype = dtype},
+                   .aux_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float)};
   // Twice the sequence: a prefix pass's scratch KV next to the sequence's own.
   o.device_blocks = 2 * o.geometry.BlocksForTokens(max_tokens);
   const int64_t aux_blocks =

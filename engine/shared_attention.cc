@@ -8,21 +8,37 @@
 namespace ps {
 namespace {
 
-// The rows of one KV head of `kv`: block pointers offset to the head's columns (rows
-// keep the cache's width), for a call with one KV head.
-KvRows HeadView(const KvRows& kv, int head, int head_dim, std::vector<const void*>* k, std::vector<const void*>* v) {
-  const int64_t n_blocks = kv.block_rows > 0 ? (kv.n + kv.block_rows - 1) / kv.block_rows : 0;
-  const size_t offset = static_cast<size_t>(head) * head_dim * kv.elem_bytes();
-  k->resize(n_blocks);
-  v->resize(n_blocks);
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    (*k)[b] = kv.k_blocks[b] != nullptr ? static_cast<const uint8_t*>(kv.k_blocks[b]) + offset : nullptr;
-    (*v)[b] = kv.v_blocks[b] != nullptr ? static_cast<const uint8_t*>(kv.v_blocks[b]) + offset : nullptr;
-  }
+// The rows of one KV head of a view of the cache (whose heads have blocks of their
+// own), for a call with one KV head.
+KvRows HeadView(const KvRows& kv, int head) {
+  PS_CHECK(kv.head_cols > 0) << "a KV view whose heads share blocks";
   KvRows out = kv;
-  out.k_blocks = k->data();
-  out.v_blocks = v->data();
+  out.k_blocks += head * kv.head_blocks;
+  out.v_blocks += head * kv.head_blocks;
   return out;
+}
+
+// Frees the keys of `layer` that no query to come reads: for each KV head that scores
+// its distant keys with another layer's, the full pages whose positions are all
+// distant to a query after the newest cached position.
+absl::Status DropDistantKeys(KvCache& kv, const SharedScores& share, int64_t seq, int layer,
+                             std::vector<int32_t>* pages) {
+  const LayerTable& t = kv.manager().Table(seq, layer);
+  if (!share.drop_distant_keys || !t.ascending || t.positions.empty()) return absl::OkStatus();
+  const int64_t bt = kv.manager().block_tokens(), per_page = kv.manager().blocks_per_page();
+  const int64_t distant_to = static_cast<int64_t>(t.positions.back()) + 1 - share.recent;
+  for (int h = 0; h < static_cast<int>(share.base.size()); ++h) {
+    if (share.base[h] == layer) continue;
+    pages->clear();
+    for (int64_t p = 0; p + 1 < t.pages(); ++p) {  // the last page takes the rows to come
+      if (t.positions[(p + 1) * bt - 1] > distant_to) break;
+      if (t.positions[p * bt] >= share.sinks && t.blocks[p * per_page + h] != LayerTable::kDropped) {
+        pages->push_back(static_cast<int32_t>(p));
+      }
+    }
+    if (!pages->empty()) PS_RETURN_IF_ERROR(kv.DropKeys(seq, layer, h, *pages));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -50,7 +66,7 @@ absl::Status SharedAttention(Backend& backend, KvCache& kv, const SharedScores& 
                       .out = a.out + col,
                       .out_stride = a.out_stride};
     PS_ASSIGN_OR_RETURN(const KvRows rows, kv.View(a.seq, a.layer, nullptr));
-    const KvRows head = HeadView(rows, h, hd, &scratch.k_blocks, &scratch.v_blocks);
+    const KvRows head = HeadView(rows, h);
     if (base == a.layer) {  // this head's own group starts here: ordinary attention
       backend.Attention(head_shape, head, own);
       continue;
@@ -82,7 +98,7 @@ absl::Status SharedAttention(Backend& backend, KvCache& kv, const SharedScores& 
       base_q = scratch.base_q.data();
     }
     PS_ASSIGN_OR_RETURN(const KvRows shared, kv.View(a.seq, a.layer, nullptr, base));
-    const KvRows distant = HeadView(shared, h, hd, &scratch.k_blocks, &scratch.v_blocks);
+    const KvRows distant = HeadView(shared, h);
     backend.Attention(
         head_shape, distant,
         AttentionArgs{
@@ -102,7 +118,7 @@ absl::Status SharedAttention(Backend& backend, KvCache& kv, const SharedScores& 
     backend.MergeByGate(a.n_q, group, hd, a.out + col, a.out_stride, scratch.o_d.data(), group * hd, lse_p, lse_d,
                         group);
   }
-  return absl::OkStatus();
+  return DropDistantKeys(kv, share, a.seq, a.layer, &scratch.pages);
 }
 
 }  // namespace ps

@@ -1,7 +1,10 @@
 // Attention with scores shared across layers (PoD, engine/pruning/strategy.h
 // SharedScores) for one sequence's query rows at one layer, over its whole KV: per
 // KV head ordinary attention, or a proximal part with the layer's own scores and a
-// distant part with the base layer's, merged by their log-sum-exps.
+// distant part with the base layer's, merged by their log-sum-exps. Then, with
+// share.drop_distant_keys, the keys of the layer that no later query reads are freed
+// (PoD's KV saving): for a head scoring its distant keys with another layer's, the
+// full pages of keys distant to every position after the newest cached one.
 #pragma once
 
 #include <cstdint>
@@ -28,12 +31,12 @@ struct SharedAttentionArgs {
 };
 
 // Buffers SharedAttention reuses across calls: the parts' log-sum-exps and the
-// distant output in activation memory, the base layer's queries staged there, and
-// host copies.
+// distant output in activation memory, the base layer's queries staged there, host
+// copies, and the pages whose keys are dropped.
 struct SharedAttentionScratch {
   Activations lse_p, lse_d, o_d, base_q;
   std::vector<float> host;
-  std::vector<const void*> k_blocks, v_blocks;
+  std::vector<int32_t> pages;
 };
 
 // `a.q` and `a.out` are activation memory; the base layer's queries (share.base_q)

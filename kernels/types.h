@@ -44,8 +44,12 @@ struct AttentionShape {
 // elements of `dtype` (F32, F16 or BF16). Rows live in blocks of `block_rows` rows
 // (paged KV): row j's key starts `(j % block_rows) * stride` elements into
 // k_blocks[j / block_rows], its value likewise in v_blocks. A contiguous cache is
-// one block. positions[j] is row j's token position. A null block pointer marks a
-// block that is not in this memory (host tier): a selection must leave it out.
+// one block. With head_cols > 0 the heads' columns are in blocks of their own: the
+// columns [h * head_cols, (h + 1) * head_cols) of row j start `(j % block_rows) *
+// stride` elements into k_blocks[h * head_blocks + j / block_rows] (the KV cache's
+// layout, memory/kv_cache.h). positions[j] is row j's token position. A null block
+// pointer marks a block that is not in this memory (host tier, or keys dropped): the
+// kernel must not read it (a selection or a window leaves it out).
 struct KvRows {
   const void* const* k_blocks = nullptr;
   const void* const* v_blocks = nullptr;
@@ -55,6 +59,8 @@ struct KvRows {
   int64_t stride = 0;
   bool positions_ascending = false;  // lets the kernel skip keys past the last query
   DType dtype = DType::kF32;
+  int64_t head_cols = 0;    // > 0: columns per head, each head in blocks of its own
+  int64_t head_blocks = 0;  // then: pointers per head in k_blocks and v_blocks
 
   size_t elem_bytes() const { return dtype == DType::kF32 ? 4 : 2; }
   // Element `col` of row j's key / value.
@@ -63,6 +69,11 @@ struct KvRows {
 
  private:
   const void* Elem(const void* const* blocks, int64_t j, int64_t col) const {
+    if (head_cols > 0) {
+      const int64_t h = col / head_cols;
+      blocks += h * head_blocks;
+      col -= h * head_cols;
+    }
     return static_cast<const uint8_t*>(blocks[j / block_rows]) + ((j % block_rows) * stride + col) * elem_bytes();
   }
 };

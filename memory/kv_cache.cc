@@ -35,7 +35,9 @@ absl::StatusOr<std::unique_ptr<SwapEngine>> MakeSwapEngine(Backend& backend, Blo
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o, Backend& backend) {
   const KvGeometry& g = o.geometry;
-  if (g.n_layers <= 0 || g.block_tokens <= 0 || g.kv_dim <= 0) return absl::InvalidArgumentError("bad KV geometry");
+  if (g.n_layers <= 0 || g.block_tokens <= 0 || g.kv_dim <= 0 || g.n_kv_heads <= 0 || g.kv_dim % g.n_kv_heads != 0) {
+    return absl::InvalidArgumentError("bad KV geometry");
+  }
   if (g.dtype != DType::kF32 && g.dtype != DType::kF16 && g.dtype != DType::kBF16) {
     return absl::InvalidArgumentError("KV element type must be F32, F16 or BF16");
   }
@@ -46,7 +48,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
                                                   KvCacheManager::Options{.n_layers = g.n_layers,
                                                                           .block_tokens = g.block_tokens,
                                                                           .metered = o.metered,
-                                                                          .aux_row_bytes = o.aux_row_bytes});
+                                                                          .aux_row_bytes = o.aux_row_bytes,
+                                                                          .blocks_per_page = g.blocks_per_page()});
   PS_ASSIGN_OR_RETURN(kv->swap_, MakeSwapEngine(backend, *kv->device_, *kv->host_, o.copy));
   return kv;
 }
@@ -58,26 +61,32 @@ absl::Status KvCache::Append(int64_t seq, int layer, std::span<const int32_t> po
   const size_t first = manager_->Table(seq, layer).positions.size();
   if (!manager_->Append(seq, layer, positions)) {
     const LayerTable& t = manager_->Table(seq, layer);
-    if (!t.blocks.empty() && t.positions.size() % geometry_.block_tokens != 0 &&
-        t.blocks.back().tier != Tier::kDevice) {
+    if (!t.tiers.empty() && t.positions.size() % geometry_.block_tokens != 0 && t.tiers.back() != Tier::kDevice) {
       return absl::FailedPreconditionError(
-          absl::StrCat("sequence ", seq, " layer ", layer, ": its last, partly filled block is in the host tier"));
+          absl::StrCat("sequence ", seq, " layer ", layer, ": its last, partly filled page is in the host tier"));
     }
     return absl::ResourceExhaustedError(absl::StrCat("sequence ", seq, ": not enough reserved KV blocks for ",
                                                      positions.size(), " tokens at layer ", layer, " (",
                                                      manager_->Reserved(KvCacheManager::ScratchOwner(seq)), " left)"));
   }
+  // Row i's head h goes to its page's K (V) block of head h: the input is n * heads
+  // rows of head_dim values.
   const LayerTable& t = manager_->Table(seq, layer);
-  const size_t n = positions.size(), bt = geometry_.block_tokens, rb = geometry_.row_bytes();
-  k_rows_.resize(n);
-  v_rows_.resize(n);
+  const size_t n = positions.size(), bt = geometry_.block_tokens, rb = geometry_.head_row_bytes();
+  const int heads = geometry_.n_kv_heads, per_page = geometry_.blocks_per_page();
+  k_rows_.resize(n * heads);
+  v_rows_.resize(n * heads);
   for (size_t i = 0; i < n; ++i) {
     const size_t slot = first + i;
-    uint8_t* block = device_->data(t.blocks[slot / bt].id);
-    k_rows_[i] = block + (slot % bt) * rb;
-    v_rows_[i] = block + (bt + slot % bt) * rb;
+    const int32_t* ids = t.blocks.data() + slot / bt * per_page;
+    for (int h = 0; h < heads; ++h) {
+      PS_CHECK(ids[h] != LayerTable::kDropped) << "append to a page whose keys were dropped";
+      k_rows_[i * heads + h] = device_->data(ids[h]) + (slot % bt) * rb;
+      v_rows_[i * heads + h] = device_->data(ids[heads + h]) + (slot % bt) * rb;
+    }
   }
-  backend_.StoreKv(geometry_.dtype, geometry_.kv_dim, static_cast<int64_t>(n), k, v, k_rows_.data(), v_rows_.data());
+  backend_.StoreKv(geometry_.dtype, geometry_.head_dim(), static_cast<int64_t>(n * heads), k, v, k_rows_.data(),
+                   v_rows_.data());
   return absl::OkStatus();
 }
 
@@ -88,21 +97,24 @@ absl::StatusOr<KvRows> KvCache::View(int64_t seq, int layer, const KvSelection* 
     return absl::FailedPreconditionError(absl::StrCat("sequence ", seq, ": layers ", key_layer, " and ", layer,
                                                       " hold different rows; their keys and values cannot pair"));
   }
-  const size_t bt = geometry_.block_tokens;
-  k_blocks_.clear();
-  v_blocks_.clear();
-  for (size_t i = 0; i < t.blocks.size(); ++i) {
-    const BlockLoc& k = tk.blocks[i];
-    const BlockLoc& v = t.blocks[i];
-    const bool here = k.tier == Tier::kDevice && v.tier == Tier::kDevice;
-    k_blocks_.push_back(here ? device_->data(k.id) : nullptr);
-    v_blocks_.push_back(here ? device_->data(v.id) + bt * geometry_.row_bytes() : nullptr);
+  // Pointers head-major: head h's block of page p at h * pages + p.
+  const int64_t pages = t.pages(), bt = geometry_.block_tokens;
+  const int heads = geometry_.n_kv_heads, per_page = geometry_.blocks_per_page();
+  k_blocks_.assign(pages * heads, nullptr);
+  v_blocks_.assign(pages * heads, nullptr);
+  for (int64_t p = 0; p < pages; ++p) {
+    if (tk.tiers[p] != Tier::kDevice || t.tiers[p] != Tier::kDevice) continue;
+    for (int h = 0; h < heads; ++h) {
+      const int32_t k = tk.blocks[p * per_page + h], v = t.blocks[p * per_page + heads + h];
+      if (k != LayerTable::kDropped) k_blocks_[h * pages + p] = device_->data(k);
+      v_blocks_[h * pages + p] = device_->data(v);
+    }
   }
   auto check = [&](int64_t begin, int64_t end) -> absl::Status {
-    for (int64_t blk = begin / static_cast<int64_t>(bt); blk * static_cast<int64_t>(bt) < end; ++blk) {
-      if (k_blocks_[blk] == nullptr) {
+    for (int64_t p = begin / bt; p * bt < end; ++p) {
+      if (tk.tiers[p] != Tier::kDevice || t.tiers[p] != Tier::kDevice) {
         return absl::FailedPreconditionError(absl::StrCat("attention of sequence ", seq, " at layer ", layer,
-                                                          " reads KV block ", blk, ", which is in the host tier"));
+                                                          " reads KV page ", p, ", which is in the host tier"));
       }
     }
     return absl::OkStatus();
@@ -116,12 +128,21 @@ absl::StatusOr<KvRows> KvCache::View(int64_t seq, int layer, const KvSelection* 
   }
   return KvRows{.k_blocks = k_blocks_.data(),
                 .v_blocks = v_blocks_.data(),
-                .block_rows = static_cast<int64_t>(bt),
+                .block_rows = bt,
                 .positions = t.positions.data(),
                 .n = static_cast<int64_t>(t.positions.size()),
-                .stride = geometry_.kv_dim,
+                .stride = geometry_.head_dim(),
                 .positions_ascending = t.ascending,
-                .dtype = geometry_.dtype};
+                .dtype = geometry_.dtype,
+                .head_cols = geometry_.head_dim(),
+                .head_blocks = pages};
+}
+
+absl::Status KvCache::DropKeys(int64_t seq, int layer, int kv_head, std::span<const int32_t> pages) {
+  PS_CHECK(kv_head >= 0 && kv_head < geometry_.n_kv_heads) << "KV head " << kv_head;
+  PS_RETURN_IF_ERROR(WaitMoves(seq, layer));  // a copy may still read or write them
+  manager_->Drop(seq, layer, pages, kv_head);
+  return absl::OkStatus();
 }
 
 void KvCache::Free(int64_t seq) {
@@ -135,32 +156,29 @@ absl::Status KvCache::Finish(SwapTicket ticket, const SwapPlan& plan) {
   return st;
 }
 
-absl::Status KvCache::Move(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to) {
-  // A block moves again only once its earlier copy has landed.
+absl::Status KvCache::Move(int64_t seq, int layer, std::span<const int32_t> pages, Tier to) {
+  // A page moves again only once its earlier copy has landed.
   const bool busy = std::ranges::any_of(moves_, [&](const PendingMove& m) {
     return m.seq == seq && m.layer == layer &&
-           std::ranges::any_of(blocks, [&](int32_t b) { return std::ranges::find(m.blocks, b) != m.blocks.end(); });
+           std::ranges::any_of(pages, [&](int32_t p) { return std::ranges::find(m.pages, p) != m.pages.end(); });
   });
   if (busy) PS_RETURN_IF_ERROR(WaitMoves(seq, layer));
-  std::optional<SwapPlan> plan = manager_->PlanMove(seq, layer, blocks, to);
+  std::optional<SwapPlan> plan = manager_->PlanMove(seq, layer, pages, to);
   if (!plan && to == Tier::kDevice) {
     // Device blocks given back by this sequence's moves in flight are credited to
     // its reservation once they complete.
     PS_RETURN_IF_ERROR(WaitMoves(seq, -1));
-    plan = manager_->PlanMove(seq, layer, blocks, to);
+    plan = manager_->PlanMove(seq, layer, pages, to);
   }
   if (!plan) {
     return absl::ResourceExhaustedError(absl::StrCat("sequence ", seq, " layer ", layer, ": no room to move ",
-                                                     blocks.size(), " blocks to the ", std::string(TierName(to)),
+                                                     pages.size(), " pages to the ", std::string(TierName(to)),
                                                      " tier"));
   }
   if (plan->copies.empty()) return absl::OkStatus();
   const SwapTicket ticket = swap_->Submit(plan->copies);
-  moves_.push_back({.seq = seq,
-                    .layer = layer,
-                    .blocks = {blocks.begin(), blocks.end()},
-                    .ticket = ticket,
-                    .plan = std::move(*plan)});
+  moves_.push_back(
+      {.seq = seq, .layer = layer, .pages = {pages.begin(), pages.end()}, .ticket = ticket, .plan = std::move(*plan)});
   return absl::OkStatus();
 }
 

@@ -1,10 +1,11 @@
 // The KV cache of one engine: both tiers' block pools (memory from the backend),
 // the accounting and block tables (KvCacheManager, with the Aux Cache), the swap
 // engine of the backend, and the bytes: K/V rows appended into device blocks,
-// views of a layer's rows for attention, whole-sequence swaps and per-block moves
-// that a later attention waits for. A block holds one layer's K rows then its V
-// rows: [block_tokens, kv_dim] each, in F32, F16 or BF16 (rounded on append;
-// attention accumulates in F32). Engine thread only.
+// views of a layer's rows for attention, whole-sequence swaps, per-page moves that a
+// later attention waits for, and keys dropped. A page of a layer (block_tokens
+// slots) is a block of K rows per KV head then a block of V rows per KV head:
+// [block_tokens, head_dim] each (memory/kv_geometry.h), in F32, F16 or BF16 (rounded
+// on append; attention accumulates in F32). Engine thread only.
 #pragma once
 
 #include <memory>
@@ -44,11 +45,16 @@ class KvCache {
   // layer). ResourceExhausted when the sequence's reservation (or the device tier)
   // is short, FailedPrecondition when the layer's last block is in the host tier.
   absl::Status Append(int64_t seq, int layer, std::span<const int32_t> positions, const float* k, const float* v);
-  // The rows of (seq, layer) for attention; FailedPrecondition when a block the
-  // selection reads (null: all of them) is in the host tier. With key_layer >= 0 the
+  // The rows of (seq, layer) for attention (heads in blocks of their own, KvRows::
+  // head_cols); FailedPrecondition when a page the selection reads (null: all of
+  // them) is in the host tier. Dropped keys have null blocks. With key_layer >= 0 the
   // keys come from that layer (its rows must hold the same positions) and the values
   // from `layer` (PoD's shared scores). Valid until the next View, Append or Free.
   absl::StatusOr<KvRows> View(int64_t seq, int layer, const KvSelection* selection, int key_layer = -1);
+  // Frees the K blocks of KV head kv_head in `pages` of (seq, layer): keys no
+  // attention reads again (PoD's distant keys above a group's base layer). Their
+  // device blocks are credited to the sequence's reservation.
+  absl::Status DropKeys(int64_t seq, int layer, int kv_head, std::span<const int32_t> pages);
   // Frees everything the sequence holds, once its moves are done.
   void Free(int64_t seq);
 
@@ -58,13 +64,13 @@ class KvCache {
   SwapTicket Submit(const SwapPlan& plan) { return swap_->Submit(plan.copies); }
   absl::Status Finish(SwapTicket ticket, const SwapPlan& plan);
 
-  // Per-block moves during a step: blocks (indices into the layer's table) of (seq,
+  // Per-page moves during a step: pages (indices into the layer's table) of (seq,
   // layer) to `to`, queued now; WaitMoves(seq, layer) before the next attention over
-  // that layer. Waits first only for a move of the same blocks still in flight, or,
+  // that layer. Waits first only for a move of the same pages still in flight, or,
   // when the reservation is short, for the sequence's moves to the host tier (their
   // device blocks are credited back). ResourceExhausted when the destination tier
   // (or reservation) is still short.
-  absl::Status Move(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to);
+  absl::Status Move(int64_t seq, int layer, std::span<const int32_t> pages, Tier to);
   // Waits for the moves of (seq, layer), or of every layer when layer < 0.
   absl::Status WaitMoves(int64_t seq, int layer);
   // Waits for every move in flight (end of a step); the first error.
@@ -77,7 +83,7 @@ class KvCache {
   struct PendingMove {
     int64_t seq = 0;
     int layer = 0;
-    std::vector<int32_t> blocks;  // indices into the layer's table
+    std::vector<int32_t> pages;  // indices into the layer's table
     SwapTicket ticket = 0;
     SwapPlan plan;
   };

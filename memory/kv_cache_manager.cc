@@ -13,9 +13,10 @@ KvCacheManager::KvCacheManager(BlockPool& device, BlockPool& host, const Options
       host_(host),
       n_layers_(o.n_layers),
       block_tokens_(o.block_tokens),
+      blocks_per_page_(o.blocks_per_page),
       metered_(o.metered),
       aux_(host, o.aux_row_bytes) {
-  PS_CHECK(n_layers_ > 0 && block_tokens_ > 0) << "bad KV geometry";
+  PS_CHECK(n_layers_ > 0 && block_tokens_ > 0 && blocks_per_page_ > 0) << "bad KV geometry";
   PS_CHECK(device.tier() == Tier::kDevice && host.tier() == Tier::kHost) << "pools in the wrong tiers";
 }
 
@@ -35,11 +36,11 @@ int64_t KvCacheManager::BlocksNeeded(int64_t seq, int64_t n_tokens) const {
   int64_t need = 0;
   for (int l = 0; l < n_layers_; ++l) {
     const LayerTable& t = Table(seq, l);
-    const int64_t capacity = static_cast<int64_t>(t.blocks.size()) * block_tokens_;
+    const int64_t capacity = t.pages() * block_tokens_;
     const int64_t after = static_cast<int64_t>(t.positions.size()) + n_tokens;
     if (after > capacity) need += (after - capacity + block_tokens_ - 1) / block_tokens_;
   }
-  return need;
+  return need * blocks_per_page_;
 }
 
 int64_t KvCacheManager::BlocksIn(int64_t seq, Tier tier) const {
@@ -96,15 +97,16 @@ bool KvCacheManager::Append(int64_t seq, int layer, std::span<const int32_t> pos
   PS_CHECK(layer >= 0 && layer < n_layers_) << "layer " << layer;
   SeqKv& s = Seq(seq);
   LayerTable& t = s.layers[layer];
-  const int64_t capacity = static_cast<int64_t>(t.blocks.size()) * block_tokens_;
+  const int64_t capacity = t.pages() * block_tokens_;
   const int64_t filled = static_cast<int64_t>(t.positions.size());
   const int64_t after = filled + static_cast<int64_t>(positions.size());
-  if (filled < capacity && t.blocks.back().tier != Tier::kDevice) return false;  // the tail block was moved out
-  const int64_t need = after > capacity ? (after - capacity + block_tokens_ - 1) / block_tokens_ : 0;
-  std::optional<std::vector<int32_t>> ids = TakeDevice(seq, need);
+  if (filled < capacity && t.tiers.back() != Tier::kDevice) return false;  // the tail page was moved out
+  const int64_t pages = after > capacity ? (after - capacity + block_tokens_ - 1) / block_tokens_ : 0;
+  std::optional<std::vector<int32_t>> ids = TakeDevice(seq, pages * blocks_per_page_);
   if (!ids) return false;
-  for (int32_t id : *ids) t.blocks.push_back({Tier::kDevice, id});
-  s.held[static_cast<int>(Tier::kDevice)] += need;
+  t.tiers.insert(t.tiers.end(), pages, Tier::kDevice);
+  t.blocks.insert(t.blocks.end(), ids->begin(), ids->end());
+  s.held[static_cast<int>(Tier::kDevice)] += pages * blocks_per_page_;
   for (int32_t p : positions) {
     if (!t.positions.empty() && p <= t.positions.back()) t.ascending = false;
     t.positions.push_back(p);
@@ -124,16 +126,31 @@ std::optional<SwapPlan> KvCacheManager::PlanMoveAll(int64_t seq, Tier from, Tier
   it->second.held[static_cast<int>(from)] -= n;
   it->second.held[static_cast<int>(to)] += n;
   for (LayerTable& t : it->second.layers) {
-    for (BlockLoc& b : t.blocks) {
-      if (b.tier != from) continue;
-      const BlockLoc dst{to, (*ids)[k++]};
-      plan.copies.push_back({b.tier, b.id, dst.tier, dst.id});
-      plan.release_after.push_back(b);
-      b = dst;
+    for (int64_t p = 0; p < t.pages(); ++p) {
+      if (t.tiers[p] == from) MovePage(t, p, to, *ids, &k, &plan);
     }
   }
   if (from == Tier::kDevice) releasing_ += n;
   return plan;
+}
+
+int64_t KvCacheManager::LiveBlocks(const LayerTable& t, int64_t p) const {
+  const int32_t* ids = t.blocks.data() + p * blocks_per_page_;
+  return std::count_if(ids, ids + blocks_per_page_, [](int32_t id) { return id != LayerTable::kDropped; });
+}
+
+void KvCacheManager::MovePage(LayerTable& t, int64_t p, Tier to, const std::vector<int32_t>& ids, size_t* next,
+                              SwapPlan* plan) {
+  const Tier from = t.tiers[p];
+  for (int i = 0; i < blocks_per_page_; ++i) {
+    int32_t& id = t.blocks[p * blocks_per_page_ + i];
+    if (id == LayerTable::kDropped) continue;
+    const int32_t dst = ids[(*next)++];
+    plan->copies.push_back({from, id, to, dst});
+    plan->release_after.push_back({from, id});
+    id = dst;
+  }
+  t.tiers[p] = to;
 }
 
 std::optional<SwapPlan> KvCacheManager::PlanSwapOut(int64_t seq) {
@@ -141,16 +158,19 @@ std::optional<SwapPlan> KvCacheManager::PlanSwapOut(int64_t seq) {
 }
 std::optional<SwapPlan> KvCacheManager::PlanSwapIn(int64_t seq) { return PlanMoveAll(seq, Tier::kHost, Tier::kDevice); }
 
-std::optional<SwapPlan> KvCacheManager::PlanMove(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to) {
+std::optional<SwapPlan> KvCacheManager::PlanMove(int64_t seq, int layer, std::span<const int32_t> pages, Tier to) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end() || layer < 0 || layer >= n_layers_) return std::nullopt;
   LayerTable& t = it->second.layers[layer];
   std::vector<int32_t> moving;
-  for (int32_t b : blocks) {
-    if (b < 0 || b >= static_cast<int32_t>(t.blocks.size())) return std::nullopt;
-    if (t.blocks[b].tier != to && std::find(moving.begin(), moving.end(), b) == moving.end()) moving.push_back(b);
+  int64_t n = 0;
+  for (int32_t p : pages) {
+    if (p < 0 || p >= t.pages()) return std::nullopt;
+    if (t.tiers[p] != to && std::find(moving.begin(), moving.end(), p) == moving.end()) {
+      moving.push_back(p);
+      n += LiveBlocks(t, p);
+    }
   }
-  const auto n = static_cast<int64_t>(moving.size());
   std::optional<std::vector<int32_t>> ids =
       to == Tier::kDevice ? TakeDevice(seq, n) : host_.Allocate(static_cast<int32_t>(n));
   if (!ids) return std::nullopt;
@@ -158,15 +178,30 @@ std::optional<SwapPlan> KvCacheManager::PlanMove(int64_t seq, int layer, std::sp
   const Tier from = to == Tier::kDevice ? Tier::kHost : Tier::kDevice;
   it->second.held[static_cast<int>(from)] -= n;
   it->second.held[static_cast<int>(to)] += n;
-  for (size_t k = 0; k < moving.size(); ++k) {
-    BlockLoc& b = t.blocks[moving[k]];
-    const BlockLoc dst{to, (*ids)[k]};
-    plan.copies.push_back({b.tier, b.id, dst.tier, dst.id});
-    plan.release_after.push_back(b);
-    b = dst;
-  }
+  size_t k = 0;
+  for (int32_t p : moving) MovePage(t, p, to, *ids, &k, &plan);
   if (to == Tier::kHost) releasing_ += n;
   return plan;
+}
+
+int64_t KvCacheManager::Drop(int64_t seq, int layer, std::span<const int32_t> pages, int index) {
+  auto it = seqs_.find(seq);
+  PS_CHECK(it != seqs_.end() && layer >= 0 && layer < n_layers_ && index >= 0 && index < blocks_per_page_)
+      << "drop block " << index << " of sequence " << seq << " layer " << layer;
+  LayerTable& t = it->second.layers[layer];
+  int64_t freed[2] = {0, 0};
+  for (int32_t p : pages) {
+    PS_CHECK(p >= 0 && p < t.pages()) << "drop from page " << p << " of " << t.pages();
+    int32_t& id = t.blocks[p * blocks_per_page_ + index];
+    if (id == LayerTable::kDropped) continue;
+    pool(t.tiers[p]).Release(id);
+    id = LayerTable::kDropped;
+    ++freed[static_cast<int>(t.tiers[p])];
+  }
+  it->second.held[0] -= freed[0];
+  it->second.held[1] -= freed[1];
+  Credit(ScratchOwner(seq), freed[0]);
+  return freed[0] + freed[1];
 }
 
 void KvCacheManager::Complete(const SwapPlan& plan) {
@@ -186,9 +221,13 @@ void KvCacheManager::Free(int64_t seq) {
   if (it == seqs_.end()) return;
   int64_t device_freed = 0;
   for (const LayerTable& t : it->second.layers) {
-    for (const BlockLoc& b : t.blocks) {
-      pool(b.tier).Release(b.id);
-      device_freed += b.tier == Tier::kDevice;
+    for (int64_t p = 0; p < t.pages(); ++p) {
+      for (int i = 0; i < blocks_per_page_; ++i) {
+        const int32_t id = t.blocks[p * blocks_per_page_ + i];
+        if (id == LayerTable::kDropped) continue;
+        pool(t.tiers[p]).Release(id);
+        device_freed += t.tiers[p] == Tier::kDevice;
+      }
     }
   }
   seqs_.erase(it);
@@ -203,17 +242,22 @@ absl::Status KvCacheManager::VerifyIntegrity() const {
     int64_t held[2] = {0, 0};
     for (size_t l = 0; l < s.layers.size(); ++l) {
       const LayerTable& t = s.layers[l];
-      // Blocks are taken only as slots need them: exactly ceil(tokens / block_tokens).
-      if (t.blocks.size() != (t.positions.size() + block_tokens_ - 1) / block_tokens_) {
-        return absl::InternalError(absl::StrCat("sequence ", seq, " layer ", l, ": ", t.blocks.size(), " blocks for ",
-                                                t.positions.size(), " tokens"));
+      // Pages are taken only as slots need them: exactly ceil(tokens / block_tokens).
+      if (t.tiers.size() != (t.positions.size() + block_tokens_ - 1) / block_tokens_ ||
+          t.blocks.size() != t.tiers.size() * blocks_per_page_) {
+        return absl::InternalError(absl::StrCat("sequence ", seq, " layer ", l, ": ", t.tiers.size(), " pages of ",
+                                                t.blocks.size(), " blocks for ", t.positions.size(), " tokens"));
       }
       if (t.ascending != std::is_sorted(t.positions.begin(), t.positions.end(), std::less_equal<int32_t>())) {
         return absl::InternalError(absl::StrCat("sequence ", seq, " layer ", l, ": stale ascending flag"));
       }
-      for (const BlockLoc& b : t.blocks) {
-        ++refs[{b.tier, b.id}];
-        ++held[static_cast<int>(b.tier)];
+      for (int64_t p = 0; p < t.pages(); ++p) {
+        for (int i = 0; i < blocks_per_page_; ++i) {
+          const int32_t id = t.blocks[p * blocks_per_page_ + i];
+          if (id == LayerTable::kDropped) continue;
+          ++refs[{t.tiers[p], id}];
+          ++held[static_cast<int>(t.tiers[p])];
+        }
       }
     }
     if (held[0] != s.held[0] || held[1] != s.held[1]) {

@@ -1,6 +1,9 @@
-// KV accounting and block tables: for each sequence and layer, a block table
-// (blocks in slot order, each in the device or host tier) and the token position
-// of every filled slot; layers may hold different token subsets (pruning). Owns no
+// KV accounting and block tables: for each sequence and layer, a table of pages
+// (block_tokens slots each, in slot order; a page's blocks are all in the device or
+// all in the host tier) and the token position of every filled slot; layers may
+// hold different token subsets (pruning). A page is blocks_per_page blocks (the KV
+// cache's layout: memory/kv_geometry.h); a block may be dropped from its page (data
+// no longer read), the rest of the page staying. Counts are in blocks. Owns no
 // KV bytes: those live in the two BlockPools. Also holds the Aux Cache, so that
 // freeing a sequence frees everything it holds.
 //
@@ -36,9 +39,13 @@ struct BlockLoc {
 };
 
 struct LayerTable {
-  std::vector<BlockLoc> blocks;    // slot s lives in blocks[s / block_tokens] at offset s % block_tokens
-  std::vector<int32_t> positions;  // [filled slots]
-  bool ascending = true;           // positions strictly ascending in slot order
+  static constexpr int32_t kDropped = -1;  // a block id: dropped from its page
+  std::vector<Tier> tiers;                 // per page: slot s lives in page s / block_tokens at s % block_tokens
+  std::vector<int32_t> blocks;             // [pages, blocks_per_page]: the pages' block ids
+  std::vector<int32_t> positions;          // [filled slots]
+  bool ascending = true;                   // positions strictly ascending in slot order
+
+  int64_t pages() const { return static_cast<int64_t>(tiers.size()); }
 };
 
 // Copies to run and blocks to release once the copies are done (their data is
@@ -58,12 +65,14 @@ class KvCacheManager {
     int block_tokens = 16;
     bool metered = false;      // appends and swap-ins draw on reservations
     size_t aux_row_bytes = 0;  // bytes of one Aux Cache row (0: no Aux Cache)
+    int blocks_per_page = 1;
   };
   KvCacheManager(BlockPool& device, BlockPool& host, const Options& options);
   KvCacheManager(BlockPool& device, BlockPool& host, int n_layers, int block_tokens)
       : KvCacheManager(device, host, Options{.n_layers = n_layers, .block_tokens = block_tokens}) {}
 
   int block_tokens() const { return block_tokens_; }
+  int blocks_per_page() const { return blocks_per_page_; }
   int n_layers() const { return n_layers_; }
   bool metered() const { return metered_; }
 
@@ -92,18 +101,22 @@ class KvCacheManager {
   // Every host block of `seq` back to the device tier, on its reservation
   // (nullopt: not enough reserved / free).
   std::optional<SwapPlan> PlanSwapIn(int64_t seq);
-  // Blocks `blocks` (indices into the layer's table) of (seq, layer) to `to`; those
+  // Pages `pages` (indices into the layer's table) of (seq, layer) to `to`; those
   // already there are skipped. Device blocks come from the sequence's reservation.
-  std::optional<SwapPlan> PlanMove(int64_t seq, int layer, std::span<const int32_t> blocks, Tier to);
+  std::optional<SwapPlan> PlanMove(int64_t seq, int layer, std::span<const int32_t> pages, Tier to);
   // The copies of `plan` are done: its source blocks are released.
   void Complete(const SwapPlan& plan);
 
   // ---- Execution.
   // Adds slots for `positions` at one layer, taking device blocks as needed. False
   // (and nothing changed) when the device blocks are not there (not reserved, or
-  // the tier is full) or when the layer's last, partly filled block is not in the
+  // the tier is full) or when the layer's last, partly filled page is not in the
   // device tier.
   bool Append(int64_t seq, int layer, std::span<const int32_t> positions);
+  // Frees block `index` (< blocks_per_page) of each of `pages` of (seq, layer), now
+  // (no copy may be reading or writing it); those dropped already are skipped.
+  // Device blocks are credited to the sequence's reservation. The number freed.
+  int64_t Drop(int64_t seq, int layer, std::span<const int32_t> pages, int index);
   // The table of (seq, layer); empty if the sequence holds nothing there.
   const LayerTable& Table(int64_t seq, int layer) const;
   bool Contains(int64_t seq) const { return seqs_.count(seq) != 0; }
@@ -129,11 +142,17 @@ class KvCacheManager {
   std::optional<std::vector<int32_t>> TakeDevice(int64_t seq, int64_t n);
   void Credit(int64_t seq, int64_t n);
   std::optional<SwapPlan> PlanMoveAll(int64_t seq, Tier from, Tier to);
+  // Re-points the live blocks of page p of t to `ids` (from *next on) in tier `to`,
+  // planning their copies.
+  void MovePage(LayerTable& t, int64_t p, Tier to, const std::vector<int32_t>& ids, size_t* next, SwapPlan* plan);
+  // Blocks of page p of t not dropped.
+  int64_t LiveBlocks(const LayerTable& t, int64_t p) const;
 
   BlockPool& device_;
   BlockPool& host_;
   int n_layers_;
   int block_tokens_;
+  int blocks_per_page_;
   bool metered_;
   struct SeqKv {
     std::vector<LayerTable> layers;

@@ -2,6 +2,11 @@
 // number of tokens or bytes makes, for one model and cache configuration. The one
 // place where bytes become blocks (server flags, the engine's tiers, the
 // scheduler's admission messages).
+//
+// A page is `block_tokens` slots of one layer. It is backed by 2 * n_kv_heads
+// blocks: the K rows of each KV head, then the V rows of each ([block_tokens,
+// head_dim] each), so that keys one head no longer reads can be freed on their own
+// (PoD's distant keys, memory/kv_cache.h).
 #pragma once
 
 #include <cstddef>
@@ -13,16 +18,22 @@ namespace ps {
 
 struct KvGeometry {
   int n_layers = 0;
-  int block_tokens = 16;  // tokens per block; a block holds one layer's K rows, then its V rows
-  int kv_dim = 0;         // K (or V) values per token and layer
+  int block_tokens = 16;  // tokens per page
+  int kv_dim = 0;         // K (or V) values per token and layer, all KV heads
+  int n_kv_heads = 1;     // kv_dim / n_kv_heads values per head
   DType dtype = DType::kF32;
 
-  size_t row_bytes() const { return RowBytes(dtype, kv_dim); }
-  size_t block_bytes() const { return 2 * static_cast<size_t>(block_tokens) * row_bytes(); }
+  int head_dim() const { return kv_dim / n_kv_heads; }
+  int blocks_per_page() const { return 2 * n_kv_heads; }
+  // One KV head's K (or V) row.
+  size_t head_row_bytes() const { return RowBytes(dtype, head_dim()); }
+  size_t block_bytes() const { return static_cast<size_t>(block_tokens) * head_row_bytes(); }
   // Whole blocks in `bytes`.
   int64_t BlocksInBytes(int64_t bytes) const { return bytes / static_cast<int64_t>(block_bytes()); }
   // Blocks one layer needs for `tokens` tokens, and all layers together.
-  int64_t BlocksPerLayer(int64_t tokens) const { return (tokens + block_tokens - 1) / block_tokens; }
+  int64_t BlocksPerLayer(int64_t tokens) const {
+    return (tokens + block_tokens - 1) / block_tokens * blocks_per_page();
+  }
   int64_t BlocksForTokens(int64_t tokens) const { return n_layers * BlocksPerLayer(tokens); }
 };
 

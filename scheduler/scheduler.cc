@@ -50,7 +50,8 @@ Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager& kv, Schedu
       observer_(observer),
       device_blocks_(kv.TotalBlocks(Tier::kDevice)),
       n_layers_(kv.n_layers()),
-      block_tokens_(kv.block_tokens()) {
+      block_tokens_(kv.block_tokens()),
+      blocks_per_page_(kv.blocks_per_page()) {
   PS_CHECK(options.max_running > 0 && options.max_batch_tokens > 0 && options.prefill_chunk > 0 &&
            options.max_queue > 0)
       << "scheduler limits must be positive";
@@ -59,14 +60,15 @@ Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager& kv, Schedu
 
 absl::Status Scheduler::CheckFits(const Request& r) const {
   const int64_t tokens = static_cast<int64_t>(r.spec.prompt.size());
-  const int64_t per_layer = (tokens + block_tokens_ - 1) / block_tokens_;
-  const int64_t need = per_layer * n_layers_;
+  const int64_t pages = (tokens + block_tokens_ - 1) / block_tokens_;  // per layer
+  const int64_t need = pages * n_layers_ * blocks_per_page_;
   if (need <= device_blocks_) return absl::OkStatus();
-  const int64_t room = device_blocks_ / n_layers_;
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "the KV cache cannot hold this request's prompt: ", tokens, " tokens need ", need, " blocks (", per_layer,
-      " per layer x ", n_layers_, " layers, ", block_tokens_, " tokens per block), but the device tier has ",
-      device_blocks_, " blocks in all (", room, " per layer: ", room * block_tokens_, " tokens)"));
+  const int64_t room = device_blocks_ / (n_layers_ * blocks_per_page_);
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the KV cache cannot hold this request's prompt: ", tokens, " tokens need ", need, " blocks (",
+                   pages, " pages of ", block_tokens_, " tokens per layer x ", n_layers_, " layers x ",
+                   blocks_per_page_, " blocks per page), but the device tier has ", device_blocks_, " blocks in all (",
+                   room, " pages per layer: ", room * block_tokens_, " tokens)"));
 }
 
 void Scheduler::Add(std::shared_ptr<Request> request) { waiting_.push_back(std::move(request)); }
@@ -255,8 +257,8 @@ StepPlan Scheduler::Schedule(Clock::time_point now) {
       in_step.emplace_back(i, need);
     } else if (k == 0) {  // first in line and alone in the cache: it can never fit
       EndRunning(i, FinishReason::kError, CancelReason::kNone,
-                 absl::StrCat("the KV cache (", device_blocks_, " blocks of ", block_tokens_,
-                              " tokens in all layers) cannot hold this request (", need, " blocks)"),
+                 absl::StrCat("the KV cache (", device_blocks_, " blocks, pages of ", block_tokens_,
+                              " tokens) cannot hold this request (", need, " blocks)"),
                  &plan);
     }
   }
@@ -304,7 +306,7 @@ void Scheduler::Update(const StepResult& result, Clock::time_point now) {
       case SeqStatus::kKvShort:  // more blocks than reserved: recomputed with a margin, or failed alone
         run.computed = 0;
         run.preempted = true;
-        run.margin += n_layers_;
+        run.margin += n_layers_ * blocks_per_page_;  // a page per layer
         ++preemptions_[static_cast<int>(PreemptionMode::kRecompute)];
         if (observer_ != nullptr) observer_->OnPreemption(PreemptionMode::kRecompute);
         if (++run.shortfalls > kMaxShortfalls) {

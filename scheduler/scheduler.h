@@ -147,6 +147,7 @@ class Scheduler {
   const int64_t device_blocks_;
   const int n_layers_;
   const int block_tokens_;
+  const int blocks_per_page_;
 
   std::vector<std::shared_ptr<Request>> waiting_;
   std::vector<Running> running_;

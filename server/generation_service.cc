@@ -287,8 +287,8 @@ grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext
     const KvTierLoad& tier = load.kv[static_cast<int>(t)];
     pb::KvTierUsage* kv = out->add_kv();
     kv->set_tier(std::string(TierName(t)));
-    kv->set_used_tokens(static_cast<uint64_t>(tier.used) * b->kv_block_tokens);
-    kv->set_capacity_tokens(static_cast<uint64_t>(tier.total) * b->kv_block_tokens);
+    kv->set_used_tokens(static_cast<uint64_t>(tier.used / b->kv_token_blocks) * b->kv_block_tokens);
+    kv->set_capacity_tokens(static_cast<uint64_t>(tier.total / b->kv_token_blocks) * b->kv_block_tokens);
   }
   out->set_swapped(load.swapped);
   out->set_preemptions_swap(load.preemptions[static_cast<int>(PreemptionMode::kSwap)]);

@@ -18,7 +18,8 @@ struct ServiceState {
   const Model* model = nullptr;
   EngineLoop* loop = nullptr;
   Metrics* metrics = nullptr;
-  int kv_block_tokens = 16;
+  int kv_block_tokens = 16;     // tokens per KV page
+  int64_t kv_token_blocks = 1;  // blocks a page of tokens takes over all layers
   RequestDefaults defaults;
 };
 

@@ -50,7 +50,7 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddInt("max-running", &o.max_running, "requests in the running batch at most");
   f.AddInt("max-batch-tokens", &o.max_batch_tokens, "token rows per engine step (every decode, then prefill chunks)");
   f.AddInt("prefill-chunk", &o.prefill_chunk, "prompt tokens of one request per engine step at most");
-  f.AddInt("kv-block-size", &o.kv_block_size, "tokens per KV block");
+  f.AddInt("kv-block-size", &o.kv_block_size, "tokens per KV page (a block per KV head for K and for V)");
   f.AddString("kv-dtype", &o.kv_dtype, "KV cache element type: f32 | f16 | bf16 (half the bytes per token)");
   f.AddInt("kv-device-bytes", &o.kv_device_bytes, "bytes of the device KV tier");
   f.AddInt("kv-host-bytes", &o.kv_host_bytes,
@@ -197,16 +197,21 @@ int main(int argc, char** argv) {
   const KvGeometry geometry{.n_layers = c.n_layers,
                             .block_tokens = static_cast<int>(o.kv_block_size),
                             .kv_dim = c.kv_dim(),
+                            .n_kv_heads = c.n_kv_heads,
                             .dtype = kv_dtype};
   const int64_t kv_blocks = geometry.BlocksInBytes(o.kv_device_bytes);
-  if (kv_blocks < c.n_layers) {
-    spdlog::error("--kv-device-bytes {} holds {} blocks of {} bytes; one token needs {} (one per layer)",
-                  o.kv_device_bytes, kv_blocks, geometry.block_bytes(), c.n_layers);
+  if (kv_blocks < geometry.BlocksForTokens(1)) {
+    spdlog::error("--kv-device-bytes {} holds {} blocks of {} bytes; one token needs {} ({} per layer)",
+                  o.kv_device_bytes, kv_blocks, geometry.block_bytes(), geometry.BlocksForTokens(1),
+                  geometry.blocks_per_page());
     return 1;
   }
   const int64_t host_blocks = geometry.BlocksInBytes(o.kv_host_bytes);
   const PreemptionMode preemption = o.preemption == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
-  server::ServiceState state{.model = model->get(), .metrics = &metrics, .kv_block_tokens = geometry.block_tokens};
+  server::ServiceState state{.model = model->get(),
+                             .metrics = &metrics,
+                             .kv_block_tokens = geometry.block_tokens,
+                             .kv_token_blocks = geometry.BlocksForTokens(1)};
   CalibrationPtr calibration;
   if (!o.pod_groups.empty()) {
     absl::StatusOr<Calibration> cal = LoadCalibration(o.pod_groups, c);
@@ -246,12 +251,14 @@ int main(int argc, char** argv) {
     return Fail(std::string(serving.status().message()));
   }
   for (auto [tier, blocks] : {std::pair{"device", kv_blocks}, std::pair{"host", host_blocks}}) {
-    spdlog::info("KV cache: {} tier {} blocks of {} tokens, {} ({:.0f} MiB, {} tokens per layer)", tier, blocks,
-                 o.kv_block_size, o.kv_dtype, blocks * static_cast<double>(geometry.block_bytes()) / (1 << 20),
-                 blocks / c.n_layers * o.kv_block_size);
+    spdlog::info("KV cache: {} tier {} blocks of {} tokens of one KV head's K or V, {} ({:.0f} MiB, {} tokens)", tier,
+                 blocks, o.kv_block_size, o.kv_dtype, blocks * static_cast<double>(geometry.block_bytes()) / (1 << 20),
+                 blocks / geometry.BlocksForTokens(1) * o.kv_block_size);
   }
   spdlog::info("preemption: {}{}", o.preemption,
-               preemption == PreemptionMode::kSwap && host_blocks < c.n_layers ? " (no host tier: recompute)" : "");
+               preemption == PreemptionMode::kSwap && host_blocks < geometry.BlocksForTokens(1)
+                   ? " (no host tier: recompute)"
+                   : "");
   EngineLoop& loop = (*serving)->loop();
   state.loop = &loop;
   state.defaults.sampling.temperature = static_cast<float>(o.default_temperature);

@@ -263,23 +263,23 @@ void SlimInfer::MoveStage(int i, SeqContext& ctx) {
     const auto n = static_cast<int64_t>(t.positions.size());
     to_device_.clear();
     to_host_.clear();
-    for (int64_t c = 0; c < static_cast<int64_t>(t.blocks.size()); ++c) {
-      // A cache block stays in (or comes to) the device tier while one of its rows is
+    for (int64_t c = 0; c < t.pages(); ++c) {
+      // A cache page stays in (or comes to) the device tier while one of its rows is
       // attended to; the last one always (appends go there).
-      bool needed = c + 1 == static_cast<int64_t>(t.blocks.size());
+      bool needed = c + 1 == t.pages();
       for (int64_t s = c * bt; s < std::min(n, (c + 1) * bt) && !needed; ++s) {
         const int32_t p = t.positions[s];
         needed = p >= prompt_ || active[p / params_.block_size];
       }
-      const Tier tier = t.blocks[c].tier;
+      const Tier tier = t.tiers[c];
       if (needed && tier == Tier::kHost) to_device_.push_back(static_cast<int32_t>(c));
       if (!needed && tier == Tier::kDevice) to_host_.push_back(static_cast<int32_t>(c));
     }
     // Offload first: the device blocks it gives back fund the prefetch when the
-    // reservation is short. Either may find no room: then blocks stay where they are
+    // reservation is short. Either may find no room: then pages stay where they are
     // and attention reads only the active rows in the device tier.
-    if (!to_host_.empty()) ctx.MoveBlocks(layer, to_host_, Tier::kHost).IgnoreError();
-    if (!to_device_.empty()) ctx.MoveBlocks(layer, to_device_, Tier::kDevice).IgnoreError();
+    if (!to_host_.empty()) ctx.MovePages(layer, to_host_, Tier::kHost).IgnoreError();
+    if (!to_device_.empty()) ctx.MovePages(layer, to_device_, Tier::kDevice).IgnoreError();
   }
 }
 
@@ -309,7 +309,7 @@ void SlimInfer::SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, 
   kv_rows_.clear();
   for (size_t r = 0; r < t.positions.size(); ++r) {
     const int32_t p = t.positions[r];
-    if ((p >= prompt_ || active[p / params_.block_size]) && t.blocks[r / bt].tier == Tier::kDevice) {
+    if ((p >= prompt_ || active[p / params_.block_size]) && t.tiers[r / bt] == Tier::kDevice) {
       kv_rows_.push_back(static_cast<int32_t>(r));
     }
   }

@@ -14,7 +14,7 @@
 // Prefill: A_i = C, nested (a block pruned at one stage has no keys deeper). Decode:
 // A_i(t) = C(t) only when |C(t) ∩ A_i(t-1)| / |C(t)| < gamma, else A_i(t-1) stays
 // (overlap-aware swapping, Algorithm 1). On a switch, for each layer of the stage the
-// device blocks holding only inactive rows move to the host tier and the host blocks
+// device KV pages holding only inactive rows move to the host tier and the host pages
 // holding active rows are prefetched; the attention of a layer waits for its moves, so
 // the copies overlap the compute of the layers in between. A block whose KV at the
 // stage was never computed (it left at an earlier stage) is revived from the Aux Cache

@@ -39,14 +39,14 @@ class SeqContext {
   // floats) per position. Put is false when the host tier is full.
   virtual bool AuxPut(int32_t position, const float* hidden) = 0;
   virtual bool AuxTake(int32_t position, float* hidden) = 0;
-  // The sequence's KV at `layer`: blocks (with their tiers) and positions; slot s
-  // lives in blocks[s / KvBlockTokens()].
+  // The sequence's KV at `layer`: pages (with their tiers) and positions; slot s
+  // lives in page s / KvBlockTokens().
   virtual const LayerTable& Kv(int layer) const = 0;
   virtual int KvBlockTokens() const = 0;
-  // Moves blocks (indices into Kv(layer).blocks) of `layer` to `to`; the next
+  // Moves pages (indices into Kv(layer).tiers) of `layer` to `to`; the next
   // attention over that layer waits for the copies. ResourceExhausted when the
   // destination has no room (nothing moved).
-  virtual absl::Status MoveBlocks(int layer, std::span<const int32_t> blocks, Tier to) = 0;
+  virtual absl::Status MovePages(int layer, std::span<const int32_t> pages, Tier to) = 0;
 };
 
 // One sequence's rows entering a layer, as RowsForLayer may edit them.
@@ -81,7 +81,10 @@ struct LayerAttention {
 // g = 1 / (1 + exp(lse_D - lse_P)), mixes them: o = g o_P + (1 - g) o_D. When
 // gate_skip > 0, a single query row skips its distant part at a layer where the gate
 // (from the distant log-sum-exp this step's first non-base layer of the group left
-// in distant_lse) is at least gate_skip for every head of the group.
+// in distant_lse) is at least gate_skip for every head of the group. With
+// drop_distant_keys (a plan naming the same base layers at every step), the engine
+// frees the layer's own keys of such a head once they are distant to every query to
+// come: they are never read again (PoD's KV saving).
 struct SharedScores {
   std::vector<int> base;             // [n_kv_heads]
   std::vector<const float*> base_q;  // [n_kv_heads]: the base layer's queries of this step's query rows
@@ -94,6 +97,7 @@ struct SharedScores {
   float* distant_lse = nullptr;
   char* distant_lse_valid = nullptr;
   int64_t* distant_skipped = nullptr;  // distant parts skipped, counted by the engine
+  bool drop_distant_keys = true;
 };
 
 // What AfterAttention receives about the last query row at a layer.

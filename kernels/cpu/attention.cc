@@ -42,26 +42,46 @@ void SplitAtBlocks(const KvRows& kv, std::span<const KvRange> ranges, std::vecto
   }
 }
 
-// The leading part of `chunks` whose keys a query at max_q_pos may see (all of
-// them unless positions ascend with the row index).
-int64_t VisibleChunks(const KvRows& kv, std::span<const Chunk> chunks, int32_t max_q_pos, std::vector<Chunk>* out) {
-  out->assign(chunks.begin(), chunks.end());
+// The parts of `chunks` whose keys a query at a position in [min_q_pos, max_q_pos]
+// may see, and how many keys they hold: when positions ascend with the row index,
+// the leading part (causality) and, in PoD's windows, only the keys proximal or
+// distant to some such query: no other key is read (the proximal part's distant keys
+// may have been dropped). All of them otherwise.
+int64_t VisibleChunks(const KvRows& kv, std::span<const Chunk> chunks, int32_t min_q_pos, int32_t max_q_pos,
+                      const PositionWindow& window, std::vector<Chunk>* out) {
+  out->clear();
+  int64_t total = 0;
   if (!kv.positions_ascending) {
-    int64_t total = 0;
+    out->assign(chunks.begin(), chunks.end());
     for (const Chunk& c : *out) total += c.nb;
     return total;
   }
-  int64_t total = 0;
-  for (size_t i = 0; i < out->size(); ++i) {
-    Chunk& c = (*out)[i];
+  using Part = PositionWindow::Part;
+  // Distant to a query at q: sinks <= pos <= q - recent.
+  const int64_t distant_to_all = static_cast<int64_t>(min_q_pos) - window.recent;
+  const int64_t distant_to_some = static_cast<int64_t>(max_q_pos) - window.recent;
+  for (const Chunk& c : chunks) {
     const int32_t* p = kv.positions + c.j0;
-    const int64_t seen = std::upper_bound(p, p + c.nb, max_q_pos) - p;
-    if (seen < c.nb) {
-      c.nb = seen;
-      out->resize(seen > 0 ? i + 1 : i);
-      return total + seen;
+    auto first_above = [&](int64_t x) {
+      return std::partition_point(p, p + c.nb, [&](int32_t y) { return y <= x; }) - p;
+    };
+    const int64_t seen = first_above(max_q_pos);
+    int64_t keep[2][2] = {{0, seen}, {seen, seen}};  // rows [begin, end) of the chunk, twice
+    if (window.part != Part::kAll) {
+      const int64_t sinks_end = std::lower_bound(p, p + seen, window.sinks) - p;
+      if (window.part == Part::kProximal) {  // the sinks, and the keys after those distant to every query
+        keep[0][1] = sinks_end;
+        keep[1][0] = std::clamp<int64_t>(first_above(distant_to_all), sinks_end, seen);
+      } else {  // the keys distant to some query
+        keep[0][0] = sinks_end;
+        keep[0][1] = std::clamp<int64_t>(first_above(distant_to_some), sinks_end, seen);
+      }
     }
-    total += c.nb;
+    for (const auto& [begin, end] : keep) {
+      if (end > begin) out->push_back({c.j0 + begin, end - begin});
+      total += std::max<int64_t>(0, end - begin);
+    }
+    if (seen < c.nb) break;
   }
   return total;
 }
@@ -128,7 +148,8 @@ class SegmentAttention {
   void Run(ThreadPool& pool) {
     const int64_t n_q = seg_.q_end - seg_.q_begin;
     if (n_q == 1) {
-      const int64_t keys = VisibleChunks(kv_, seg_.chunks, a_.q_pos[seg_.q_begin], &visible_);
+      const int32_t q = a_.q_pos[seg_.q_begin];
+      const int64_t keys = VisibleChunks(kv_, seg_.chunks, q, q, a_.window, &visible_);
       const int64_t want = (2 * pool.num_threads() + n_kvh_ - 1) / n_kvh_;
       const int64_t splits = std::clamp<int64_t>(keys / kMinSplitKeys, 1, want);
       if (splits > 1) return RunSplit(pool, keys, splits);
@@ -143,9 +164,8 @@ class SegmentAttention {
         const int64_t nq = std::min(kQueryTile, seg_.q_end - q0);
         std::span<const Chunk> keys = visible_;  // a single query row's: found once in Run
         if (n_q > 1) {
-          int32_t max_pos = std::numeric_limits<int32_t>::min();
-          for (int64_t i = 0; i < nq; ++i) max_pos = std::max(max_pos, a_.q_pos[q0 + i]);
-          VisibleChunks(kv_, seg_.chunks, max_pos, &visible);
+          const auto [min_pos, max_pos] = std::minmax_element(a_.q_pos + q0, a_.q_pos + q0 + nq);
+          VisibleChunks(kv_, seg_.chunks, *min_pos, *max_pos, a_.window, &visible);
           keys = visible;
         }
         float* m = Scratch(state_storage, 2 * group_ * nq);
@@ -365,10 +385,10 @@ struct Gathered {
 };
 
 // `width`: the values of a row the attention reads (its heads'), from the row's start.
-void Gather(const KvRows& kv, std::span<const KvRange> ranges, int64_t width, ThreadPool& pool, Gathered* g) {
+void Gather(const KvRows& kv, std::span<const Chunk> chunks, int64_t width, ThreadPool& pool, Gathered* g) {
   g->rows.clear();
-  for (const KvRange& r : ranges) {
-    for (int32_t j = r.begin; j < r.end; ++j) g->rows.push_back(j);
+  for (const Chunk& c : chunks) {
+    for (int64_t j = c.j0; j < c.j0 + c.nb; ++j) g->rows.push_back(static_cast<int32_t>(j));
   }
   const auto m = static_cast<int64_t>(g->rows.size());
   if (static_cast<int64_t>(g->k.size()) < m * width) {
@@ -376,16 +396,21 @@ void Gather(const KvRows& kv, std::span<const KvRange> ranges, int64_t width, Th
     g->v.resize(m * width);
   }
   g->positions.resize(m);
+  const int64_t span = kv.head_cols > 0 ? kv.head_cols : width;
   pool.ParallelFor(m, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t j = g->rows[r];
       g->positions[r] = kv.positions[j];
-      if (kv.dtype == DType::kF32) {
-        std::memcpy(g->k.data() + r * width, kv.k(j, 0), width * sizeof(float));
-        std::memcpy(g->v.data() + r * width, kv.v(j, 0), width * sizeof(float));
-      } else {
-        HalfToF32(kv.dtype, static_cast<const uint16_t*>(kv.k(j, 0)), g->k.data() + r * width, width);
-        HalfToF32(kv.dtype, static_cast<const uint16_t*>(kv.v(j, 0)), g->v.data() + r * width, width);
+      for (int64_t c = 0; c < width; c += span) {  // a head at a time where heads have blocks of their own
+        float* k = g->k.data() + r * width + c;
+        float* v = g->v.data() + r * width + c;
+        if (kv.dtype == DType::kF32) {
+          std::memcpy(k, kv.k(j, c), span * sizeof(float));
+          std::memcpy(v, kv.v(j, c), span * sizeof(float));
+        } else {
+          HalfToF32(kv.dtype, static_cast<const uint16_t*>(kv.k(j, c)), k, span);
+          HalfToF32(kv.dtype, static_cast<const uint16_t*>(kv.v(j, c)), v, span);
+        }
       }
     }
   });
@@ -407,7 +432,12 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
   PS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0) << "bad head counts";
   // A view may start inside wider rows (one KV head of a cache: its blocks offset to the head).
   const int64_t width = static_cast<int64_t>(s.n_kv_heads) * s.head_dim;
-  PS_CHECK(kv.stride >= width) << "KV rows hold " << kv.stride << " values, the heads " << width;
+  if (kv.head_cols > 0) {
+    PS_CHECK(kv.head_cols == s.head_dim && kv.stride >= s.head_dim)
+        << "KV heads of " << kv.head_cols << " values in rows of " << kv.stride << ", the heads " << s.head_dim;
+  } else {
+    PS_CHECK(kv.stride >= width) << "KV rows hold " << kv.stride << " values, the heads " << width;
+  }
   // The last query's scaled scores per head (-inf where unselected or masked) and its
   // final softmax maximum and sum per head: the statistics are reduced from them.
   static thread_local std::vector<float> last_logits_storage, last_norm_storage;
@@ -423,7 +453,7 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
 
   // Query segments with their rows: the whole query range over every row, or the selection's.
   static thread_local std::vector<KvRange> all_rows(1);
-  static thread_local std::vector<Chunk> chunks;
+  static thread_local std::vector<Chunk> chunks, visible;
   static thread_local Gathered gathered;
   const bool all = a.selection == nullptr || a.selection->all();
   const size_t n_segments = all ? 1 : a.selection->segments.size();
@@ -443,15 +473,19 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       seg.kv_head = sel.kv_head;
       PS_CHECK(sel.kv_head >= -1 && sel.kv_head < s.n_kv_heads) << "selection names KV head " << sel.kv_head;
     }
+    SplitAtBlocks(kv, ranges, &chunks);
     if (seg.q_end - seg.q_begin >= 2) {
-      Gather(kv, ranges, width, pool, &gathered);
+      // The keys some query row of the segment sees (the window's too: PoD's dropped
+      // keys are not there to copy).
+      const auto [min_pos, max_pos] = std::minmax_element(a.q_pos + seg.q_begin, a.q_pos + seg.q_end);
+      VisibleChunks(kv, chunks, *min_pos, *max_pos, a.window, &visible);
+      Gather(kv, visible, width, pool, &gathered);
       seg.kv = &gathered.view;
       seg.row_ids = gathered.rows.data();
       chunks.assign(1, Chunk{0, gathered.view.n});
       if (gathered.view.n == 0) chunks.clear();
     } else {
       seg.kv = &kv;
-      SplitAtBlocks(kv, ranges, &chunks);
     }
     seg.chunks = chunks;
     SegmentAttention(s, a, seg).Run(pool);

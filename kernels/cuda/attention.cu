@@ -60,6 +60,9 @@ __global__ void AttentionKernel(AttentionDeviceArgs a) {
   __syncthreads();
   const float neg_inf = -INFINITY;
   float m = neg_inf, l = 0.0f;  // the same in every thread (from block reductions)
+  // Where the KV head's rows are: blocks of its own, or its columns of shared rows.
+  const int64_t head_block = a.head_blocks > 0 ? kvh * a.head_blocks : 0;
+  const int64_t head_col = a.head_blocks > 0 ? 0 : static_cast<int64_t>(kvh) * hd;
   for (int s = 0; s < a.n_segments; ++s) {
     const AttentionSegment seg = a.segments[s];
     if (qi < seg.q_begin || qi >= seg.q_end || (seg.kv_head >= 0 && seg.kv_head != kvh)) continue;
@@ -70,8 +73,8 @@ __global__ void AttentionKernel(AttentionDeviceArgs a) {
         float score = neg_inf;
         if (j < end) {
           if (WindowSees(a.window_part, a.sinks, a.recent, a.positions[j], q_pos)) {
-            const void* block = a.k_blocks[j / a.block_rows];
-            const int64_t at = (j % a.block_rows) * a.stride + static_cast<int64_t>(kvh) * hd;
+            const void* block = a.k_blocks[head_block + j / a.block_rows];
+            const int64_t at = (j % a.block_rows) * a.stride + head_col;
             float dot = 0.0f;
             for (int c = 0; c < hd; ++c) dot += q[c] * Load(a.dtype, block, at + c);
             score = dot * a.scale;
@@ -91,8 +94,8 @@ __global__ void AttentionKernel(AttentionDeviceArgs a) {
           for (int jj = 0; jj < count; ++jj) {
             if (p[jj] == 0.0f) continue;
             const int32_t row = t0 + jj;
-            o += p[jj] * Load(a.dtype, a.v_blocks[row / a.block_rows],
-                              (row % a.block_rows) * a.stride + static_cast<int64_t>(kvh) * hd + c);
+            o += p[jj] * Load(a.dtype, a.v_blocks[head_block + row / a.block_rows],
+                              (row % a.block_rows) * a.stride + head_col + c);
           }
           acc[c] = o;
         }

@@ -29,10 +29,12 @@ struct AttentionDeviceArgs {
   int64_t n_q = 0, q_stride = 0;
   float* out = nullptr;
   int64_t out_stride = 0;
-  // KV rows: row j in blocks[j / block_rows] at (j % block_rows) * stride elements.
+  // KV rows: row j in blocks[j / block_rows] at (j % block_rows) * stride elements;
+  // with head_blocks > 0 each KV head's in blocks of its own, head h's from
+  // blocks[h * head_blocks] on (KvRows, kernels/types.h).
   const void* const* k_blocks = nullptr;
   const void* const* v_blocks = nullptr;
-  int64_t block_rows = 0, stride = 0, n = 0;
+  int64_t block_rows = 0, stride = 0, n = 0, head_blocks = 0;
   const int32_t* positions = nullptr;
   DType dtype = DType::kF32;
   // At least one segment (a selection of everything: {0, n_q, -1} over {0, n}).

@@ -137,7 +137,8 @@ class CudaBackend final : public Backend {
                              .range_end = static_cast<int32_t>(ranges_.size() / 2)});
       }
     }
-    const int64_t n_blocks = kv.block_rows > 0 ? (kv.n + kv.block_rows - 1) / kv.block_rows : 0;
+    int64_t n_blocks = kv.block_rows > 0 ? (kv.n + kv.block_rows - 1) / kv.block_rows : 0;
+    if (kv.head_cols > 0) n_blocks += (shape.n_kv_heads - 1) * kv.head_blocks;  // heads in blocks of their own
     const auto* d_segments = Stage(segments_scratch_, segments_.data(), segments_.size() * sizeof(AttentionSegment));
     const auto* d_ranges = Stage(ranges_scratch_, ranges_.data(), ranges_.size() * sizeof(int32_t));
     const auto* d_q_pos = Stage(q_pos_scratch_, a.q_pos, static_cast<size_t>(a.n_q) * sizeof(int32_t));
@@ -163,6 +164,7 @@ class CudaBackend final : public Backend {
                           .block_rows = kv.block_rows,
                           .stride = kv.stride,
                           .n = kv.n,
+                          .head_blocks = kv.head_cols > 0 ? kv.head_blocks : 0,
                           .positions = reinterpret_cast<const int32_t*>(d_pos),
                           .dtype = kv.dtype,
                           .segments = reinterpret_cast<const AttentionSegment*>(d_segments),

@@ -90,7 +90,7 @@ class RowsOnlyContext final : public SeqContext {
   bool AuxTake(int32_t, float*) override { return false; }
   const LayerTable& Kv(int) const override { return table_; }
   int KvBlockTokens() const override { return 16; }
-  absl::Status MoveBlocks(int, std::span<const int32_t>, Tier) override {
+  absl::Status MovePages(int, std::span<const int32_t>, Tier) override {
     return absl::UnimplementedError("no moves here");
   }
 
@@ -572,6 +572,74 @@ TEST_F(PruningModelTest, PodGroupsShareDistantScores) {
   (void)c;
 }
 
+// PoD as it was before keys were dropped: the same plan, every key kept.
+class PodKeepingKeys final : public PruningStrategy {
+ public:
+  explicit PodKeepingKeys(std::unique_ptr<PruningStrategy> pod) : pod_(std::move(pod)) {}
+  std::string_view name() const override { return "pod_keeping_keys"; }
+  absl::Status BeginStep(StepRows* rows, SeqContext& ctx) override { return pod_->BeginStep(rows, ctx); }
+  void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) override {
+    pod_->SelectKv(layer, att, ctx, selection);
+  }
+  const SharedScores* ShareScores(int layer) override {
+    const SharedScores* share = pod_->ShareScores(layer);
+    if (share == nullptr) return nullptr;
+    plan_ = *share;
+    plan_.drop_distant_keys = false;
+    return &plan_;
+  }
+
+ private:
+  std::unique_ptr<PruningStrategy> pod_;
+  SharedScores plan_;
+};
+
+// Above a group's base layer a head's keys distant to every query to come are freed:
+// with sinks 4 and recent 8 (pages of 16), after a 120-token prompt pages 1-6 of each
+// of the 7 (layer, head) pairs that share. The logits stay those of keeping every
+// key: over the prompt, fed in chunks of 48 (a later chunk's queries skip the keys
+// dropped after the earlier ones), and over the decode steps after (which drop page 7
+// once position 134 is cached).
+TEST_F(PruningModelTest, PodFreesTheKeysNoQueryReadsAgain) {
+  const ModelConfig& c = model_->config();
+  auto dropping = Make("pod", {"sinks=4", "recent=8"});
+  PodKeepingKeys keeping(Make("pod", {"sinks=4", "recent=8"}));
+  const int64_t per_page = 2 * c.n_kv_heads;
+  Transformer ta(*model_, backend_), tb(*model_, backend_);
+  std::unique_ptr<KvCache> kv_a = testing::KvFor(*model_, backend_, 256), kv_b = testing::KvFor(*model_, backend_, 256);
+  const std::vector<int32_t> prompt = Prompt(120);
+  std::vector<int32_t> tokens, positions;
+  for (int step = 0; step < 22; ++step) {
+    if (step < 3) {  // the prompt's chunks
+      const int begin = 48 * step, end = std::min(120, begin + 48);
+      tokens.assign(prompt.begin() + begin, prompt.begin() + end);
+      positions.resize(end - begin);
+      std::iota(positions.begin(), positions.end(), begin);
+    }
+    ForwardOutput out_a, out_b;
+    SeqInput in_a{
+        .seq_id = 1, .tokens = tokens, .positions = positions, .all_logits = true, .strategy = dropping.get()};
+    SeqInput in_b{.seq_id = 1, .tokens = tokens, .positions = positions, .all_logits = true, .strategy = &keeping};
+    ASSERT_TRUE(ta.Forward(std::span<const SeqInput>(&in_a, 1), *kv_a, &out_a).ok() && out_a.status[0].ok());
+    ASSERT_TRUE(tb.Forward(std::span<const SeqInput>(&in_b, 1), *kv_b, &out_b).ok() && out_b.status[0].ok());
+    ASSERT_EQ(out_a.logits, out_b.logits) << "step " << step;
+    const int32_t context = out_a.next_position[0];
+    const int64_t pages = (context + 15) / 16;
+    EXPECT_EQ(kv_b->manager().BlocksIn(1, Tier::kDevice), c.n_layers * pages * per_page);
+    // Full pages whose last position is at most context - 8 are dropped, from page 1.
+    const int64_t dropped = std::max<int64_t>(0, std::min<int64_t>((context - 8 + 1) / 16, pages - 1) - 1);
+    EXPECT_EQ(kv_a->manager().BlocksIn(1, Tier::kDevice), c.n_layers * pages * per_page - 7 * dropped)
+        << "step " << step << ", " << context << " tokens cached";
+    EXPECT_TRUE(kv_a->manager().VerifyIntegrity().ok()) << kv_a->manager().VerifyIntegrity();
+    if (step >= 2) {
+      tokens.assign(1, 300 + step);
+      positions.assign(1, context);
+    }
+  }
+  kv_a->Free(1);
+  EXPECT_EQ(kv_a->manager().UsedBlocks(Tier::kDevice), 0);
+}
+
 // SlimInfer with scripted block scores: `prefer` lists the blocks each step ranks
 // first (in that order), the others follow by index.
 class ScriptedSlimInfer : public SlimInfer {
@@ -656,14 +724,14 @@ TEST_F(PruningModelTest, SlimInferSwitchesBelowGammaAndKeepsOnlyActiveBlocksOnDe
         }
         if (l < 2) continue;  // layers 0-1 hold every token in the device tier
         const int stage = l < 4 ? 0 : 1;
-        for (size_t cb = 0; cb < table.blocks.size(); ++cb) {
-          bool needed = cb + 1 == table.blocks.size();
+        for (size_t cb = 0; cb < table.tiers.size(); ++cb) {
+          bool needed = cb + 1 == table.tiers.size();
           for (size_t r = cb * 16; r < std::min(table.positions.size(), (cb + 1) * 16); ++r) {
             const int32_t p = table.positions[r];
             needed = needed || p >= 128 || slim.Active(stage, p / 16);
           }
-          EXPECT_EQ(table.blocks[cb].tier, needed ? Tier::kDevice : Tier::kHost)
-              << "step " << step << " layer " << l << " cache block " << cb;
+          EXPECT_EQ(table.tiers[cb], needed ? Tier::kDevice : Tier::kHost)
+              << "step " << step << " layer " << l << " cache page " << cb;
         }
       }
       tokens.assign(1, 300 + step);

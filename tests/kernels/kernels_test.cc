@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -335,15 +336,17 @@ TEST(Attention, ReadsExactlyTheSelection) {
 // rest) and each row's log-sum-exp, against a direct computation; the proximal and
 // distant parts merged by their log-sum-exps (PoD's gate) give the whole attention;
 // and a view of one KV head (blocks offset to the head, rows still the cache's width)
-// gives that head's output of the whole call. One query row over 3000 keys takes the
-// split (flash-decoding) path, 40 rows the gathered one.
+// gives that head's output of the whole call, as do views whose heads have blocks of
+// their own (the KV cache's), whose proximal part reads no key distant to every query
+// (PoD drops them). One query row over 3000 keys takes the split (flash-decoding)
+// path, 40 rows the gathered one.
 TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
   ThreadPool pool(2);
   constexpr int kHd = 16, kHeads = 4, kKvHeads = 2, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
   const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.25f};
   constexpr int64_t kBlock = 16;
   for (DType dtype : {DType::kF32, DType::kF16})
-    for (auto [nq, nkv] : {std::pair<int64_t, int64_t>{1, 3000}, {1, 60}, {5, 60}, {40, 60}}) {
+    for (auto [nq, nkv] : {std::pair<int64_t, int64_t>{1, 3000}, {1, 60}, {5, 60}, {40, 60}, {40, 200}}) {
       const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " nkv=", nkv);
       auto q = Randn(nq * kQd, 21), k = Randn(nkv * kKvd, 22), v = Randn(nkv * kKvd, 23);
       const std::vector<uint16_t> kh = AsHalves(dtype, &k), vh = AsHalves(dtype, &v);
@@ -369,9 +372,9 @@ TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
       struct Part {
         std::vector<float> out, lse;
       };
-      auto run = [&](PositionWindow::Part part) {
+      auto run = [&](PositionWindow::Part part, const KvRows& view) {
         Part r{std::vector<float>(nq * kQd), std::vector<float>(nq * kHeads)};
-        Attention(s, kv,
+        Attention(s, view,
                   AttentionArgs{.q = q.data(),
                                 .q_pos = q_pos.data(),
                                 .n_q = nq,
@@ -384,8 +387,8 @@ TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
                   pool);
         return r;
       };
-      const Part all = run(PositionWindow::Part::kAll), prox = run(PositionWindow::Part::kProximal),
-                 dist = run(PositionWindow::Part::kDistant);
+      const Part all = run(PositionWindow::Part::kAll, kv), prox = run(PositionWindow::Part::kProximal, kv),
+                 dist = run(PositionWindow::Part::kDistant, kv);
       for (auto [part, got] : {std::pair{PositionWindow::Part::kProximal, &prox},
                                {PositionWindow::Part::kDistant, &dist},
                                {PositionWindow::Part::kAll, &all}}) {
@@ -449,6 +452,50 @@ TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
         for (int e = 0; e < 2 * kHd; ++e) {
           EXPECT_NEAR(out1[i * kQd + 2 * kHd + e], all.out[i * kQd + 2 * kHd + e], 1e-5) << what;
         }
+      }
+      // The KV cache's layout: each head in blocks of its own (pointers head-major),
+      // the same results; in the proximal window the key blocks distant to every query
+      // (dropped by PoD) are never read: null here.
+      std::vector<std::vector<uint8_t>> k_heads(kKvHeads), v_heads(kKvHeads);
+      std::vector<const void*> ks(kKvHeads * n_blocks), vs(kKvHeads * n_blocks), ks_dropped;
+      for (int h = 0; h < kKvHeads; ++h) {
+        k_heads[h].resize(nkv * kHd * elt);
+        v_heads[h].resize(nkv * kHd * elt);
+        for (int64_t j = 0; j < nkv; ++j) {
+          std::memcpy(k_heads[h].data() + j * kHd * elt, kv.k(j, h * kHd), kHd * elt);
+          std::memcpy(v_heads[h].data() + j * kHd * elt, kv.v(j, h * kHd), kHd * elt);
+        }
+        for (int64_t b = 0; b < n_blocks; ++b) {
+          ks[h * n_blocks + b] = k_heads[h].data() + b * kBlock * kHd * elt;
+          vs[h * n_blocks + b] = v_heads[h].data() + b * kBlock * kHd * elt;
+        }
+      }
+      ks_dropped = ks;
+      int64_t dropped = 0;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const int64_t last = std::min(nkv, (b + 1) * kBlock) - 1;
+        if (kv_pos[b * kBlock] >= 4 && kv_pos[last] <= q_pos[0] - 10) {
+          for (int h = 0; h < kKvHeads; ++h) ks_dropped[h * n_blocks + b] = nullptr;
+          ++dropped;
+        }
+      }
+      if (q_pos[0] - 10 >= 2 * kBlock) {
+        EXPECT_GT(dropped, 0) << what;
+      }
+      KvRows split = kv;
+      split.stride = kHd;
+      split.head_cols = kHd;
+      split.head_blocks = n_blocks;
+      split.k_blocks = ks.data();
+      split.v_blocks = vs.data();
+      KvRows split_dropped = split;
+      split_dropped.k_blocks = ks_dropped.data();
+      for (auto [part, view, want] : {std::tuple{PositionWindow::Part::kAll, &split, &all},
+                                      {PositionWindow::Part::kProximal, &split_dropped, &prox}}) {
+        const Part r = run(part, *view);
+        EXPECT_LT(MaxRelErr(r.out, std::vector<double>(want->out.begin(), want->out.end())), 1e-6)
+            << what << " heads in blocks of their own";
+        for (size_t x = 0; x < r.lse.size(); ++x) EXPECT_NEAR(r.lse[x], want->lse[x], 1e-5) << what;
       }
     }
 }

@@ -17,12 +17,6 @@ std::vector<int32_t> Positions(int from, int n) {
   return p;
 }
 
-std::vector<int32_t> Ids(const LayerTable& t) {
-  std::vector<int32_t> out;
-  for (const BlockLoc& b : t.blocks) out.push_back(b.id);
-  return out;
-}
-
 class KvCacheManagerTest : public ::testing::Test {
  protected:
   BlockPool device_{Tier::kDevice, 12, 64};  // a dozen 16-token blocks
@@ -35,16 +29,16 @@ TEST_F(KvCacheManagerTest, BlocksAreTakenAsSlotsNeedThem) {
   ASSERT_TRUE(m_.Append(1, 0, Positions(0, 20)));
   ASSERT_TRUE(m_.Append(1, 1, Positions(0, 20)));
   EXPECT_INTACT(m_);
-  EXPECT_EQ(Ids(m_.Table(1, 0)), (std::vector<int32_t>{0, 1}));
-  EXPECT_EQ(Ids(m_.Table(1, 1)), (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(m_.Table(1, 0).blocks, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(m_.Table(1, 1).blocks, (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(m_.BlocksNeeded(1, 12), 0);  // 20 + 12 = 32 fits in 2 blocks
   EXPECT_EQ(m_.BlocksNeeded(1, 13), 2);
   ASSERT_TRUE(m_.Append(2, 0, Positions(0, 16)));
-  EXPECT_EQ(Ids(m_.Table(2, 0)), (std::vector<int32_t>{4}));
+  EXPECT_EQ(m_.Table(2, 0).blocks, (std::vector<int32_t>{4}));
   // a layer holding a pruned subset of positions
   ASSERT_TRUE(m_.Append(2, 1, std::vector<int32_t>{0, 5, 15}));
   EXPECT_EQ(m_.Table(2, 1).positions, (std::vector<int32_t>{0, 5, 15}));
-  EXPECT_EQ(Ids(m_.Table(2, 1)), (std::vector<int32_t>{5}));
+  EXPECT_EQ(m_.Table(2, 1).blocks, (std::vector<int32_t>{5}));
   EXPECT_INTACT(m_);
   m_.Free(1);
   EXPECT_EQ(device_.FreeList(), (std::vector<int32_t>{6, 7, 8, 9, 10, 11, 0, 1, 2, 3}));
@@ -189,7 +183,8 @@ TEST(KvCacheManagerMetered, PerBlockMovesAndBack) {
   ASSERT_EQ(out->copies.size(), 1u);
   EXPECT_EQ(out->copies[0].src, 0);
   EXPECT_EQ(out->copies[0].dst, 0);
-  EXPECT_EQ(m.Table(1, 0).blocks[0], (BlockLoc{Tier::kHost, 0}));
+  EXPECT_EQ(m.Table(1, 0).tiers[0], Tier::kHost);
+  EXPECT_EQ(m.Table(1, 0).blocks[0], 0);
   EXPECT_EQ(m.BlocksIn(1, Tier::kHost), 1);
   EXPECT_FALSE(m.PlanMove(1, 0, first, Tier::kDevice).has_value()) << "no reserved block to come back to yet";
   m.Complete(*out);
@@ -198,10 +193,56 @@ TEST(KvCacheManagerMetered, PerBlockMovesAndBack) {
   ASSERT_TRUE(back);
   EXPECT_EQ(back->copies[0].dst, 4) << "the front of the free list (block 0 went to its back)";
   m.Complete(*back);
-  EXPECT_EQ(m.Table(1, 0).blocks[0], (BlockLoc{Tier::kDevice, 4}));
+  EXPECT_EQ(m.Table(1, 0).tiers[0], Tier::kDevice);
+  EXPECT_EQ(m.Table(1, 0).blocks[0], 4);
   EXPECT_EQ(host.num_free(), 8);
   const int32_t out_of_range[] = {5};
   EXPECT_FALSE(m.PlanMove(1, 0, out_of_range, Tier::kHost).has_value());
+  m.EndStep();
+  EXPECT_INTACT(m);
+}
+
+// Pages of several blocks (K and V here): a block dropped from a page is freed at
+// once and credited to the reservation; moves, swaps and Free skip it; the rest of
+// the page stays.
+TEST(KvCacheManagerMetered, BlocksDroppedFromPages) {
+  BlockPool device(Tier::kDevice, 12, 64), host(Tier::kHost, 8, 64);
+  KvCacheManager m(device, host, {.n_layers = 1, .block_tokens = 16, .metered = true, .blocks_per_page = 2});
+  EXPECT_EQ(m.BlocksNeeded(1, 40), 6) << "3 pages of 2 blocks";
+  ASSERT_TRUE(m.Reserve(1, 6));
+  ASSERT_TRUE(m.Append(1, 0, Positions(0, 40)));
+  EXPECT_EQ(m.Table(1, 0).blocks, (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  const int32_t first_two[] = {0, 1};
+  EXPECT_EQ(m.Drop(1, 0, first_two, 0), 2);
+  EXPECT_EQ(m.Drop(1, 0, first_two, 0), 0) << "dropped already";
+  constexpr int32_t kNone = LayerTable::kDropped;
+  EXPECT_EQ(m.Table(1, 0).blocks, (std::vector<int32_t>{kNone, 1, kNone, 3, 4, 5}));
+  EXPECT_EQ(m.BlocksIn(1, Tier::kDevice), 4);
+  EXPECT_EQ(m.Reserved(1), 2) << "the freed device blocks fund this step's appends";
+  EXPECT_EQ(device.num_free(), 8);
+  EXPECT_INTACT(m);
+  // A page moves with the blocks it has left.
+  const int32_t page0[] = {0};
+  auto out = m.PlanMove(1, 0, page0, Tier::kHost);
+  ASSERT_TRUE(out);
+  ASSERT_EQ(out->copies.size(), 1u);
+  EXPECT_EQ(out->copies[0].src, 1);
+  m.Complete(*out);
+  EXPECT_EQ(m.Table(1, 0).tiers[0], Tier::kHost);
+  EXPECT_EQ(m.BlocksIn(1, Tier::kHost), 1);
+  EXPECT_INTACT(m);
+  auto swap = m.PlanSwapOut(1);
+  ASSERT_TRUE(swap);
+  EXPECT_EQ(swap->copies.size(), 3u) << "pages 1 and 2: one block and two";
+  m.Complete(*swap);
+  EXPECT_EQ(m.BlocksIn(1, Tier::kHost), 4);
+  const int32_t page2[] = {2};
+  EXPECT_EQ(m.Drop(1, 0, page2, 1), 1) << "a host block is dropped too";
+  EXPECT_EQ(host.num_free(), 5);
+  EXPECT_INTACT(m);
+  m.Free(1);
+  EXPECT_EQ(device.num_free(), 12);
+  EXPECT_EQ(host.num_free(), 8);
   m.EndStep();
   EXPECT_INTACT(m);
 }

@@ -21,14 +21,18 @@ class KvCacheTest : public ::testing::Test {
   static void SetUpTestSuite() { model_ = Model::Load(kStories)->release(); }
   static void TearDownTestSuite() { delete model_; }
 
-  // A KV cache of `device_blocks` blocks of `block_tokens` tokens for the model, no host tier.
-  std::unique_ptr<KvCache> Cache(int64_t device_blocks, int block_tokens = 16, DType dtype = DType::kF32) {
+  // Blocks per page of the model's KV (K and V of each KV head).
+  static int64_t PerPage() { return 2 * model_->config().n_kv_heads; }
+  // A KV cache of `pages` pages of `block_tokens` tokens for the model, no host tier.
+  std::unique_ptr<KvCache> Cache(int64_t pages, int block_tokens = 16, DType dtype = DType::kF32) {
     const ModelConfig& c = model_->config();
-    auto kv = KvCache::Create(
-        KvCacheOptions{
-            .geometry = {.n_layers = c.n_layers, .block_tokens = block_tokens, .kv_dim = c.kv_dim(), .dtype = dtype},
-            .device_blocks = device_blocks},
-        backend_);
+    auto kv = KvCache::Create(KvCacheOptions{.geometry = {.n_layers = c.n_layers,
+                                                          .block_tokens = block_tokens,
+                                                          .kv_dim = c.kv_dim(),
+                                                          .n_kv_heads = c.n_kv_heads,
+                                                          .dtype = dtype},
+                                             .device_blocks = pages * PerPage()},
+                              backend_);
     EXPECT_TRUE(kv.ok()) << kv.status();
     return std::move(*kv);
   }
@@ -53,9 +57,9 @@ TEST_F(KvCacheTest, SameLogitsAsContiguous) {
   std::unique_ptr<KvCache> cache = Cache(64);
   KvCache& paged = *cache;
   KvCacheManager& manager = paged.manager();
-  std::unique_ptr<KvCache> flat = Cache(c.n_layers, c.n_ctx);  // one block per layer: contiguous
+  std::unique_ptr<KvCache> flat = Cache(c.n_layers, c.n_ctx);  // one page per layer: contiguous
   std::vector<int32_t> prompt = {1};
-  for (int i = 0; i < 40; ++i) prompt.push_back(300 + (i * 17) % 150);  // 41 tokens: 3 blocks per layer
+  for (int i = 0; i < 40; ++i) prompt.push_back(300 + (i * 17) % 150);  // 41 tokens: 3 pages per layer
   std::vector<int32_t> pos(prompt.size());
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
 
@@ -65,7 +69,7 @@ TEST_F(KvCacheTest, SameLogitsAsContiguous) {
   ASSERT_TRUE(tf_.Forward({&whole, 1}, paged, &b).ok() && b.status[0].ok());
   ASSERT_EQ(a.logits.size(), b.logits.size());
   for (size_t i = 0; i < a.logits.size(); ++i) ASSERT_NEAR(a.logits[i], b.logits[i], 1e-4f) << i;
-  EXPECT_EQ(manager.UsedBlocks(Tier::kDevice), 3 * c.n_layers);
+  EXPECT_EQ(manager.UsedBlocks(Tier::kDevice), 3 * c.n_layers * PerPage());
 
   // Token by token, sequence 2 interleaved with sequence 3 in the same batches.
   for (size_t i = 0; i < prompt.size(); ++i) {
@@ -79,7 +83,7 @@ TEST_F(KvCacheTest, SameLogitsAsContiguous) {
     }
   }
   EXPECT_TRUE(manager.VerifyIntegrity().ok()) << manager.VerifyIntegrity();
-  EXPECT_EQ(manager.UsedBlocks(Tier::kDevice), 9 * c.n_layers);
+  EXPECT_EQ(manager.UsedBlocks(Tier::kDevice), 9 * c.n_layers * PerPage());
 
   // A fourth sequence does not fit: its value, and the sequence beside it in the
   // batch, and the other sequences, are intact.

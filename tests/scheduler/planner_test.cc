@@ -399,8 +399,8 @@ TEST(Planner, CheckFitsGivesTheNumbers) {
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(
       s.message(),
-      "the KV cache cannot hold this request's prompt: 25 tokens need 14 blocks (7 per layer x 2 layers, 4 tokens "
-      "per block), but the device tier has 12 blocks in all (6 per layer: 24 tokens)");
+      "the KV cache cannot hold this request's prompt: 25 tokens need 14 blocks (7 pages of 4 tokens per layer x 2 "
+      "layers x 1 blocks per page), but the device tier has 12 blocks in all (6 pages per layer: 24 tokens)");
 }
 
 }  // namespace

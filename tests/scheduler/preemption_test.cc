@@ -66,9 +66,11 @@ void ExpectEverythingFree(const Served& s) {
 }
 
 // Sized so that requests fit one by one but far from all at once: a request of up
-// to 162 + 32 tokens takes at most 13 blocks x 5 layers = 65 of the 120 blocks.
-const server::ServingOptions kTight{.engine = {.kv_block_tokens = 16, .kv_device_blocks = 120, .kv_host_blocks = 2000},
-                                    .scheduler = {.max_batch_tokens = 256, .prefill_chunk = 64}};
+// to 162 + 32 tokens takes at most 13 pages x 5 layers = 65 of the 120 pages (8
+// blocks each: K and V of 4 KV heads).
+const server::ServingOptions kTight{
+    .engine = {.kv_block_tokens = 16, .kv_device_blocks = 120 * 8, .kv_host_blocks = 2000 * 8},
+    .scheduler = {.max_batch_tokens = 256, .prefill_chunk = 64}};
 
 TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
   constexpr int kRequests = 24;
@@ -143,7 +145,7 @@ TEST_F(SchedulerTest, RecomputedWholePromptStrategiesKeepTheirTokens) {
   }
   server::ServingOptions options = kTight;
   options.scheduler.preemption = PreemptionMode::kRecompute;
-  options.engine.kv_device_blocks = 72;  // the pruned sequences need less than kTight's 120
+  options.engine.kv_device_blocks = 72 * 8;  // the pruned sequences need less than kTight's 120 pages
   ThreadPool engine_pool(2);
   Served s(*model_, engine_pool, options);
   for (int i = 0; i < kRequests; ++i) {
@@ -184,8 +186,8 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   } canceller;
   ThreadPool engine_pool(2);
   server::ServingOptions options = kTight;
-  options.engine.kv_host_blocks = 20;    // smaller than some sequences: those preemptions recompute
-  options.engine.kv_device_blocks = 80;  // pruned sequences need less: more pressure than kTight
+  options.engine.kv_host_blocks = 20 * 8;    // smaller than some sequences: those preemptions recompute
+  options.engine.kv_device_blocks = 80 * 8;  // pruned sequences need less: more pressure than kTight
   Served s(*model_, engine_pool, options, &canceller);
   canceller.scheduler = &s;
   std::mt19937 rng(7);

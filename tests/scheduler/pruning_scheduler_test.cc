@@ -41,7 +41,7 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
     SCOPED_TRACE(run);
     ThreadPool engine_pool(2);
     // A host tier for LazyLLM's Aux Cache (without one, pruned rows have nowhere to wait and stay).
-    Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256}, .scheduler = {.prefill_chunk = 64}}, nullptr,
+    Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256 * 8}, .scheduler = {.prefill_chunk = 64}}, nullptr,
              guarded);
     auto id = [&](int i) { return run + std::to_string(i); };
     for (int i = 0; i < kRequests; ++i) {
@@ -66,7 +66,7 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
 
 TEST_F(SchedulerTest, FinishedCarriesAccountingAndTheKeptSpans) {
   ThreadPool engine_pool(2);
-  Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256}});
+  Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256 * 8}});
   const std::vector<int32_t> prompt = LongPrompt(3);
   const int n = static_cast<int>(prompt.size()), layers = model_->config().n_layers;
   struct Case {
@@ -94,7 +94,8 @@ TEST_F(SchedulerTest, FinishedCarriesAccountingAndTheKeptSpans) {
   EXPECT_EQ(full.kept_spans[0].end, n);
   EXPECT_EQ(full.kept_spans[0].text, model_->tokenizer()->Decode(prompt));
   EXPECT_EQ(full.usage.kept_per_layer, (std::vector<std::pair<int, int>>{{0, n}}));
-  auto blocks = [&](int tokens) { return static_cast<int64_t>((tokens + 15) / 16 * layers); };  // 16-token blocks
+  // 16-token pages of 8 blocks (K and V of 4 KV heads).
+  auto blocks = [&](int tokens) { return static_cast<int64_t>((tokens + 15) / 16 * layers * 8); };
   EXPECT_EQ(full.usage.kv_blocks, blocks(n + 3));  // the prompt and 3 of the 4 new tokens were fed back
 
   const RequestEvent& lazy = (sinks_["lazy"]->Wait(), sinks_["lazy"]->finished);

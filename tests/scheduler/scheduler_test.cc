@@ -23,8 +23,9 @@ TEST_F(SchedulerTest, BatchedRequestsEqualSequentialTokens) {
 
 TEST_F(SchedulerTest, RequestLargerThanTheKvCacheFailsAlone) {
   ThreadPool engine_pool(1);
-  Served s(*model_, engine_pool, {.engine = {.kv_block_tokens = 16, .kv_device_blocks = 10}});
-  ASSERT_TRUE(s.Submit(Make("big", Prompt(3), 100)).ok());  // 5 layers x 7 blocks > 10
+  // Pages of 8 blocks (K and V of 4 KV heads): 10 pages.
+  Served s(*model_, engine_pool, {.engine = {.kv_block_tokens = 16, .kv_device_blocks = 80}});
+  ASSERT_TRUE(s.Submit(Make("big", Prompt(3), 100)).ok());  // 5 layers x 7 pages > 10
   ASSERT_TRUE(s.Submit(Make("small", {1, 300}, 4)).ok());
   ASSERT_TRUE(sinks_["big"]->Wait());
   EXPECT_EQ(sinks_["big"]->finished.reason, FinishReason::kError);
@@ -37,13 +38,14 @@ TEST_F(SchedulerTest, RequestLargerThanTheKvCacheFailsAlone) {
 // the numbers), and the queue goes on.
 TEST_F(SchedulerTest, PromptLargerThanTheKvCacheIsRefusedAtSubmission) {
   ThreadPool engine_pool(1);
-  Served s(*model_, engine_pool, {.engine = {.kv_block_tokens = 16, .kv_device_blocks = 10}});
-  std::vector<int32_t> long_prompt(40, 300);  // 3 blocks x 5 layers > 10
+  Served s(*model_, engine_pool, {.engine = {.kv_block_tokens = 16, .kv_device_blocks = 80}});
+  std::vector<int32_t> long_prompt(40, 300);  // 3 pages x 5 layers > 10
   const absl::Status refused = s.Submit(Make("long", long_prompt, 4));
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(
-      refused.message().find("cannot hold this request's prompt: 40 tokens need 15 blocks (3 per layer x 5 layers, "
-                             "16 tokens per block), but the device tier has 10 blocks in all (2 per layer: 32 tokens)"),
+      refused.message().find("cannot hold this request's prompt: 40 tokens need 120 blocks (3 pages of 16 tokens per "
+                             "layer x 5 layers x 8 blocks per page), but the device tier has 80 blocks in all (2 "
+                             "pages per layer: 32 tokens)"),
       std::string::npos)
       << refused;
   EXPECT_EQ(s.Load().in_flight, 0);

@@ -34,14 +34,14 @@ class MoverStrategy final : public PruningStrategy {
         if (rows.positions[i] % 3 == 1) (*rows.keep)[i] = 0;
       }
     }
-    const std::vector<BlockLoc>& blocks = ctx.Kv(0).blocks;
-    if (blocks.empty()) return;
+    const std::vector<Tier>& pages = ctx.Kv(0).tiers;
+    if (pages.empty()) return;
     const int32_t first = 0;
-    if (layer == 1 && blocks[0].tier == Tier::kDevice) {
-      EXPECT_TRUE(ctx.MoveBlocks(0, {&first, 1}, Tier::kHost).ok());
+    if (layer == 1 && pages[0] == Tier::kDevice) {
+      EXPECT_TRUE(ctx.MovePages(0, {&first, 1}, Tier::kHost).ok());
       ++counters_[0];
-    } else if (layer == 4 && blocks[0].tier == Tier::kHost) {
-      EXPECT_TRUE(ctx.MoveBlocks(0, {&first, 1}, Tier::kDevice).ok());
+    } else if (layer == 4 && pages[0] == Tier::kHost) {
+      EXPECT_TRUE(ctx.MovePages(0, {&first, 1}, Tier::kDevice).ok());
       ++counters_[1];
     }
   }
@@ -114,7 +114,7 @@ TEST_F(SchedulerTest, AStrategyRegisteredAtRunTimePrunesSelectsAndMovesBlocks) {
   // Served: mixed with full requests in shared batches, prefilled in chunks.
   ThreadPool engine_pool(2);
   Served s(*model_, engine_pool,
-           {.engine = {.kv_host_blocks = 64}, .scheduler = {.max_batch_tokens = 256, .prefill_chunk = 64}});
+           {.engine = {.kv_host_blocks = 64 * 8}, .scheduler = {.max_batch_tokens = 256, .prefill_chunk = 64}});
   for (int i = 0; i < kRequests; ++i) {
     auto req = Make("mover/" + std::to_string(i), LongPrompt(i), kTokens);
     if (i % 3 != 2) req->spec.pruning = mover;
@@ -179,7 +179,7 @@ class HostBlocksProbe final : public SchedulerObserver {
 TEST_F(SchedulerTest, LazyLlmAuxCacheShowsInTheHostTierMetricAndReturnsToZero) {
   HostBlocksProbe probe;
   ThreadPool engine_pool(2);
-  Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256}}, &probe);
+  Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256 * 8}}, &probe);
   std::vector<int32_t> prompt = {1};
   for (int i = 1; i < 400; ++i) prompt.push_back(260 + (i * 37) % 250);
   auto r = Make("aux", prompt, 40);
@@ -267,15 +267,18 @@ TEST_F(SchedulerTest, SlimInferMovesShowInTheSwapMetricsAndItsPrefetchesOverlapA
       {.name = "test_seesaw_sliminfer",
        .summary = "test: SlimInfer switching its active blocks every step",
        .defaults = [](const ModelConfig&, const CalibrationPtr&) { return std::make_unique<SeesawParams>(); }});
-  constexpr auto kCopyTime = std::chrono::milliseconds(2);
-  std::atomic<int64_t> copies{0};
+  // 2 ms per 4 KiB (a page of stories260K: 8 blocks of 512 bytes), timed as it runs.
+  constexpr double kSecondsPerByte = 0.002 / 4096;
+  std::atomic<int64_t> copies{0}, copy_ns{0};
   MetricsObserver observer;
   ThreadPool engine_pool(2);
-  server::ServingOptions options{.engine = {.kv_host_blocks = 256}};
+  server::ServingOptions options{.engine = {.kv_host_blocks = 256 * 8}};
   options.engine.swap_copy = [&](uint8_t* dst, const uint8_t* src, size_t bytes) {
-    std::this_thread::sleep_for(kCopyTime);  // a slow copy engine
+    const auto start = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::chrono::duration<double>(kSecondsPerByte * bytes));  // a slow copy engine
     std::memcpy(dst, src, bytes);
     ++copies;
+    copy_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
     return absl::OkStatus();
   };
   Served s(*model_, engine_pool, options, &observer);
@@ -297,9 +300,9 @@ TEST_F(SchedulerTest, SlimInferMovesShowInTheSwapMetricsAndItsPrefetchesOverlapA
             static_cast<double>(load.swap_bytes_to_host));
   EXPECT_EQ(observer.Counter("pruneserve_kv_swap_bytes_total", "to_device"),
             static_cast<double>(load.swap_bytes_to_device));
-  // Every decode step moves blocks at 4 layers; copying them took copies x 2 ms, and
-  // the engine waited for a fraction of that.
-  const double slowdown = static_cast<double>(copies.load()) * std::chrono::duration<double>(kCopyTime).count();
+  // Every decode step moves pages at 4 layers; the engine waited for a fraction of the
+  // time their copies took.
+  const double slowdown = static_cast<double>(copy_ns.load()) * 1e-9;
   const double waited = observer.Counter("pruneserve_kv_move_wait_seconds_total");
   std::printf("%ld block copies, %.3f s of copying, %.3f s waited\n", static_cast<long>(copies.load()), slowdown,
               waited);

@@ -465,8 +465,8 @@ TEST(ServerMetrics, CountersMatchWhatClientsReceived) {
   EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_swap_bytes_total{direction="to_host"})"), 0);
 }
 
-// A device tier of 120 blocks (stories260K: 4 KiB each) for 16 concurrent streams
-// of ~25 blocks each: requests are swapped to the host tier and back, the streams
+// A device tier of 120 pages (stories260K: 8 blocks of 512 bytes each) for 16
+// concurrent streams of ~25 pages each: requests are swapped to the host tier and back, the streams
 // still carry the engine's tokens, and metrics and GetLoad show the swapping.
 TEST(ServerMetrics, SwapPreemptionIsVisibleAndHarmless) {
   ServerProcess s({"--model", kStories, "--kv-device-bytes", "491520", "--kv-host-bytes", "16777216"});
@@ -492,13 +492,13 @@ TEST(ServerMetrics, SwapPreemptionIsVisibleAndHarmless) {
   EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_swap_bytes_total{direction="to_device"})"), to_host);
   EXPECT_GT(MetricValue(page, "pruneserve_kv_swap_seconds_count"), 0);
   EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_blocks{state="used",tier="host"})"), 0);
-  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_blocks{state="free",tier="host"})"), 16777216 / 4096);
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_blocks{state="free",tier="host"})"), 16777216 / 512);
   grpc::ClientContext ctx;
   pb::LoadInfo load;
   ASSERT_TRUE(s.Stub()->GetLoad(&ctx, {}, &load).ok());
   ASSERT_EQ(load.kv_size(), 2);
   EXPECT_EQ(load.kv(1).tier(), "host");
-  EXPECT_EQ(load.kv(1).capacity_tokens(), 16777216 / 4096 * 16u);
+  EXPECT_EQ(load.kv(1).capacity_tokens(), 16777216 / 512 / (5 * 8) * 16u);  // pages of 5 layers x 8 blocks
   EXPECT_EQ(load.kv(1).used_tokens(), 0u);
   EXPECT_GT(load.preemptions_swap(), 0u);
   EXPECT_EQ(load.swap_bytes_to_host(), static_cast<uint64_t>(to_host));
