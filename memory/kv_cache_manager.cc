@@ -7,6 +7,20 @@
 #include "base/status.h"
 
 namespace ps {
+namespace {
+
+// fn(page, id) for every block of the table's pages that is not dropped.
+template <typename Table, typename Fn>
+void ForLiveBlocks(Table& t, int per_page, Fn&& fn) {
+  for (int64_t p = 0; p < t.pages(); ++p) {
+    for (int i = 0; i < per_page; ++i) {
+      auto& id = t.blocks[p * per_page + i];
+      if (id != LayerTable::kDropped) fn(p, id);
+    }
+  }
+}
+
+}  // namespace
 
 KvCacheManager::KvCacheManager(BlockPool& device, BlockPool& host, const Options& o)
     : device_(device),
@@ -221,14 +235,10 @@ void KvCacheManager::Free(int64_t seq) {
   if (it == seqs_.end()) return;
   int64_t device_freed = 0;
   for (const LayerTable& t : it->second.layers) {
-    for (int64_t p = 0; p < t.pages(); ++p) {
-      for (int i = 0; i < blocks_per_page_; ++i) {
-        const int32_t id = t.blocks[p * blocks_per_page_ + i];
-        if (id == LayerTable::kDropped) continue;
-        pool(t.tiers[p]).Release(id);
-        device_freed += t.tiers[p] == Tier::kDevice;
-      }
-    }
+    ForLiveBlocks(t, blocks_per_page_, [&](int64_t p, int32_t id) {
+      pool(t.tiers[p]).Release(id);
+      device_freed += t.tiers[p] == Tier::kDevice;
+    });
   }
   seqs_.erase(it);
   if (seq < 0) Credit(ScratchOwner(seq), device_freed);
@@ -251,14 +261,10 @@ absl::Status KvCacheManager::VerifyIntegrity() const {
       if (t.ascending != std::is_sorted(t.positions.begin(), t.positions.end(), std::less_equal<int32_t>())) {
         return absl::InternalError(absl::StrCat("sequence ", seq, " layer ", l, ": stale ascending flag"));
       }
-      for (int64_t p = 0; p < t.pages(); ++p) {
-        for (int i = 0; i < blocks_per_page_; ++i) {
-          const int32_t id = t.blocks[p * blocks_per_page_ + i];
-          if (id == LayerTable::kDropped) continue;
-          ++refs[{t.tiers[p], id}];
-          ++held[static_cast<int>(t.tiers[p])];
-        }
-      }
+      ForLiveBlocks(t, blocks_per_page_, [&](int64_t p, int32_t id) {
+        ++refs[{t.tiers[p], id}];
+        ++held[static_cast<int>(t.tiers[p])];
+      });
     }
     if (held[0] != s.held[0] || held[1] != s.held[1]) {
       return absl::InternalError(absl::StrCat("sequence ", seq, ": block counts ", s.held[0], "/", s.held[1],
