@@ -5,7 +5,9 @@
 # (PS_WERROR). Installs what it needs.
 # Usage: scripts/test.sh                        (fuzz normal asan)
 #        PS_TEST_BUILDS=tsan scripts/test.sh    (ThreadSanitizer: thread pool, scheduler, swap engine, server tests)
-#        PS_TEST_BUILDS="normal tsan" ...       (any subset of: fuzz normal asan tsan)
+#        PS_TEST_BUILDS=container scripts/test.sh   (the container image: built with mmdebstrap + buildah
+#                                                and started; needs root and Debian's mirror; ~3 minutes)
+#        PS_TEST_BUILDS="normal tsan" ...       (any subset of: fuzz normal asan tsan container)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -46,6 +48,12 @@ for b in ${PS_TEST_BUILDS:-fuzz normal asan}; do
             run_suite ThreadSanitizer build-tsan "threads|scheduler|server|swap" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
             -DPS_SANITIZE=thread -DPS_CUDA=OFF -DPS_BUILD_BENCH=OFF ;;
     fuzz) fuzz_smoke ;;
+    container)
+      command -v buildah >/dev/null && command -v mmdebstrap >/dev/null && command -v podman >/dev/null ||
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap buildah podman >/dev/null
+      cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+      cmake --build build -j "$JOBS" --target pruneserve-cli pruneserve-run
+      tests/deploy/container_test.sh ;;
     *) echo "unknown build '$b'" >&2; exit 2 ;;
   esac
 done

@@ -155,6 +155,18 @@ pb::GenerateResponse ToProto(const RequestEvent& ev, bool want_logprobs) {
   return out;
 }
 
+absl::Status FinishStatus(const RequestEvent& ev) {
+  switch (ev.cancel) {
+    case CancelReason::kNone:
+      return ev.reason == FinishReason::kError ? absl::InternalError(ev.error) : absl::OkStatus();
+    case CancelReason::kClient: return absl::CancelledError("cancelled by the client");
+    case CancelReason::kDeadline: return absl::DeadlineExceededError("deadline exceeded");
+    case CancelReason::kAbort: return absl::CancelledError("aborted");
+    case CancelReason::kShutdown: return absl::UnavailableError("the server is shutting down");
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   grpc::StatusCode code;

@@ -33,6 +33,10 @@ pb::FinishReason ToProto(FinishReason r);
 // The streamed message for an engine event.
 pb::GenerateResponse ToProto(const RequestEvent& event, bool want_logprobs);
 
+// How a request ended, as a status: OK, or the error, the client's cancel, the
+// deadline, an Abort or the shutdown (UNAVAILABLE).
+absl::Status FinishStatus(const RequestEvent& finished);
+
 grpc::Status ToGrpc(const absl::Status& s);
 
 }  // namespace ps::server

@@ -5,10 +5,9 @@
 #include <mutex>
 #include <optional>
 
-#include <spdlog/spdlog.h>
-
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/chat_template.h"
+#include "server/metered_sink.h"
 
 namespace ps::server {
 namespace {
@@ -20,18 +19,6 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const grpc::St
 }
 
 grpc::Status Loading() { return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is loading"); }
-
-grpc::Status FinalStatus(const RequestEvent& ev) {
-  switch (ev.cancel) {
-    case CancelReason::kNone:
-      return ev.reason == FinishReason::kError ? grpc::Status(grpc::StatusCode::INTERNAL, ev.error) : grpc::Status::OK;
-    case CancelReason::kClient: return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
-    case CancelReason::kDeadline: return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline exceeded");
-    case CancelReason::kAbort: return grpc::Status(grpc::StatusCode::CANCELLED, "aborted");
-    case CancelReason::kShutdown: return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
-  }
-  return grpc::Status::OK;
-}
 
 class StreamSink;
 
@@ -109,38 +96,28 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
   grpc::CallbackServerContext* ctx_ = nullptr;
 };
 
-// The request's sink: records metrics and logs, then forwards to the stream while
-// the stream lives (the engine may outlive a stream whose client vanished).
-class StreamSink final : public RequestSink {
+// The request's sink: metrics and the log line, then the stream while it lives
+// (the engine may outlive a stream whose client vanished).
+class StreamSink final : public MeteredSink {
  public:
   StreamSink(GenerateStream* stream, Metrics* metrics, std::string id, std::string strategy, bool logprobs)
-      : stream_(stream), metrics_(metrics), id_(std::move(id)), strategy_(std::move(strategy)), logprobs_(logprobs) {}
+      : MeteredSink(metrics, std::move(id), std::move(strategy)), stream_(stream), logprobs_(logprobs) {}
 
-  void OnEvent(RequestEvent ev) override {
-    const auto now = Clock::now();
+  void Detach() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_ = nullptr;
+  }
+
+ private:
+  void Deliver(RequestEvent ev) override {
     std::optional<grpc::Status> final;
-    if (ev.kind == RequestEvent::Kind::kTokens) {
-      if (!seen_token_) {
-        seen_token_ = true;
-      } else {
-        metrics_->OnInterToken(strategy_, std::chrono::duration<double>(now - last_token_).count());
-      }
-      last_token_ = now;
-    } else {
-      if (ev.usage.completion_tokens > 0) metrics_->OnFirstToken(strategy_, ev.usage.ttft_seconds);
-      metrics_->OnFinished(strategy_, ev.reason, ev.usage);
-      spdlog::info(
-          "request {} finished: prompt {} tokens, computed {:.1f}, strategy {}, ttft {:.3f} s, {} tokens, {:.3f} s, "
-          "{}{}",
-          id_, ev.usage.prompt_tokens, ev.usage.prompt_tokens_computed, strategy_, ev.usage.ttft_seconds,
-          ev.usage.completion_tokens, ev.usage.total_seconds, FinishReasonName(ev.reason),
-          ev.cancel == CancelReason::kNone ? "" : absl::StrCat(" (", std::string(CancelReasonName(ev.cancel)), ")"));
-      final = FinalStatus(ev);
-    }
     std::optional<pb::GenerateResponse> tail;
-    if (ev.kind == RequestEvent::Kind::kFinished && !ev.text.empty()) {
-      RequestEvent text_ev{.kind = RequestEvent::Kind::kTokens, .text = ev.text};
-      tail = ToProto(text_ev, false);  // held-back text released at the end
+    if (ev.kind == RequestEvent::Kind::kFinished) {
+      final = ToGrpc(FinishStatus(ev));
+      if (!ev.text.empty()) {
+        RequestEvent text_ev{.kind = RequestEvent::Kind::kTokens, .text = ev.text};
+        tail = ToProto(text_ev, false);  // held-back text released at the end
+      }
     }
     pb::GenerateResponse msg = ToProto(ev, logprobs_);
     std::lock_guard<std::mutex> lock(mu_);
@@ -148,19 +125,10 @@ class StreamSink final : public RequestSink {
     if (tail) stream_->Push(std::move(*tail), std::nullopt);
     stream_->Push(std::move(msg), std::move(final));
   }
-  void Detach() {
-    std::lock_guard<std::mutex> lock(mu_);
-    stream_ = nullptr;
-  }
 
- private:
   std::mutex mu_;
   GenerateStream* stream_;
-  Metrics* metrics_;
-  std::string id_, strategy_;
   bool logprobs_;
-  bool seen_token_ = false;  // engine thread only
-  Clock::time_point last_token_{};
 };
 
 void GenerateStream::OnDone() {

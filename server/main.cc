@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -17,11 +18,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/flags.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "engine/pruning/registry.h"
 #include "server/generation_service.h"
+#include "server/http_front.h"
 #include "server/serving.h"
 
 namespace {
@@ -29,10 +32,10 @@ namespace {
 struct Options {
   std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap", kv_dtype = "f32",
                      device = "auto", pod_groups;
-  std::vector<std::string> strategy_args;
+  std::vector<std::string> strategy_args, served_model_names;
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64, max_batch_tokens = 2048,
           prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,
-          kv_host_bytes = int64_t{2} << 30;
+          kv_host_bytes = int64_t{2} << 30, http_port = -1, http_threads = 128, http_max_body_bytes = int64_t{32} << 20;
   double drain_timeout = 30.0, default_temperature = 1.0, default_top_p = 1.0, kv_device_fraction = 0,
          kv_host_fraction = 0;
   bool int8_activations = false;
@@ -43,7 +46,15 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddString("host", &o.host, "address to listen on");
   f.AddInt("port", &o.port, "gRPC port (0 = pick a free one)");
   f.AddInt("metrics-port", &o.metrics_port, "Prometheus /metrics port (0 = pick a free one, -1 = off)");
-  f.AddString("port-file", &o.port_file, "write the bound ports here (lines grpc=N, metrics=N)");
+  f.AddInt("http-port", &o.http_port,
+           "OpenAI-compatible HTTP port: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics "
+           "(0 = pick a free one, -1 = off)");
+  f.AddInt("http-threads", &o.http_threads, "HTTP connections served at once (a streaming request holds one)");
+  f.AddInt("http-max-body-bytes", &o.http_max_body_bytes, "largest HTTP request body (413 beyond)");
+  f.AddStringList("served-model-name", &o.served_model_names,
+                  "the name(s) the HTTP API's \"model\" field takes (default: the model file's name without "
+                  "extension)");
+  f.AddString("port-file", &o.port_file, "write the bound ports here (lines grpc=N, metrics=N, http=N)");
   f.AddString("device", &o.device, "cpu | cuda | auto: the backend (auto = cuda when a usable device is present)");
   f.AddInt("threads", &o.threads, "compute threads (0 = number of cores)");
   f.AddInt("max-queue", &o.max_queue, "waiting requests at most (RESOURCE_EXHAUSTED beyond)");
@@ -108,7 +119,17 @@ int main(int argc, char** argv) {
     if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
   }
   if (o.model.empty()) return Fail("--model is required (see --help)");
-  if (o.port < 0 || o.port > 65535 || o.metrics_port < -1 || o.metrics_port > 65535) return Fail("bad port");
+  if (o.port < 0 || o.port > 65535 || o.metrics_port < -1 || o.metrics_port > 65535 || o.http_port < -1 ||
+      o.http_port > 65535) {
+    return Fail("bad port");
+  }
+  if (o.http_threads < 1 || o.http_max_body_bytes < 1)
+    return Fail("--http-threads and --http-max-body-bytes must be >= 1");
+  if (o.served_model_names.empty()) {
+    std::filesystem::path p(o.model);
+    if (p.filename().empty()) p = p.parent_path();  // a folder given with a trailing slash
+    o.served_model_names.push_back(p.extension() == ".gguf" ? p.stem().string() : p.filename().string());
+  }
   if (o.max_queue < 1 || o.max_running < 1 || o.max_batch_tokens < 1 || o.prefill_chunk < 1 || o.threads < 0 ||
       o.drain_timeout < 0 || o.default_max_new_tokens < 1 || o.kv_block_size < 1 || o.kv_block_size > 4096 ||
       o.kv_device_bytes < 1 || o.kv_host_bytes < 0) {
@@ -144,6 +165,7 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a write to a client that went away fails instead
 
   // The backend before anything listens: a --device that cannot run is one line and a non-zero exit.
   ThreadPool pool(static_cast<int>(o.threads));
@@ -167,6 +189,11 @@ int main(int argc, char** argv) {
   spdlog::info("listening on {}:{} (gRPC)", o.host, grpc_port);
 
   server::Metrics metrics;
+  {
+    std::vector<std::string> names;
+    for (const StrategyInfo* s : Strategies()) names.push_back(s->name);
+    metrics.AddStrategies(names);
+  }
   std::unique_ptr<prometheus::Exposer> exposer;
   int metrics_port = -1;
   if (o.metrics_port >= 0) {
@@ -179,9 +206,23 @@ int main(int argc, char** argv) {
     metrics_port = exposer->GetListeningPorts().at(0);
     spdlog::info("metrics on http://{}:{}/metrics", o.host, metrics_port);
   }
+  std::unique_ptr<server::HttpFront> http;
+  if (o.http_port >= 0) {
+    absl::StatusOr<std::unique_ptr<server::HttpFront>> front =
+        server::HttpFront::Start({.host = o.host,
+                                  .port = static_cast<int>(o.http_port),
+                                  .threads = static_cast<int>(o.http_threads),
+                                  .max_body_bytes = static_cast<size_t>(o.http_max_body_bytes),
+                                  .served_models = o.served_model_names},
+                                 metrics.registry());
+    if (!front.ok()) return Fail(std::string(front.status().message()));
+    http = *std::move(front);
+    spdlog::info("OpenAI-compatible API on http://{}:{}/v1 (model {})", o.host, http->port(),
+                 absl::StrJoin(o.served_model_names, ", "));
+  }
   if (!o.port_file.empty()) {
     std::ofstream pf(o.port_file + ".tmp");
-    pf << "grpc=" << grpc_port << "\nmetrics=" << metrics_port << "\n";
+    pf << "grpc=" << grpc_port << "\nmetrics=" << metrics_port << "\nhttp=" << (http ? http->port() : -1) << "\n";
     pf.close();
     std::rename((o.port_file + ".tmp").c_str(), o.port_file.c_str());
   }
@@ -250,6 +291,7 @@ int main(int argc, char** argv) {
     grpc_server->Shutdown();
     return Fail(std::string(serving.status().message()));
   }
+  metrics.SetCacheConfig(geometry.block_tokens, o.kv_dtype, kv_blocks, host_blocks);
   for (auto [tier, blocks] : {std::pair{"device", kv_blocks}, std::pair{"host", host_blocks}}) {
     spdlog::info("KV cache: {} tier {} blocks of {} tokens of one KV head's K or V, {} ({:.0f} MiB, {} tokens)", tier,
                  blocks, o.kv_block_size, o.kv_dtype, blocks * static_cast<double>(geometry.block_bytes()) / (1 << 20),
@@ -268,6 +310,7 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("default sampling: ", s.message()));
   }
   service.SetState(&state);
+  if (http) http->SetState(&state);
   health->SetServingStatus(true);
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -283,6 +326,7 @@ int main(int argc, char** argv) {
   spdlog::info("received {}: draining (up to {} s)", sig == SIGTERM ? "SIGTERM" : "SIGINT", o.drain_timeout);
   health->SetServingStatus(false);
   service.SetDraining(true);
+  if (http) http->SetDraining(true);
   const auto drain_deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.drain_timeout);
   auto busy = [&] { return loop.Load().in_flight > 0; };
   while (busy() && std::chrono::steady_clock::now() < drain_deadline) {
@@ -292,7 +336,8 @@ int main(int argc, char** argv) {
     spdlog::warn("drain timeout: cancelling the remaining requests");
     loop.CancelAll(CancelReason::kShutdown);
   }
-  loop.Stop();  // finishes anything left with UNAVAILABLE
+  loop.Stop();   // finishes anything left with UNAVAILABLE
+  http.reset();  // its open streams have ended; it reads `state`
   grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   spdlog::info("stopped");
   return 0;

@@ -105,6 +105,32 @@ Metrics::Metrics()
   }
   for (Tier t : {Tier::kHost, Tier::kDevice}) swap_bytes_.Add({{"direction", SwapDirection(t)}});
   move_wait_.Add({});
+  swap_seconds_.Add({}, SwapBuckets());
+}
+
+void Metrics::SetCacheConfig(int block_tokens, const std::string& kv_dtype, int64_t device_blocks,
+                             int64_t host_blocks) {
+  prometheus::BuildGauge()
+      .Name("pruneserve_cache_config_info")
+      .Help("The KV cache's configuration (value 1): block_size in tokens per page, KV element type, blocks per tier")
+      .Register(*registry_)
+      .Add({{"block_size", std::to_string(block_tokens)},
+            {"kv_dtype", kv_dtype},
+            {"num_device_blocks", std::to_string(device_blocks)},
+            {"num_host_blocks", std::to_string(host_blocks)}})
+      .Set(1);
+}
+
+void Metrics::AddStrategies(const std::vector<std::string>& strategies) {
+  for (const std::string& s : strategies) {
+    for (auto* family : {&prompt_tokens_, &prompt_tokens_computed_, &prompt_tokens_pruned_, &generation_tokens_}) {
+      family->Add({{"strategy", s}});
+    }
+    for (FinishReason r : {FinishReason::kStop, FinishReason::kLength, FinishReason::kStopSequence,
+                           FinishReason::kCancelled, FinishReason::kError}) {
+      requests_.Add({{"finish_reason", std::string(FinishReasonName(r))}, {"strategy", s}});
+    }
+  }
 }
 
 void Metrics::OnStep(const LoadSnapshot& load, int batch_tokens) {

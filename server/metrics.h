@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -19,6 +20,12 @@ class Metrics final : public SchedulerObserver {
  public:
   Metrics();
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+  // Creates every per-strategy counter of `strategies` at zero (every finish reason
+  // too), so rates and ratios over them have data before the first request ends.
+  void AddStrategies(const std::vector<std::string>& strategies);
+  // pruneserve_cache_config_info = 1 with the KV cache's configuration as labels
+  // (block_size in tokens, as vLLM's cache_config_info, which routers read).
+  void SetCacheConfig(int block_tokens, const std::string& kv_dtype, int64_t device_blocks, int64_t host_blocks);
 
   void OnStep(const LoadSnapshot& load, int batch_tokens) override;
   void OnPreemption(PreemptionMode mode) override;

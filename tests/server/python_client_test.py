@@ -5,13 +5,14 @@ equal pruneserve-run's offline output, and /metrics must parse with
 prometheus_client's text parser and count what the client received."""
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from serverproc import Server, wait_for  # noqa: E402
 
 ARGS = None
 
@@ -23,15 +24,6 @@ def generate_stubs(proto_dir, out_dir):
     sys.path.insert(0, out_dir)
 
 
-def wait_for(cond, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
-
-
 class PythonClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -41,15 +33,9 @@ class PythonClientTest(unittest.TestCase):
         import grpc
         from pruneserve.v1 import generation_pb2 as pb
         from pruneserve.v1 import generation_pb2_grpc as pb_grpc
-        port_file = os.path.join(cls.tmp.name, "ports")
-        cls.log = open(os.path.join(cls.tmp.name, "server.log"), "w+")
-        cls.server = subprocess.Popen([ARGS.server, "--model", ARGS.model, "--host", "127.0.0.1", "--port", "0",
-                                       "--metrics-port", "0", "--port-file", port_file],
-                                      stdout=cls.log, stderr=subprocess.STDOUT)
-        assert wait_for(lambda: os.path.exists(port_file), 30), "no port file"
-        ports = dict(line.strip().split("=") for line in open(port_file))
-        cls.metrics_url = f"http://127.0.0.1:{ports['metrics']}/metrics"
-        cls.channel = grpc.insecure_channel(f"127.0.0.1:{ports['grpc']}")
+        cls.server = Server(ARGS.server, ARGS.model)
+        cls.metrics_url = cls.server.metrics_url
+        cls.channel = grpc.insecure_channel(cls.server.grpc_addr)
         grpc.channel_ready_future(cls.channel).result(timeout=30)
         cls.stub = pb_grpc.GenerationStub(cls.channel)
 
@@ -64,11 +50,7 @@ class PythonClientTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.channel.close()
-        cls.server.send_signal(signal.SIGTERM)
-        code = cls.server.wait(timeout=30)
-        cls.log.seek(0)
-        log = cls.log.read()
-        cls.log.close()
+        code, log = cls.server.stop()
         cls.tmp.cleanup()
         assert code == 0, f"server exited with {code}:\n{log}"
 

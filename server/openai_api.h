@@ -1,0 +1,95 @@
+// The OpenAI-compatible API's messages: /v1/completions and /v1/chat/completions
+// bodies parsed into the GenerateRequest they mean (the gRPC API's validation
+// then applies unchanged), and a request's engine events written back as OpenAI
+// responses, whole or as server-sent events. Pure conversion: no I/O, no threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "pruneserve/v1/generation.pb.h"
+#include "scheduler/request.h"
+
+namespace ps::server::openai {
+
+namespace pb = ::pruneserve::v1;
+using Json = nlohmann::json;
+
+enum class Api { kCompletions, kChat };
+
+// An OpenAI request and the GenerateRequest it means.
+struct ApiRequest {
+  Api api = Api::kCompletions;
+  std::string model;
+  pb::GenerateRequest request;  // no request_id yet
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+  bool logprobs = false;       // answer with the sampled tokens' log-probabilities
+  int top_logprobs = 0;        // and this many alternatives each
+};
+
+// Parses a request body. Errors are InvalidArgument starting with the OpenAI
+// parameter's name ("temperature: must be a number"), NotFound for a model not in
+// `served_models`. Fields OpenAI defines that this server cannot honour (n > 1,
+// echo, suffix, logit_bias, tools, a JSON response_format) are InvalidArgument, and
+// so are unknown fields. Extensions: top_k, min_p, repetition_penalty, min_tokens,
+// ignore_eos, priority (vLLM's), and "pruning": {"strategy": NAME, PARAM: VALUE...}.
+absl::StatusOr<ApiRequest> ParseRequest(Api api, std::string_view body, const std::vector<std::string>& served_models);
+
+// The OpenAI parameter an error from the server's validation is about: its
+// message's first word ("max_new_tokens: ..." -> max_tokens), or "" when none.
+std::string ErrorParam(Api api, absl::string_view message);
+
+// The HTTP status and OpenAI error body ({"error": {message, type, param, code}})
+// for a failed request: InvalidArgument, FailedPrecondition and OutOfRange 400,
+// Unauthenticated 401, NotFound 404, AlreadyExists 409, ResourceExhausted 429,
+// Unavailable 503, DeadlineExceeded 504, anything else 500.
+std::pair<int, Json> ErrorResponse(Api api, const absl::Status& status);
+
+// The /v1/models body.
+Json ModelList(const std::vector<std::string>& served_models, int context_length, int64_t created);
+
+// Writes one request's answer from its engine events: as server-sent events while
+// it streams, or whole once it finished.
+class ResponseWriter {
+ public:
+  // `token_text`: a token's text (its bytes; may be partial UTF-8) for logprobs.
+  ResponseWriter(const ApiRequest& request, std::string id, int64_t created,
+                 std::function<std::string(int32_t)> token_text);
+
+  // Streaming: the SSE lines ("data: {...}\n\n") an event adds. After the finish
+  // event (the finish chunk, the usage chunk if asked, or an error object) comes
+  // "data: [DONE]\n\n".
+  std::string StreamEvent(const RequestEvent& event);
+  // Non-streaming: collects the events; Final is the response body once the
+  // finish event came (a successful one: see FinishStatus).
+  void Collect(const RequestEvent& event);
+  Json Final() const;
+
+ private:
+  Json Chunk(Json choice) const;
+  Json Logprobs(const std::vector<SampledToken>& tokens, size_t text_offset) const;
+  void AppendLogprobs(Json& into, const Json& more) const;
+  Json UsageJson(const Usage& usage) const;
+  static const char* FinishReasonText(FinishReason reason);
+
+  Api api_;
+  std::string id_, model_;
+  int64_t created_;
+  bool logprobs_, include_usage_;
+  int top_logprobs_;
+  std::function<std::string(int32_t)> token_text_;
+  bool role_sent_ = false;   // chat streaming: the first delta carries the role
+  std::string text_;         // collected text (and its length: completions' text_offset)
+  Json collected_logprobs_;  // collected logprobs (null without)
+  RequestEvent finish_;      // the finish event once seen
+};
+
+}  // namespace ps::server::openai

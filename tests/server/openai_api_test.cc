@@ -1,0 +1,280 @@
+// The OpenAI API's messages without a server: bodies into GenerateRequests (and the
+// errors, with the parameter they name), and engine events into responses and SSE.
+#include "server/openai_api.h"
+
+#include <gtest/gtest.h>
+
+namespace ps::server::openai {
+namespace {
+
+const std::vector<std::string> kModels = {"m"};
+
+absl::StatusOr<ApiRequest> Parse(Api api, const Json& body) { return ParseRequest(api, body.dump(), kModels); }
+
+TEST(OpenAiApi, CompletionFieldsBecomeTheGenerateRequest) {
+  absl::StatusOr<ApiRequest> r =
+      Parse(Api::kCompletions,
+            {{"model", "m"},
+             {"prompt", {"hello"}},
+             {"temperature", 0.5},
+             {"top_p", 0.9},
+             {"seed", 7},
+             {"stop", "\n"},
+             {"logprobs", 2},
+             {"stream", true},
+             {"stream_options", {{"include_usage", true}}},
+             {"user", nullptr},
+             {"ignore_eos", true},
+             {"priority", 3},
+             {"pruning", {{"strategy", "lazyllm"}, {"layers", {10, 20}}, {"keep", {0.5, 0.25}}, {"max_revivals", 4}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const pb::GenerateRequest& g = r->request;
+  EXPECT_EQ(g.text(), "hello");
+  EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.9f);
+  EXPECT_EQ(g.sampling().seed(), 7u);
+  ASSERT_EQ(g.stopping().stop_size(), 1);
+  EXPECT_EQ(g.stopping().stop(0), "\n");
+  EXPECT_EQ(g.stopping().max_new_tokens(), 16u);  // OpenAI's default for completions
+  EXPECT_TRUE(g.stopping().ignore_eos());
+  EXPECT_EQ(g.priority(), 3);
+  EXPECT_TRUE(g.logprobs());
+  EXPECT_EQ(g.top_logprobs(), 2u);
+  EXPECT_TRUE(r->stream && r->include_usage);
+  ASSERT_TRUE(g.pruning().has_lazyllm());
+  EXPECT_EQ(g.pruning().lazyllm().layers_size(), 2);
+  EXPECT_FLOAT_EQ(g.pruning().lazyllm().keep(1), 0.25f);
+  EXPECT_EQ(g.pruning().lazyllm().max_revivals(), 4u);
+
+  r = Parse(Api::kCompletions, {{"model", "m"}, {"prompt", {1, 2, 3}}, {"max_tokens", 5}, {"stop", {"a", "b"}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request.token_ids().ids_size(), 3);
+  EXPECT_EQ(r->request.stopping().max_new_tokens(), 5u);
+  EXPECT_EQ(r->request.stopping().stop_size(), 2);
+  EXPECT_FALSE(r->request.logprobs());
+  EXPECT_FALSE(r->request.has_pruning());
+}
+
+TEST(OpenAiApi, ChatMessagesAndLimits) {
+  absl::StatusOr<ApiRequest> r = Parse(
+      Api::kChat,
+      {{"model", "m"},
+       {"messages",
+        {{{"role", "developer"}, {"content", "be brief"}},
+         {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}}},
+       {"max_completion_tokens", 9},
+       {"logprobs", true},
+       {"top_logprobs", 3},
+       {"response_format", {{"type", "text"}}},
+       {"n", 1}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const pb::ChatMessages& m = r->request.messages();
+  ASSERT_EQ(m.messages_size(), 2);
+  EXPECT_EQ(m.messages(0).role(), "system");
+  EXPECT_EQ(m.messages(1).content(), "ab");
+  EXPECT_EQ(r->request.stopping().max_new_tokens(), 9u);
+  EXPECT_EQ(r->request.top_logprobs(), 3u);
+  r = Parse(Api::kChat, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->request.stopping().has_max_new_tokens());  // chat: the server's default
+}
+
+TEST(OpenAiApi, BadRequestsNameTheParameter) {
+  struct Case {
+    Api api;
+    Json body;
+    absl::StatusCode code;
+    std::string param;
+  };
+  const Json msgs = {{{"role", "user"}, {"content", "x"}}};
+  const std::vector<Case> cases = {
+      {Api::kCompletions, {{"prompt", "a"}}, absl::StatusCode::kInvalidArgument, "model"},
+      {Api::kCompletions, {{"model", "x"}, {"prompt", "a"}}, absl::StatusCode::kNotFound, "model"},
+      {Api::kCompletions, {{"model", "m"}}, absl::StatusCode::kInvalidArgument, "prompt"},
+      {Api::kCompletions, {{"model", "m"}, {"prompt", {"a", "b"}}}, absl::StatusCode::kInvalidArgument, "prompt"},
+      {Api::kCompletions, {{"model", "m"}, {"prompt", {1, -2}}}, absl::StatusCode::kInvalidArgument, "prompt"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"temperature", "hot"}},
+       absl::StatusCode::kInvalidArgument,
+       "temperature"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"max_tokens", 0}},
+       absl::StatusCode::kInvalidArgument,
+       "max_tokens"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"max_tokens", 2.5}},
+       absl::StatusCode::kInvalidArgument,
+       "max_tokens"},
+      {Api::kCompletions, {{"model", "m"}, {"prompt", "a"}, {"n", 3}}, absl::StatusCode::kInvalidArgument, "n"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"echo", true}},
+       absl::StatusCode::kInvalidArgument,
+       "echo"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"logit_bias", {{"5", 1}}}},
+       absl::StatusCode::kInvalidArgument,
+       "logit_bias"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"logprobs", 21}},
+       absl::StatusCode::kInvalidArgument,
+       "logprobs"},
+      {Api::kCompletions, {{"model", "m"}, {"prompt", "a"}, {"stop", {1}}}, absl::StatusCode::kInvalidArgument, "stop"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"stream_options", {{"include_usage", true}}}},
+       absl::StatusCode::kInvalidArgument,
+       "stream_options"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"frobnicate", 1}},
+       absl::StatusCode::kInvalidArgument,
+       "frobnicate"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"pruning", {{"strategy", "nope"}}}},
+       absl::StatusCode::kInvalidArgument,
+       "pruning"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"pruning", {{"strategy", "gemfilter"}, {"topk", 5}}}},
+       absl::StatusCode::kInvalidArgument,
+       "pruning"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"pruning", {{"strategy", "lazyllm"}, {"keep", {{1}}}}}},
+       absl::StatusCode::kInvalidArgument,
+       "pruning"},
+      {Api::kChat, {{"model", "m"}, {"messages", Json::array()}}, absl::StatusCode::kInvalidArgument, "messages"},
+      {Api::kChat,
+       {{"model", "m"}, {"messages", {{{"role", "tool"}, {"content", "x"}}}}},
+       absl::StatusCode::kInvalidArgument,
+       "messages[0].role"},
+      {Api::kChat,
+       {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}},
+       absl::StatusCode::kInvalidArgument,
+       "messages[0].content"},
+      {Api::kChat,
+       {{"model", "m"}, {"messages", msgs}, {"top_logprobs", 2}},
+       absl::StatusCode::kInvalidArgument,
+       "top_logprobs"},
+      {Api::kChat,
+       {{"model", "m"}, {"messages", msgs}, {"tools", {{{"type", "function"}}}}},
+       absl::StatusCode::kInvalidArgument,
+       "tools"},
+      {Api::kChat,
+       {{"model", "m"}, {"messages", msgs}, {"response_format", {{"type", "json_object"}}}},
+       absl::StatusCode::kInvalidArgument,
+       "response_format"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<ApiRequest> r = Parse(c.api, c.body);
+    ASSERT_FALSE(r.ok()) << c.body.dump();
+    EXPECT_EQ(r.status().code(), c.code) << c.body.dump() << ": " << r.status();
+    auto [http, error] = ErrorResponse(c.api, r.status());
+    EXPECT_EQ(http, c.code == absl::StatusCode::kNotFound ? 404 : 400);
+    EXPECT_EQ(error["error"]["param"], c.param) << r.status();
+    EXPECT_EQ(error["error"]["message"], std::string(r.status().message()));
+  }
+  EXPECT_FALSE(ParseRequest(Api::kChat, "{\"model\": ", kModels).ok());
+  EXPECT_FALSE(ParseRequest(Api::kChat, "[1]", kModels).ok());
+}
+
+TEST(OpenAiApi, ServerErrorsMapToHttpAndParameters) {
+  EXPECT_EQ(ErrorParam(Api::kCompletions, "max_new_tokens: 5 prompt tokens + 9 exceed the context"), "max_tokens");
+  EXPECT_EQ(ErrorParam(Api::kChat, "max_new_tokens must be > 0"), "max_completion_tokens");
+  EXPECT_EQ(ErrorParam(Api::kChat, "input: the prompt has 9 tokens"), "messages");
+  EXPECT_EQ(ErrorParam(Api::kCompletions, "top_logprobs must be <= 20"), "logprobs");
+  EXPECT_EQ(ErrorParam(Api::kCompletions, "pruning.lazyllm.keep[1]: must be in (0, 1]"), "pruning");
+  EXPECT_EQ(ErrorParam(Api::kCompletions, "temperature must be >= 0"), "temperature");
+  EXPECT_EQ(ErrorParam(Api::kCompletions, "the body is not valid JSON"), "");
+  EXPECT_EQ(ErrorResponse(Api::kChat, absl::ResourceExhaustedError("the queue is full")).first, 429);
+  EXPECT_EQ(ErrorResponse(Api::kChat, absl::UnavailableError("draining")).first, 503);
+  EXPECT_EQ(ErrorResponse(Api::kChat, absl::DeadlineExceededError("late")).first, 504);
+  auto [http, body] = ErrorResponse(Api::kChat, absl::InternalError("boom"));
+  EXPECT_EQ(http, 500);
+  EXPECT_TRUE(body["error"]["param"].is_null());
+  EXPECT_EQ(body["error"]["type"], "server_error");
+}
+
+RequestEvent Tokens(std::vector<int32_t> ids, std::string text) {
+  RequestEvent ev;
+  for (int32_t id : ids) ev.tokens.push_back({.token = id, .logprob = -0.5f, .top = {{id, -0.5f}, {id + 1, -1.5f}}});
+  ev.text = std::move(text);
+  return ev;
+}
+
+RequestEvent Finish(std::string tail, FinishReason reason) {
+  RequestEvent ev{.kind = RequestEvent::Kind::kFinished, .text = std::move(tail), .reason = reason};
+  ev.usage.prompt_tokens = 4;
+  ev.usage.completion_tokens = 3;
+  return ev;
+}
+
+std::vector<Json> SseData(const std::string& sse, bool* done) {
+  std::vector<Json> out;
+  size_t at = 0;
+  *done = false;
+  while ((at = sse.find("data: ", at)) != std::string::npos) {
+    const size_t end = sse.find("\n\n", at);
+    const std::string data = sse.substr(at + 6, end - at - 6);
+    if (data == "[DONE]") {
+      *done = true;
+    } else {
+      out.push_back(Json::parse(data));
+    }
+    at = end;
+  }
+  return out;
+}
+
+TEST(OpenAiApi, ChatStreamsRoleThenDeltasThenFinishUsageAndDone) {
+  ApiRequest req = *Parse(Api::kChat, {{"model", "m"},
+                                       {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                       {"stream", true},
+                                       {"stream_options", {{"include_usage", true}}},
+                                       {"logprobs", true},
+                                       {"top_logprobs", 2}});
+  ResponseWriter w(req, "chatcmpl-1", 100, [](int32_t id) { return "t" + std::to_string(id); });
+  bool done = false;
+  std::vector<Json> a = SseData(w.StreamEvent(Tokens({5, 6}, "Hel")), &done);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_FALSE(done);
+  EXPECT_EQ(a[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(a[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(a[1]["choices"][0]["delta"]["content"], "Hel");
+  ASSERT_EQ(a[1]["choices"][0]["logprobs"]["content"].size(), 2u);
+  EXPECT_EQ(a[1]["choices"][0]["logprobs"]["content"][1]["token"], "t6");
+  EXPECT_EQ(a[1]["choices"][0]["logprobs"]["content"][1]["top_logprobs"][1]["token"], "t7");
+  EXPECT_EQ(a[1]["choices"][0]["logprobs"]["content"][0]["bytes"], Json({'t', '5'}));
+  std::vector<Json> b = SseData(w.StreamEvent(Finish("lo", FinishReason::kStopSequence)), &done);
+  EXPECT_TRUE(done);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0]["choices"][0]["delta"]["content"], "lo");  // text held back for stop strings
+  EXPECT_EQ(b[1]["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(b[2]["choices"].empty());
+  EXPECT_EQ(b[2]["usage"]["total_tokens"], 7);
+  for (const Json& j : b) EXPECT_EQ(j["id"], "chatcmpl-1");
+}
+
+TEST(OpenAiApi, ErrorsEndTheStreamAndWholeResponsesCollectEverything) {
+  ApiRequest req = *Parse(Api::kCompletions, {{"model", "m"}, {"prompt", "x"}, {"logprobs", 1}});
+  ResponseWriter streamed(req, "cmpl-1", 1, [](int32_t id) { return std::string(2, 'a' + id); });
+  RequestEvent failed = Finish("", FinishReason::kError);
+  failed.error = "the step failed";
+  bool done = false;
+  std::vector<Json> e = SseData(streamed.StreamEvent(failed), &done);
+  EXPECT_TRUE(done);
+  ASSERT_EQ(e.size(), 1u);
+  EXPECT_EQ(e[0]["error"]["message"], "the step failed");
+
+  ResponseWriter whole(req, "cmpl-2", 1, [](int32_t id) { return std::string(2, 'a' + id); });
+  whole.Collect(Tokens({0}, "aa"));
+  whole.Collect(Tokens({1, 2}, "bbcc"));
+  whole.Collect(Finish("!", FinishReason::kLength));
+  const Json f = whole.Final();
+  EXPECT_EQ(f["object"], "text_completion");
+  EXPECT_EQ(f["choices"][0]["text"], "aabbcc!");
+  EXPECT_EQ(f["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(f["choices"][0]["logprobs"]["tokens"], Json({"aa", "bb", "cc"}));
+  EXPECT_EQ(f["choices"][0]["logprobs"]["text_offset"], Json({0, 2, 4}));
+  EXPECT_EQ(f["choices"][0]["logprobs"]["top_logprobs"][2]["dd"], -1.5);
+  EXPECT_EQ(f["usage"]["completion_tokens"], 3);
+}
+
+}  // namespace
+}  // namespace ps::server::openai
