@@ -63,6 +63,13 @@ absl::StatusOr<std::vector<float>> Vector(const TensorMap& t, const std::string&
   return out;
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
 absl::Status ValidateConfig(const ModelConfig& c) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("model config: " + what); };
   if (c.n_vocab <= 0 || c.n_embd <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.head_dim <= 0 ||
@@ -86,13 +93,6 @@ absl::Status ValidateConfig(const ModelConfig& c) {
   if (c.n_ctx <= 0) return bad("context length must be positive");
   return absl::OkStatus();
 }
-
-bool IsDirectory(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Build(ModelConfig config, const TensorMap& t,
                                                     std::unique_ptr<Tokenizer> tokenizer,

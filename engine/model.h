@@ -83,6 +83,9 @@ class Model {
 absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& file);
 // Reads config.json of a Hugging Face model.
 absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text);
+// Checks that a configuration's sizes are positive, consistent and plausible (the
+// loaders' results go through it before any buffer is sized from them).
+absl::Status ValidateConfig(const ModelConfig& config);
 
 // LLaMA-3 rope scaling: per-pair divisors of the rotation frequencies.
 std::vector<float> Llama3FreqFactors(int n_dims, float base, float factor, float low_freq_factor,

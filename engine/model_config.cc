@@ -106,11 +106,11 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
   ModelConfig c;
-  const std::string type = j.value("model_type", "");
-  PS_ASSIGN_OR_RETURN(c.arch, ParseArch(type));
-  c.arch_name = type;
-  c.name = j.value("_name_or_path", type);
-  try {
+  try {  // a field of the wrong type throws: every read is inside
+    const std::string type = j.value("model_type", "");
+    PS_ASSIGN_OR_RETURN(c.arch, ParseArch(type));
+    c.arch_name = type;
+    c.name = j.value("_name_or_path", type);
     c.n_vocab = j.at("vocab_size").get<int>();
     c.n_embd = j.at("hidden_size").get<int>();
     c.n_layers = j.at("num_hidden_layers").get<int>();

@@ -213,5 +213,19 @@ TEST_F(HfLoaderTest, BrokenFoldersGiveErrors) {
   EXPECT_NE(Model::Load(dir_.string()).status().message().find("unsupported architecture"), std::string::npos);
 }
 
+// Found by fuzz_hf_config: a field of the wrong type (here model_type) threw out of
+// the parser, and sizes of zero passed it (ValidateConfig rejects them).
+TEST(HfConfig, WrongTypesAndZeroSizesAreErrors) {
+  const absl::StatusOr<ModelConfig> numeric_type = ConfigFromHfJson(R"({"model_type": 10000.0, "hidden_size": 64})");
+  ASSERT_FALSE(numeric_type.ok());
+  EXPECT_EQ(numeric_type.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(numeric_type.status().message().find("config.json"), std::string::npos) << numeric_type.status();
+  const absl::StatusOr<ModelConfig> zero_heads = ConfigFromHfJson(
+      R"({"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 5,
+          "num_attention_heads": 0, "num_key_value_heads": 4, "intermediate_size": 172})");
+  ASSERT_TRUE(zero_heads.ok()) << zero_heads.status();
+  EXPECT_EQ(ValidateConfig(*zero_heads).message(), "model config: sizes must be positive");
+}
+
 }  // namespace
 }  // namespace ps

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang; ASan + UBSan) and fuzzes each parser for a time
+# or a number of executions. Each target's corpus: build-fuzz/corpus/TARGET (new inputs
+# land there), seeded from tests/fuzz/corpus/TARGET (small real-shaped files: the
+# shared tokenizer.json files are megabytes, too slow to mutate) and, for GGUF, the
+# models of ../shared/testdata, read in place. A crash leaves its input in build-fuzz/ and the
+# script exits non-zero: fix it and add the input to tests/fuzz/corpus/TARGET.
+# Usage: scripts/fuzz.sh [--seconds N] [--runs N] [TARGET...]
+#        (default: every target, 60 s each; with both, whichever comes first; TARGET is e.g.
+#        openai_request or fuzz_openai_request)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TESTDATA=../shared/testdata
+ALL=(gguf safetensors hf_config tokenizer_json chat generate_request openai_request pod_groups)
+limit=()
+targets=()
+while (($#)); do
+  case $1 in
+    --seconds) limit+=(-max_total_time="$2"); shift 2 ;;
+    --runs) limit+=(-runs="$2"); shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/{/^#/p}' "$0"; exit 0 ;;
+    *) targets+=("${1#fuzz_}"); shift ;;
+  esac
+done
+((${#targets[@]})) || targets=("${ALL[@]}")
+((${#limit[@]})) || limit=(-max_total_time=60)
+for t in "${targets[@]}"; do
+  [[ " ${ALL[*]} " == *" $t "* ]] || { echo "fuzz: unknown target '$t' (known: ${ALL[*]})" >&2; exit 2; }
+done
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPS_FUZZ=ON -DPS_WERROR=ON \
+  -DPS_BUILD_TESTS=OFF -DPS_BUILD_BENCH=OFF -DPS_CUDA=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" >/dev/null
+cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
+seeds() {  # the read-only seed folders of a target, besides tests/fuzz/corpus/TARGET
+  case $1 in
+    gguf) echo "$TESTDATA/stories260K $TESTDATA/tokenizers/vectors" ;;
+  esac
+}
+max_len() {  # GGUF seeds are whole models (stories260K: 1.2 MB); the rest stay small
+  case $1 in
+    gguf) echo 1300000 ;;
+    *) echo 65536 ;;
+  esac
+}
+status=0
+for t in "${targets[@]}"; do
+  corpus=build-fuzz/corpus/$t
+  mkdir -p "$corpus"
+  # shellcheck disable=SC2046
+  if build-fuzz/fuzz_"$t" "$corpus" tests/fuzz/corpus/"$t" $(seeds "$t") "${limit[@]}" -max_len="$(max_len "$t")" \
+       -timeout=30 -rss_limit_mb=4096 -artifact_prefix=build-fuzz/"$t"- -print_final_stats=1 \
+       >build-fuzz/"$t".log 2>&1; then
+    echo "fuzz_$t: $(grep -oP 'stat::number_of_executed_units: \K[0-9]+' build-fuzz/"$t".log) executions, no crash" \
+      "(corpus $(ls "$corpus" | wc -l) inputs)"
+  else
+    tail -40 build-fuzz/"$t".log
+    echo "fuzz_$t found a crash (input saved as build-fuzz/$t-*)" >&2
+    status=1
+  fi
+done
+exit $status
