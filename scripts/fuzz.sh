@@ -45,15 +45,16 @@ status=0
 for t in "${targets[@]}"; do
   corpus=build-fuzz/corpus/$t
   mkdir -p "$corpus"
-  # shellcheck disable=SC2046
-  if build-fuzz/fuzz_"$t" "$corpus" tests/fuzz/corpus/"$t" $(seeds "$t") "${limit[@]}" -max_len="$(max_len "$t")" \
+  dirs=("$corpus")
+  for d in tests/fuzz/corpus/"$t" $(seeds "$t"); do [ -d "$d" ] && dirs+=("$d"); done
+  if build-fuzz/fuzz_"$t" "${dirs[@]}" "${limit[@]}" -max_len="$(max_len "$t")" \
        -timeout=30 -rss_limit_mb=4096 -artifact_prefix=build-fuzz/"$t"- -print_final_stats=1 \
        >build-fuzz/"$t".log 2>&1; then
     echo "fuzz_$t: $(grep -oP 'stat::number_of_executed_units: \K[0-9]+' build-fuzz/"$t".log) executions, no crash" \
       "(corpus $(ls "$corpus" | wc -l) inputs)"
   else
     tail -40 build-fuzz/"$t".log
-    echo "fuzz_$t found a crash (input saved as build-fuzz/$t-*)" >&2
+    echo "fuzz_$t failed: a crash leaves its input as build-fuzz/$t-* (log: build-fuzz/$t.log)" >&2
     status=1
   fi
 done
