@@ -126,6 +126,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(std::string_vie
     }
     for (const json& t : j.value("added_tokens", json::array())) {
       const int64_t id = t.at("id").get<int64_t>();
+      if (id < 0 || id > max_id) return absl::InvalidArgumentError("tokenizer.json: bad added token id");
       d.tokens[id] = t.at("content").get<std::string>();
       d.types[id] = t.value("special", false) ? TokenType::kControl : TokenType::kUserDefined;
     }

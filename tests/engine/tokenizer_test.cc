@@ -209,3 +209,19 @@ TEST(ChatTemplate, Llama3Format) {
 
 }  // namespace
 }  // namespace ps
+
+namespace ps {
+namespace {
+
+// Found by fuzz_tokenizer_json: a negative added-token id wrote before the vocabulary.
+TEST(TokenizerHfJson, AddedTokenIdsOutsideTheVocabularyAreErrors) {
+  const std::string json =
+      R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+          "added_tokens": [{"id": -2, "content": "<s>", "special": true}]})";
+  const auto tok = Tokenizer::FromHfJson(json, "");
+  ASSERT_FALSE(tok.ok());
+  EXPECT_EQ(tok.status().message(), "tokenizer.json: bad added token id");
+}
+
+}  // namespace
+}  // namespace ps
