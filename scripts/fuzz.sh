@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang; ASan + UBSan) and fuzzes each parser for a time
 # or a number of executions. Each target's corpus: build-fuzz/corpus/TARGET (new inputs
-# land there), seeded from tests/fuzz/corpus/TARGET (small real-shaped files: the
-# shared tokenizer.json files are megabytes, too slow to mutate) and, for GGUF, the
-# models of ../shared/testdata, read in place. A crash leaves its input in build-fuzz/ and the
+# land there), seeded from tests/fuzz/corpus/TARGET (small real-shaped text files: the
+# shared tokenizer.json files are megabytes, too slow to mutate), for GGUF the models of
+# ../shared/testdata, read in place, and for safetensors two images written at run time. A crash leaves its input in build-fuzz/ and the
 # script exits non-zero: fix it and add the input to tests/fuzz/corpus/TARGET.
 # Usage: scripts/fuzz.sh [--seconds N] [--runs N] [TARGET...]
 #        (default: every target, 60 s each; with both, whichever comes first; TARGET is e.g.
@@ -30,9 +30,27 @@ done
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPS_FUZZ=ON -DPS_WERROR=ON \
   -DPS_BUILD_TESTS=OFF -DPS_BUILD_BENCH=OFF -DPS_CUDA=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" >/dev/null
 cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
+# Safetensors seeds are binary: written here at run time rather than kept in the repository.
+make_safetensors_seeds() {  # folder
+  mkdir -p "$1"
+  python3 - "$1" <<'PY'
+import json, struct, sys
+def write(path, tensors):
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, dtype, shape, nbytes in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    h = json.dumps(header).encode()
+    with open(f"{sys.argv[1]}/{path}", "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + bytes(offset))
+write("two_f32.safetensors", [("model.embed_tokens.weight", "F32", [4, 2], 32), ("lm_head.weight", "F32", [2, 2], 16)])
+write("half.safetensors", [("a", "F16", [3], 6), ("b", "BF16", [1, 2, 2], 8), ("c", "F32", [], 4)])
+PY
+}
 seeds() {  # the read-only seed folders of a target, besides tests/fuzz/corpus/TARGET
   case $1 in
     gguf) echo "$TESTDATA/stories260K $TESTDATA/tokenizers/vectors" ;;
+    safetensors) make_safetensors_seeds build-fuzz/seeds/safetensors; echo build-fuzz/seeds/safetensors ;;
   esac
 }
 max_len() {  # GGUF seeds are whole models (stories260K: 1.2 MB); the rest stay small
