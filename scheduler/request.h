@@ -16,7 +16,8 @@ namespace ps {
 
 using Clock = std::chrono::steady_clock;
 
-enum class CancelReason : int { kNone = 0, kClient, kDeadline, kAbort, kShutdown };
+// kSlowClient: the client stopped reading its stream and the server's backlog for it filled.
+enum class CancelReason : int { kNone = 0, kClient, kDeadline, kAbort, kShutdown, kSlowClient };
 std::string_view CancelReasonName(CancelReason r);
 
 struct RequestEvent {

@@ -16,6 +16,7 @@ std::string_view CancelReasonName(CancelReason r) {
     case CancelReason::kDeadline: return "deadline";
     case CancelReason::kAbort: return "abort";
     case CancelReason::kShutdown: return "shutdown";
+    case CancelReason::kSlowClient: return "slow_client";
   }
   return "unknown";
 }

@@ -48,6 +48,11 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
     return absl::InvalidArgumentError(
         absl::StrCat("input: the prompt has ", prompt.size(), " tokens; the context holds ", c.n_ctx));
   }
+  const RequestLimits& limits = defaults.limits;
+  if (limits.max_prompt_tokens > 0 && prompt.size() > static_cast<size_t>(limits.max_prompt_tokens)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "input: the prompt has ", prompt.size(), " tokens; this server takes ", limits.max_prompt_tokens, " at most"));
+  }
 
   SamplingParams& sp = r->spec.sampling;
   sp = defaults.sampling;
@@ -71,14 +76,30 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
       return absl::InvalidArgumentError(
           absl::StrCat("max_new_tokens: ", p.max_new_tokens(), " exceeds the context length ", c.n_ctx));
     }
+    if (limits.max_new_tokens > 0 && p.max_new_tokens() > static_cast<uint32_t>(limits.max_new_tokens)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("max_new_tokens: ", p.max_new_tokens(), " exceeds this server's limit ", limits.max_new_tokens));
+    }
     st.max_new_tokens = static_cast<int>(p.max_new_tokens());
   } else {
     st.max_new_tokens = std::min(defaults.max_new_tokens, room);
+    if (limits.max_new_tokens > 0) st.max_new_tokens = std::min(st.max_new_tokens, limits.max_new_tokens);
   }
   if (p.has_min_new_tokens()) {
     if (p.min_new_tokens() > static_cast<uint32_t>(c.n_ctx))
       return absl::InvalidArgumentError("min_new_tokens exceeds the context length");
     st.min_new_tokens = static_cast<int>(p.min_new_tokens());
+  }
+  if (p.stop_size() > limits.max_stop_strings) {
+    return absl::ResourceExhaustedError(absl::StrCat("stop: ", p.stop_size(), " stop strings; this server takes ",
+                                                     limits.max_stop_strings, " at most"));
+  }
+  for (const std::string& stop : p.stop()) {
+    if (stop.size() > static_cast<size_t>(limits.max_stop_string_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat("stop: a stop string of ", stop.size(),
+                                                       " bytes; this server takes ", limits.max_stop_string_bytes,
+                                                       " at most"));
+    }
   }
   st.stop_strings.assign(p.stop().begin(), p.stop().end());
   st.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
@@ -163,6 +184,8 @@ absl::Status FinishStatus(const RequestEvent& ev) {
     case CancelReason::kDeadline: return absl::DeadlineExceededError("deadline exceeded");
     case CancelReason::kAbort: return absl::CancelledError("aborted");
     case CancelReason::kShutdown: return absl::UnavailableError("the server is shutting down");
+    case CancelReason::kSlowClient:
+      return absl::ResourceExhaustedError("the client did not read its stream; the server's backlog for it is full");
   }
   return absl::OkStatus();
 }
@@ -178,6 +201,7 @@ grpc::Status ToGrpc(const absl::Status& s) {
     case absl::StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
     case absl::StatusCode::kNotFound: code = grpc::StatusCode::NOT_FOUND; break;
     case absl::StatusCode::kCancelled: code = grpc::StatusCode::CANCELLED; break;
+    case absl::StatusCode::kUnauthenticated: code = grpc::StatusCode::UNAUTHENTICATED; break;
     case absl::StatusCode::kDeadlineExceeded: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
     default: code = grpc::StatusCode::INTERNAL; break;
   }

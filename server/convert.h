@@ -16,16 +16,26 @@ namespace ps::server {
 
 namespace pb = ::pruneserve::v1;
 
-// Server-side defaults for fields a request leaves unset.
+// What the operator lets one request ask for (0: no limit beyond the model's
+// context). A request beyond one is RESOURCE_EXHAUSTED.
+struct RequestLimits {
+  int max_prompt_tokens = 0;
+  int max_new_tokens = 0;
+  int max_stop_strings = 16;
+  int max_stop_string_bytes = 256;
+};
+
+// Server-side defaults for fields a request leaves unset, and the limits.
 struct RequestDefaults {
   SamplingParams sampling;                             // temperature 1, top_p 1, ... unless configured
   int max_new_tokens = 256;                            // capped to the room left in the context
   std::shared_ptr<const StrategyDefaults> strategies;  // every strategy's parameters (defaults + flags)
+  RequestLimits limits;
 };
 
 // Builds a scheduler request (without id, sink or deadline). Errors are
-// INVALID_ARGUMENT naming the field, or FAILED_PRECONDITION for a chat request
-// to a model whose template is not supported.
+// INVALID_ARGUMENT naming the field, FAILED_PRECONDITION for a chat request to a
+// model whose template is not supported, or RESOURCE_EXHAUSTED beyond `limits`.
 absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequest& in, const Model& model,
                                                           const RequestDefaults& defaults);
 

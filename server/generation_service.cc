@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "engine/tokenizer/chat_template.h"
 #include "server/metered_sink.h"
 
@@ -18,8 +19,6 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const grpc::St
   return r;
 }
 
-grpc::Status Loading() { return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is loading"); }
-
 class StreamSink;
 
 // A Generate call. Lives until OnDone. Messages are queued and written one at a
@@ -28,6 +27,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
  public:
   void Push(pb::GenerateResponse msg, std::optional<grpc::Status> final) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!final && queue_.size() >= max_backlog_ && request_) request_->Cancel(CancelReason::kSlowClient);
     queue_.push_back(std::move(msg));
     if (final) final_ = std::move(*final);
     WriteNextLocked();
@@ -49,9 +49,10 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
     final_ = status;
     WriteNextLocked();
   }
-  void set_request(std::shared_ptr<Request> r, grpc::CallbackServerContext* ctx) {
+  void set_request(std::shared_ptr<Request> r, grpc::CallbackServerContext* ctx, size_t max_backlog) {
     request_ = std::move(r);
     ctx_ = ctx;
+    max_backlog_ = max_backlog;
   }
 
   void OnWriteDone(bool ok) override {
@@ -72,6 +73,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
   void OnDone() override;
 
   std::shared_ptr<StreamSink> sink;  // the request's sink; detached in OnDone
+  std::shared_ptr<void> slot;        // the client's stream count, released in OnDone
 
  private:
   void WriteNextLocked() {
@@ -94,6 +96,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
   bool writing_ = false, finished_ = false;
   std::shared_ptr<Request> request_;
   grpc::CallbackServerContext* ctx_ = nullptr;
+  size_t max_backlog_ = 0;  // unsent messages before the request is cancelled
 };
 
 // The request's sink: metrics and the log line, then the stream while it lives
@@ -138,14 +141,27 @@ void GenerateStream::OnDone() {
 
 }  // namespace
 
+absl::StatusOr<const ServiceState*> GenerationService::Admit(grpc::CallbackServerContext* ctx) const {
+  if (access_ != nullptr) {
+    const auto& md = ctx->client_metadata();
+    const auto it = md.find("authorization");
+    PS_RETURN_IF_ERROR(access_->Authenticate(it == md.end() ? std::string_view()
+                                                            : std::string_view(it->second.data(), it->second.size())));
+  }
+  const ServiceState* state = state_.load();
+  if (state == nullptr) return absl::UnavailableError("the model is loading");
+  return state;
+}
+
 grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc::CallbackServerContext* ctx,
                                                                             const pb::GenerateRequest* in) {
   auto* stream = new GenerateStream();
-  const ServiceState* b = state_or_null();
-  if (b == nullptr) {
-    stream->Reject(Loading());
+  const absl::StatusOr<const ServiceState*> admitted = Admit(ctx);
+  if (!admitted.ok()) {
+    stream->Reject(ToGrpc(admitted.status()));
     return stream;
   }
+  const ServiceState* b = *admitted;
   if (draining_.load()) {
     stream->Reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is draining"));
     return stream;
@@ -155,6 +171,14 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc
     stream->Reject(ToGrpc(req.status()));
     return stream;
   }
+  if (access_ != nullptr) {
+    absl::StatusOr<std::shared_ptr<void>> slot = access_->OpenStream(PeerHost(ctx->peer()));
+    if (!slot.ok()) {
+      stream->Reject(ToGrpc(slot.status()));
+      return stream;
+    }
+    stream->slot = *std::move(slot);
+  }
   std::shared_ptr<Request> r = std::move(*req);
   r->id = in->request_id().empty() ? absl::StrCat("req-", next_id_.fetch_add(1)) : in->request_id();
   if (ctx->deadline() < std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
@@ -163,7 +187,7 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc
   stream->sink = std::make_shared<StreamSink>(stream, b->metrics, r->id, std::string(r->strategy()),
                                               in->logprobs() || in->top_logprobs() > 0);
   r->sink = stream->sink;
-  stream->set_request(r, ctx);
+  stream->set_request(r, ctx, b->max_stream_backlog);
   pb::GenerateResponse info;
   info.mutable_prompt_info()->set_request_id(r->id);
   info.mutable_prompt_info()->set_prompt_tokens(static_cast<uint32_t>(r->spec.prompt.size()));
@@ -174,8 +198,9 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc
 
 grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* ctx, const pb::AbortRequest* in,
                                                    pb::AbortResponse* out) {
-  const ServiceState* b = state_or_null();
-  if (b == nullptr) return Reply(ctx, Loading());
+  const absl::StatusOr<const ServiceState*> admitted = Admit(ctx);
+  if (!admitted.ok()) return Reply(ctx, ToGrpc(admitted.status()));
+  const ServiceState* b = *admitted;
   if (in->request_id().empty())
     return Reply(ctx, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id is empty"));
   out->set_found(b->loop->Abort(in->request_id()));
@@ -184,8 +209,9 @@ grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* 
 
 grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContext* ctx, const pb::TokenizeRequest* in,
                                                       pb::TokenizeResponse* out) {
-  const ServiceState* b = state_or_null();
-  if (b == nullptr) return Reply(ctx, Loading());
+  const absl::StatusOr<const ServiceState*> admitted = Admit(ctx);
+  if (!admitted.ok()) return Reply(ctx, ToGrpc(admitted.status()));
+  const ServiceState* b = *admitted;
   const Tokenizer* tok = b->model->tokenizer();
   for (int32_t id : tok->Encode(in->text(), in->has_add_special_tokens() ? in->add_special_tokens() : true,
                                 in->parse_special_tokens())) {
@@ -197,8 +223,9 @@ grpc::ServerUnaryReactor* GenerationService::Tokenize(grpc::CallbackServerContex
 
 grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerContext* ctx,
                                                         const pb::DetokenizeRequest* in, pb::DetokenizeResponse* out) {
-  const ServiceState* b = state_or_null();
-  if (b == nullptr) return Reply(ctx, Loading());
+  const absl::StatusOr<const ServiceState*> admitted = Admit(ctx);
+  if (!admitted.ok()) return Reply(ctx, ToGrpc(admitted.status()));
+  const ServiceState* b = *admitted;
   const Tokenizer* tok = b->model->tokenizer();
   std::vector<int32_t> ids(in->token_ids().begin(), in->token_ids().end());
   for (int32_t id : ids) {
@@ -213,8 +240,9 @@ grpc::ServerUnaryReactor* GenerationService::Detokenize(grpc::CallbackServerCont
 
 grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* ctx,
                                                           const pb::GetModelInfoRequest*, pb::ModelInfo* out) {
-  const ServiceState* b = state_or_null();
-  if (b == nullptr) return Reply(ctx, Loading());
+  const absl::StatusOr<const ServiceState*> admitted = Admit(ctx);
+  if (!admitted.ok()) return Reply(ctx, ToGrpc(admitted.status()));
+  const ServiceState* b = *admitted;
   const ModelConfig& c = b->model->config();
   const Tokenizer* tok = b->model->tokenizer();
   out->set_name(c.name);
@@ -246,8 +274,9 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext* ctx, const pb::GetLoadRequest*,
                                                      pb::LoadInfo* out) {
-  const ServiceState* b = state_or_null();
-  if (b == nullptr) return Reply(ctx, Loading());
+  const absl::StatusOr<const ServiceState*> admitted = Admit(ctx);
+  if (!admitted.ok()) return Reply(ctx, ToGrpc(admitted.status()));
+  const ServiceState* b = *admitted;
   const LoadSnapshot load = b->loop->Load();
   out->set_running(load.running);
   out->set_waiting(load.waiting);

@@ -8,6 +8,7 @@
 
 #include "pruneserve/v1/generation.grpc.pb.h"
 #include "scheduler/engine_loop.h"
+#include "server/access.h"
 #include "server/convert.h"
 #include "server/metrics.h"
 
@@ -20,11 +21,16 @@ struct ServiceState {
   Metrics* metrics = nullptr;
   int kv_block_tokens = 16;     // tokens per KV page
   int64_t kv_token_blocks = 1;  // blocks a page of tokens takes over all layers
+  // Messages a stream may have waiting for a client that does not read; beyond,
+  // its request is cancelled (RESOURCE_EXHAUSTED): memory per stream is bounded.
+  size_t max_stream_backlog = 1024;
   RequestDefaults defaults;
 };
 
 class GenerationService final : public pb::Generation::CallbackService {
  public:
+  // `access` (may be null: everyone is served without limit) must outlive the service.
+  explicit GenerationService(AccessControl* access = nullptr) : access_(access) {}
   // Until SetState, every call answers UNAVAILABLE ("loading").
   void SetState(const ServiceState* state) { state_.store(state); }
   // While draining, new Generate calls answer UNAVAILABLE.
@@ -44,7 +50,10 @@ class GenerationService final : public pb::Generation::CallbackService {
                                     pb::LoadInfo* response) override;
 
  private:
-  const ServiceState* state_or_null() const { return state_.load(); }
+  // The state, once the caller is authenticated and the model is loaded.
+  absl::StatusOr<const ServiceState*> Admit(grpc::CallbackServerContext* ctx) const;
+
+  AccessControl* access_;
   std::atomic<const ServiceState*> state_{nullptr};
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};

@@ -12,6 +12,7 @@
 #include <span>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "server/metered_sink.h"
 #include "server/openai_api.h"
 
@@ -37,7 +38,11 @@ void SendError(httplib::Response& res, Api api, const absl::Status& status) {
 // A request's events, handed from the engine thread to the connection's thread.
 class HttpSink final : public MeteredSink {
  public:
-  using MeteredSink::MeteredSink;
+  // `request` is cancelled (kSlowClient) when `max_backlog` events wait untaken.
+  HttpSink(Metrics* metrics, const std::shared_ptr<Request>& request, size_t max_backlog)
+      : MeteredSink(metrics, request->id, std::string(request->strategy())),
+        request_(request),
+        max_backlog_(max_backlog) {}
   // Waits up to `timeout` for events and takes them; true once the finish event was taken.
   bool Take(std::deque<RequestEvent>* out, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -52,6 +57,9 @@ class HttpSink final : public MeteredSink {
   void Deliver(RequestEvent ev) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (ev.kind == RequestEvent::Kind::kTokens && events_.size() >= max_backlog_) {
+        if (auto r = request_.lock()) r->Cancel(CancelReason::kSlowClient);
+      }
       finished_ = finished_ || ev.kind == RequestEvent::Kind::kFinished;
       events_.push_back(std::move(ev));
     }
@@ -60,6 +68,8 @@ class HttpSink final : public MeteredSink {
 
   std::mutex mu_;
   std::condition_variable cv_;
+  std::weak_ptr<Request> request_;  // the request holds its sink
+  size_t max_backlog_;
   std::deque<RequestEvent> events_;
   bool finished_ = false, taken_finish_ = false;
 };
@@ -67,11 +77,26 @@ class HttpSink final : public MeteredSink {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpFront>> HttpFront::Start(const HttpFrontOptions& options,
-                                                            std::shared_ptr<prometheus::Registry> metrics) {
+                                                            std::shared_ptr<prometheus::Registry> metrics,
+                                                            AccessControl* access) {
   std::unique_ptr<HttpFront> f(new HttpFront());
   f->options_ = options;
   f->metrics_ = std::move(metrics);
-  f->server_ = std::make_unique<httplib::Server>();
+  f->access_ = access;
+  const TlsFiles& tls = options.tls;
+  PS_RETURN_IF_ERROR(CheckTlsFiles(tls));
+  if (!tls.enabled()) {
+    f->server_ = std::make_unique<httplib::Server>();
+  } else {
+    auto ssl = std::make_unique<httplib::SSLServer>(tls.cert.c_str(), tls.key.c_str(),
+                                                    tls.client_ca.empty() ? nullptr : tls.client_ca.c_str());
+    if (!ssl->is_valid()) {
+      return absl::InvalidArgumentError(absl::StrCat("HTTPS: cannot use the certificate ", tls.cert, " and key ",
+                                                     tls.key, tls.client_ca.empty() ? "" : " and client CA ",
+                                                     tls.client_ca));
+    }
+    f->server_ = std::move(ssl);
+  }
   const int threads = std::max(1, options.threads);
   f->server_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   f->server_->set_payload_max_length(options.max_body_bytes);
@@ -94,8 +119,16 @@ void HttpFront::Route() {
   // Responses go out uncompressed: they are small and latency-bound, and a client's
   // broken brotli must not break the API (cpp-httplib would compress JSON for a
   // client that accepts gzip or br).
-  server_->set_pre_routing_handler([](const httplib::Request& req, httplib::Response&) {
+  // The API asks for the token; /health and /metrics do not.
+  server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     const_cast<httplib::Request&>(req).headers.erase("Accept-Encoding");  // the server's own, mutable object
+    if (access_ != nullptr && req.path.starts_with("/v1/")) {
+      if (absl::Status s = access_->Authenticate(req.get_header_value("Authorization")); !s.ok()) {
+        SendError(res, req.path.starts_with("/v1/chat/") ? Api::kChat : Api::kCompletions, s);
+        res.set_header("WWW-Authenticate", "Bearer");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
     return httplib::Server::HandlerResponse::Unhandled;
   });
   server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
@@ -122,10 +155,16 @@ void HttpFront::Route() {
       if (!parsed.ok()) return SendError(res, api, parsed.status());
       absl::StatusOr<std::shared_ptr<Request>> built = RequestFromProto(parsed->request, *st->model, st->defaults);
       if (!built.ok()) return SendError(res, api, built.status());
+      std::shared_ptr<void> slot;  // the client's stream count, held until the response is written
+      if (access_ != nullptr) {
+        absl::StatusOr<std::shared_ptr<void>> opened = access_->OpenStream(PeerHost(req.remote_addr));
+        if (!opened.ok()) return SendError(res, api, opened.status());
+        slot = *std::move(opened);
+      }
       std::shared_ptr<Request> r = *std::move(built);
       r->id = req.get_header_value("X-Request-Id");
       if (r->id.empty()) r->id = absl::StrCat("http-", next_id_.fetch_add(1));
-      auto sink = std::make_shared<HttpSink>(st->metrics, r->id, std::string(r->strategy()));
+      auto sink = std::make_shared<HttpSink>(st->metrics, r, st->max_stream_backlog);
       r->sink = sink;
       if (absl::Status s = st->loop->Submit(r); !s.ok()) return SendError(res, api, s);
       const Tokenizer* tok = st->model->tokenizer();
@@ -160,7 +199,7 @@ void HttpFront::Route() {
             if (done) out.done();
             return true;
           },
-          [r](bool success) {
+          [r, slot](bool success) {
             if (!success) r->Cancel(CancelReason::kClient);  // the client went away (or the server stops)
           });
     });

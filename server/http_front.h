@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/access.h"
 #include "server/generation_service.h"
+#include "server/tls.h"
 
 namespace httplib {
 class Server;
@@ -27,13 +29,17 @@ struct HttpFrontOptions {
   int threads = 128;                         // connections served at once
   size_t max_body_bytes = size_t{32} << 20;  // larger bodies get 413
   std::vector<std::string> served_models;    // the names "model" may take; the first is listed first
+  TlsFiles tls;                              // HTTPS when enabled
 };
 
 class HttpFront {
  public:
   // Binds the port and serves on a thread of its own: 503 until SetState.
+  // `access` (may be null: no token, no per-client limit) must outlive the front;
+  // /v1/ asks for its token, /health and /metrics do not.
   static absl::StatusOr<std::unique_ptr<HttpFront>> Start(const HttpFrontOptions& options,
-                                                          std::shared_ptr<prometheus::Registry> metrics);
+                                                          std::shared_ptr<prometheus::Registry> metrics,
+                                                          AccessControl* access = nullptr);
   ~HttpFront();  // stops serving (open streams end; their requests are cancelled)
 
   int port() const { return port_; }
@@ -48,6 +54,7 @@ class HttpFront {
 
   HttpFrontOptions options_;
   std::shared_ptr<prometheus::Registry> metrics_;
+  AccessControl* access_ = nullptr;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

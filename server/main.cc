@@ -23,19 +23,23 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "engine/pruning/registry.h"
+#include "server/access.h"
 #include "server/generation_service.h"
 #include "server/http_front.h"
 #include "server/serving.h"
+#include "server/tls.h"
 
 namespace {
 
 struct Options {
   std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap", kv_dtype = "f32",
-                     device = "auto", pod_groups;
+                     device = "auto", pod_groups, tls_cert, tls_key, tls_client_ca, api_key_file;
   std::vector<std::string> strategy_args, served_model_names;
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64, max_batch_tokens = 2048,
           prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,
-          kv_host_bytes = int64_t{2} << 30, http_port = -1, http_threads = 128, http_max_body_bytes = int64_t{32} << 20;
+          kv_host_bytes = int64_t{2} << 30, http_port = -1, http_threads = 128, max_request_bytes = int64_t{32} << 20,
+          max_prompt_tokens = 0, max_new_tokens = 0, max_stop_strings = 16, max_stop_string_bytes = 256,
+          max_streams_per_client = 0, max_stream_backlog = 1024;
   double drain_timeout = 30.0, default_temperature = 1.0, default_top_p = 1.0, kv_device_fraction = 0,
          kv_host_fraction = 0;
   bool int8_activations = false;
@@ -50,7 +54,24 @@ void AddFlags(ps::FlagParser& f, Options& o) {
            "OpenAI-compatible HTTP port: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics "
            "(0 = pick a free one, -1 = off)");
   f.AddInt("http-threads", &o.http_threads, "HTTP connections served at once (a streaming request holds one)");
-  f.AddInt("http-max-body-bytes", &o.http_max_body_bytes, "largest HTTP request body (413 beyond)");
+  f.AddInt("max-request-bytes", &o.max_request_bytes,
+           "largest request: a gRPC message (RESOURCE_EXHAUSTED beyond) or an HTTP body (413 beyond)");
+  f.AddInt("max-prompt-tokens", &o.max_prompt_tokens, "prompt tokens one request may send (0 = the context length)");
+  f.AddInt("max-new-tokens", &o.max_new_tokens, "max_new_tokens one request may ask for (0 = the context length)");
+  f.AddInt("max-stop-strings", &o.max_stop_strings, "stop strings one request may give");
+  f.AddInt("max-stop-string-bytes", &o.max_stop_string_bytes, "bytes of one stop string at most");
+  f.AddInt("max-streams-per-client", &o.max_streams_per_client,
+           "generation requests one client address may have open at once, gRPC and HTTP together (0 = no limit)");
+  f.AddInt("max-stream-backlog", &o.max_stream_backlog,
+           "messages a stream may hold for a client that does not read it; beyond, its request is cancelled "
+           "with RESOURCE_EXHAUSTED (flow control: the server's memory per stream is bounded)");
+  f.AddString("tls-cert", &o.tls_cert, "PEM certificate (chain) of the gRPC and HTTP ports; with --tls-key: TLS only");
+  f.AddString("tls-key", &o.tls_key, "PEM private key of --tls-cert");
+  f.AddString("tls-client-ca", &o.tls_client_ca,
+              "PEM CA: clients must present a certificate it signed (mutual TLS); needs --tls-cert");
+  f.AddString("api-key-file", &o.api_key_file,
+              "file of API keys, one per line: the gRPC Generation service and the HTTP /v1/ API ask for "
+              "'authorization: Bearer KEY' (health and metrics do not)");
   f.AddStringList("served-model-name", &o.served_model_names,
                   "the name(s) the HTTP API's \"model\" field takes (default: the model file's name without "
                   "extension)");
@@ -123,8 +144,26 @@ int main(int argc, char** argv) {
       o.http_port > 65535) {
     return Fail("bad port");
   }
-  if (o.http_threads < 1 || o.http_max_body_bytes < 1)
-    return Fail("--http-threads and --http-max-body-bytes must be >= 1");
+  if (o.http_threads < 1 || o.max_request_bytes < 1 || o.max_request_bytes > INT32_MAX) {
+    return Fail("--http-threads must be >= 1 and --max-request-bytes in [1, 2^31)");
+  }
+  if (o.max_prompt_tokens < 0 || o.max_new_tokens < 0 || o.max_stop_strings < 0 || o.max_stop_string_bytes < 0 ||
+      o.max_streams_per_client < 0 || o.max_stream_backlog < 1 || o.max_prompt_tokens > INT32_MAX ||
+      o.max_new_tokens > INT32_MAX || o.max_stop_strings > INT32_MAX || o.max_stop_string_bytes > INT32_MAX ||
+      o.max_streams_per_client > INT32_MAX) {
+    return Fail(
+        "--max-prompt-tokens, --max-new-tokens, --max-stop-strings, --max-stop-string-bytes and "
+        "--max-streams-per-client must be in [0, 2^31)");
+  }
+  const server::TlsFiles tls{.cert = o.tls_cert, .key = o.tls_key, .client_ca = o.tls_client_ca};
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = server::GrpcServerCredentials(tls);
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  std::vector<std::string> api_keys;
+  if (!o.api_key_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> keys = server::LoadApiKeys(o.api_key_file);
+    if (!keys.ok()) return Fail(std::string(keys.status().message()));
+    api_keys = *std::move(keys);
+  }
   if (o.served_model_names.empty()) {
     std::filesystem::path p(o.model);
     if (p.filename().empty()) p = p.parent_path();  // a folder given with a trailing slash
@@ -175,18 +214,22 @@ int main(int argc, char** argv) {
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   spdlog::info("device: {}", device_note);
 
-  server::GenerationService service;
+  server::AccessControl access(std::move(api_keys), static_cast<int>(o.max_streams_per_client));
+  server::GenerationService service(&access);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(), &grpc_port);
+  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), *credentials, &grpc_port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_request_bytes));
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
   if (grpc_server == nullptr || grpc_port == 0) return Fail(absl::StrCat("cannot listen on ", o.host, ":", o.port));
   grpc::HealthCheckServiceInterface* health = grpc_server->GetHealthCheckService();
   health->SetServingStatus(false);  // NOT_SERVING while the model loads
-  spdlog::info("listening on {}:{} (gRPC)", o.host, grpc_port);
+  spdlog::info("listening on {}:{} (gRPC{}{}{})", o.host, grpc_port, tls.enabled() ? ", TLS" : "",
+               tls.client_ca.empty() ? "" : ", client certificates required",
+               access.requires_token() ? ", API key required" : "");
 
   server::Metrics metrics;
   {
@@ -212,13 +255,14 @@ int main(int argc, char** argv) {
         server::HttpFront::Start({.host = o.host,
                                   .port = static_cast<int>(o.http_port),
                                   .threads = static_cast<int>(o.http_threads),
-                                  .max_body_bytes = static_cast<size_t>(o.http_max_body_bytes),
-                                  .served_models = o.served_model_names},
-                                 metrics.registry());
+                                  .max_body_bytes = static_cast<size_t>(o.max_request_bytes),
+                                  .served_models = o.served_model_names,
+                                  .tls = tls},
+                                 metrics.registry(), &access);
     if (!front.ok()) return Fail(std::string(front.status().message()));
     http = *std::move(front);
-    spdlog::info("OpenAI-compatible API on http://{}:{}/v1 (model {})", o.host, http->port(),
-                 absl::StrJoin(o.served_model_names, ", "));
+    spdlog::info("OpenAI-compatible API on {}://{}:{}/v1 (model {})", tls.enabled() ? "https" : "http", o.host,
+                 http->port(), absl::StrJoin(o.served_model_names, ", "));
   }
   if (!o.port_file.empty()) {
     std::ofstream pf(o.port_file + ".tmp");
@@ -252,7 +296,8 @@ int main(int argc, char** argv) {
   server::ServiceState state{.model = model->get(),
                              .metrics = &metrics,
                              .kv_block_tokens = geometry.block_tokens,
-                             .kv_token_blocks = geometry.BlocksForTokens(1)};
+                             .kv_token_blocks = geometry.BlocksForTokens(1),
+                             .max_stream_backlog = static_cast<size_t>(o.max_stream_backlog)};
   CalibrationPtr calibration;
   if (!o.pod_groups.empty()) {
     absl::StatusOr<Calibration> cal = LoadCalibration(o.pod_groups, c);
@@ -306,6 +351,10 @@ int main(int argc, char** argv) {
   state.defaults.sampling.temperature = static_cast<float>(o.default_temperature);
   state.defaults.sampling.top_p = static_cast<float>(o.default_top_p);
   state.defaults.max_new_tokens = static_cast<int>(o.default_max_new_tokens);
+  state.defaults.limits = {.max_prompt_tokens = static_cast<int>(o.max_prompt_tokens),
+                           .max_new_tokens = static_cast<int>(o.max_new_tokens),
+                           .max_stop_strings = static_cast<int>(o.max_stop_strings),
+                           .max_stop_string_bytes = static_cast<int>(o.max_stop_string_bytes)};
   if (absl::Status s = ValidateSamplingParams(state.defaults.sampling); !s.ok()) {
     return Fail(absl::StrCat("default sampling: ", s.message()));
   }

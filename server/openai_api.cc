@@ -337,7 +337,15 @@ std::pair<int, Json> ErrorResponse(Api api, const absl::Status& status) {
     case absl::StatusCode::kUnauthenticated: http = 401, type = "authentication_error"; break;
     case absl::StatusCode::kNotFound: http = 404, type = "invalid_request_error"; break;
     case absl::StatusCode::kAlreadyExists: http = 409, type = "invalid_request_error"; break;
-    case absl::StatusCode::kResourceExhausted: http = 429, type = "rate_limit_error"; break;
+    case absl::StatusCode::kResourceExhausted:  // "FIELD: ..." beyond a server limit is the request's fault
+      if (const size_t colon = status.message().find(':'); colon != absl::string_view::npos &&
+                                                           colon == status.message().find_first_of(": ") &&
+                                                           !ErrorParam(api, status.message()).empty()) {
+        http = 400, type = "invalid_request_error";
+      } else {
+        http = 429, type = "rate_limit_error";
+      }
+      break;
     case absl::StatusCode::kUnavailable: http = 503, type = "service_unavailable"; break;
     case absl::StatusCode::kDeadlineExceeded: http = 504, type = "timeout"; break;
     default: break;

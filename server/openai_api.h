@@ -50,7 +50,8 @@ std::string ErrorParam(Api api, absl::string_view message);
 // The HTTP status and OpenAI error body ({"error": {message, type, param, code}})
 // for a failed request: InvalidArgument, FailedPrecondition and OutOfRange 400,
 // Unauthenticated 401, NotFound 404, AlreadyExists 409, ResourceExhausted 429,
-// Unavailable 503, DeadlineExceeded 504, anything else 500.
+// Unavailable 503, DeadlineExceeded 504, anything else 500. ResourceExhausted
+// about a field (a server limit on the prompt, max_tokens, stop) is 400.
 std::pair<int, Json> ErrorResponse(Api api, const absl::Status& status);
 
 // The /v1/models body.

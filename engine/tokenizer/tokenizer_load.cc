@@ -26,6 +26,15 @@ std::pair<std::string, std::string> SplitMerge(const std::string& m) {
   return {m.substr(0, sp), m.substr(sp + 1)};
 }
 
+// A token id from tokenizer.json: an integer (a float such as 2.6e26 must not be converted, which is
+// undefined behaviour in nlohmann's get<int64_t>). Range checks are the caller's.
+int64_t JsonTokenId(const nlohmann::json& v) {
+  if (!v.is_number_integer()) {
+    throw nlohmann::json::type_error::create(302, "token id must be an integer, not " + std::string(v.type_name()), &v);
+  }
+  return v.get<int64_t>();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f) {
@@ -104,15 +113,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(std::string_vie
     }
     const json& vocab = model.at("vocab");
     int64_t max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it)
-      max_id = std::max<int64_t>(max_id, it.value().get<int64_t>());
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max<int64_t>(max_id, JsonTokenId(it.value()));
     for (const json& t : j.value("added_tokens", json::array()))
-      max_id = std::max<int64_t>(max_id, t.at("id").get<int64_t>());
+      max_id = std::max<int64_t>(max_id, JsonTokenId(t.at("id")));
     if (max_id < 0 || max_id > (1 << 24)) return absl::InvalidArgumentError("tokenizer.json: bad vocabulary ids");
     d.tokens.assign(max_id + 1, "");
     d.types.assign(max_id + 1, TokenType::kUnused);
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      const int64_t id = it.value().get<int64_t>();
+      const int64_t id = JsonTokenId(it.value());
       if (id < 0) return absl::InvalidArgumentError("tokenizer.json: negative token id");
       d.tokens[id] = it.key();
       d.types[id] = TokenType::kNormal;
@@ -125,7 +133,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(std::string_vie
       }
     }
     for (const json& t : j.value("added_tokens", json::array())) {
-      const int64_t id = t.at("id").get<int64_t>();
+      const int64_t id = JsonTokenId(t.at("id"));
       if (id < 0 || id > max_id) return absl::InvalidArgumentError("tokenizer.json: bad added token id");
       d.tokens[id] = t.at("content").get<std::string>();
       d.types[id] = t.value("special", false) ? TokenType::kControl : TokenType::kUserDefined;
@@ -138,7 +146,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(std::string_vie
       d.scores.assign(d.tokens.size(), 0.0f);
       for (size_t r = 0; r < d.merges.size(); ++r) {
         auto it = vocab.find(d.merges[r].first + d.merges[r].second);
-        if (it != vocab.end() && d.scores[it->get<int64_t>()] == 0.0f) d.scores[it->get<int64_t>()] = -1.0f - r;
+        if (it == vocab.end()) continue;
+        float& score = d.scores[JsonTokenId(*it)];
+        if (score == 0.0f) score = -1.0f - r;
       }
       for (size_t id = 0; id < d.tokens.size(); ++id) {
         const std::string& s = d.tokens[id];

@@ -9,6 +9,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/pretokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace ps {
@@ -221,6 +222,17 @@ TEST(TokenizerHfJson, AddedTokenIdsOutsideTheVocabularyAreErrors) {
   const auto tok = Tokenizer::FromHfJson(json, "");
   ASSERT_FALSE(tok.ok());
   EXPECT_EQ(tok.status().message(), "tokenizer.json: bad added token id");
+}
+
+// Found by fuzz_tokenizer_json: a float id (2.6e26) was converted to int64 (undefined behaviour).
+TEST(TokenizerHfJson, FloatTokenIdsAreErrors) {
+  for (const char* json : {R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2.6e26}, "merges": []}})",
+                           R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+                               "added_tokens": [{"id": 1.5, "content": "<s>"}]})"}) {
+    const auto tok = Tokenizer::FromHfJson(json, "");
+    ASSERT_FALSE(tok.ok()) << json;
+    EXPECT_THAT(tok.status().message(), ::testing::HasSubstr("token id must be an integer, not number")) << json;
+  }
 }
 
 }  // namespace

@@ -23,7 +23,9 @@ def wait_for(cond, timeout, step=0.01):
 
 
 class Server:
-    def __init__(self, binary, model, *args, http=False):
+    def __init__(self, binary, model, *args, http=False, ssl_context=None):
+        """ssl_context: the HTTP front serves HTTPS (the server was given --tls-cert); used to reach /health."""
+        self.ssl_context = ssl_context
         self.tmp = tempfile.TemporaryDirectory()
         port_file = os.path.join(self.tmp.name, "ports")
         self.log = open(os.path.join(self.tmp.name, "server.log"), "w+")
@@ -39,7 +41,8 @@ class Server:
             ports = dict(line.strip().split("=") for line in f)
         self.grpc_addr = f"127.0.0.1:{ports['grpc']}"
         self.metrics_url = f"http://127.0.0.1:{ports['metrics']}/metrics"
-        self.http_url = f"http://127.0.0.1:{ports['http']}" if http else None
+        scheme = "https" if ssl_context else "http"
+        self.http_url = f"{scheme}://127.0.0.1:{ports['http']}" if http else None
 
     def read_log(self):
         self.log.seek(0)
@@ -48,7 +51,8 @@ class Server:
     def wait_serving_http(self, timeout=120):
         def ok():
             try:
-                return urllib.request.urlopen(self.http_url + "/health", timeout=1).status == 200
+                return urllib.request.urlopen(self.http_url + "/health", timeout=1,
+                                              context=self.ssl_context).status == 200
             except OSError:
                 return False
         if not wait_for(ok, timeout, step=0.05):

@@ -183,6 +183,13 @@ TEST(OpenAiApi, ServerErrorsMapToHttpAndParameters) {
   EXPECT_EQ(ErrorParam(Api::kCompletions, "temperature must be >= 0"), "temperature");
   EXPECT_EQ(ErrorParam(Api::kCompletions, "the body is not valid JSON"), "");
   EXPECT_EQ(ErrorResponse(Api::kChat, absl::ResourceExhaustedError("the queue is full")).first, 429);
+  EXPECT_EQ(ErrorResponse(Api::kChat, absl::ResourceExhaustedError("client 10.0.0.7 has 4 streams open")).first, 429);
+  EXPECT_EQ(ErrorResponse(Api::kChat, absl::UnauthenticatedError("the API key is not valid")).first, 401);
+  {  // a field beyond a server limit: the request's fault, naming the OpenAI parameter
+    auto [code, error] = ErrorResponse(Api::kChat, absl::ResourceExhaustedError("max_new_tokens: 9 exceeds 8"));
+    EXPECT_EQ(code, 400);
+    EXPECT_EQ(error["error"]["param"], "max_completion_tokens");
+  }
   EXPECT_EQ(ErrorResponse(Api::kChat, absl::UnavailableError("draining")).first, 503);
   EXPECT_EQ(ErrorResponse(Api::kChat, absl::DeadlineExceededError("late")).first, 504);
   auto [http, body] = ErrorResponse(Api::kChat, absl::InternalError("boom"));

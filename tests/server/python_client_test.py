@@ -12,16 +12,10 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from grpcstubs import generate_stubs  # noqa: E402
 from serverproc import Server, wait_for  # noqa: E402
 
 ARGS = None
-
-
-def generate_stubs(proto_dir, out_dir):
-    subprocess.run(["protoc", f"-I{proto_dir}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-                    "--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin",
-                    os.path.join(proto_dir, "pruneserve/v1/generation.proto")], check=True)
-    sys.path.insert(0, out_dir)
 
 
 class PythonClientTest(unittest.TestCase):
