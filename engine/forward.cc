@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/fault.h"
 #include "base/status.h"
 #include "engine/shared_attention.h"
 
@@ -93,6 +94,10 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvCache& kv, 
       out->status[i] = absl::InvalidArgumentError(absl::StrCat("negative sequence id ", s.seq_id));
     } else if (s.strategy != nullptr) {
       out->status[i] = s.strategy->BeginStep(&r, *contexts[i]);
+      if (out->status[i].ok() && fault::Hit(fault::Point::kStrategy)) {
+        out->status[i] =
+            absl::InternalError(absl::StrCat("strategy ", std::string(s.strategy->name()), ": injected fault"));
+      }
       if (out->status[i].ok() && r.origin.size() != r.tokens.size()) {
         out->status[i] = absl::InternalError(
             absl::StrCat("strategy ", std::string(s.strategy->name()), " left rows without origins"));

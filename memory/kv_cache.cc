@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "base/fault.h"
 #include "base/status.h"
 #include "kernels/plugin.h"
 
@@ -58,6 +59,10 @@ KvCache::~KvCache() { WaitAllMoves().IgnoreError(); }
 
 absl::Status KvCache::Append(int64_t seq, int layer, std::span<const int32_t> positions, const float* k,
                              const float* v) {
+  if (fault::Hit(fault::Point::kKvAppend)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("sequence ", seq, " layer ", layer, ": injected fault: a KV block allocation failed"));
+  }
   const size_t first = manager_->Table(seq, layer).positions.size();
   if (!manager_->Append(seq, layer, positions)) {
     const LayerTable& t = manager_->Table(seq, layer);
@@ -151,8 +156,9 @@ void KvCache::Free(int64_t seq) {
 }
 
 absl::Status KvCache::Finish(SwapTicket ticket, const SwapPlan& plan) {
-  const absl::Status st = swap_->Wait(ticket);
+  absl::Status st = swap_->Wait(ticket);
   manager_->Complete(plan);  // the source blocks: read by the copy until now
+  if (st.ok() && fault::Hit(fault::Point::kSwapCopy)) st = absl::InternalError("injected fault: a swap copy failed");
   return st;
 }
 

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/fault.h"
 #include "base/status.h"
 #include "spdlog/spdlog.h"
 
@@ -188,7 +189,8 @@ void Scheduler::Preempt(size_t i, StepPlan* plan) {
   run.preempted = true;
   const int64_t held = kv_.BlocksIn(run.seq_id, Tier::kDevice);
   std::optional<SwapPlan> swap;
-  if (options_.preemption == PreemptionMode::kSwap && kv_.Available(Tier::kHost) >= held) {
+  if (options_.preemption == PreemptionMode::kSwap && kv_.Available(Tier::kHost) >= held &&
+      !fault::Hit(fault::Point::kHostTierFull)) {
     swap = kv_.PlanSwapOut(run.seq_id);
   }
   if (swap) {

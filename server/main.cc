@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/fault.h"
 #include "base/flags.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
@@ -34,7 +35,7 @@ namespace {
 struct Options {
   std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap", kv_dtype = "f32",
                      device = "auto", pod_groups, tls_cert, tls_key, tls_client_ca, api_key_file;
-  std::vector<std::string> strategy_args, served_model_names;
+  std::vector<std::string> strategy_args, served_model_names, inject_faults;
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64, max_batch_tokens = 2048,
           prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,
           kv_host_bytes = int64_t{2} << 30, http_port = -1, http_threads = 128, max_request_bytes = int64_t{32} << 20,
@@ -103,6 +104,9 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddFloat("default-top-p", &o.default_top_p, "top_p when a request sets none");
   f.AddFloat("drain-timeout", &o.drain_timeout, "seconds in-flight requests may take to finish on SIGTERM");
   f.AddBool("int8-activations", &o.int8_activations, "int8 activations for quantised weights (faster decode)");
+  f.AddStringList("inject-fault", &o.inject_faults,
+                  "TESTING ONLY: POINT=N makes the next N hits of a fault point fail (swap_copy, host_tier_full, "
+                  "kv_append, strategy)");
   f.AddString("log-level", &o.log_level, "trace | debug | info | warn | error");
   f.AddString("config", &o.config, "config file of 'name = value' lines (command-line flags win)");
 }
@@ -158,6 +162,9 @@ int main(int argc, char** argv) {
   const server::TlsFiles tls{.cert = o.tls_cert, .key = o.tls_key, .client_ca = o.tls_client_ca};
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = server::GrpcServerCredentials(tls);
   if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  for (const std::string& spec : o.inject_faults) {
+    if (absl::Status s = fault::Arm(spec); !s.ok()) return Fail(absl::StrCat("--inject-fault: ", s.message()));
+  }
   std::vector<std::string> api_keys;
   if (!o.api_key_file.empty()) {
     absl::StatusOr<std::vector<std::string>> keys = server::LoadApiKeys(o.api_key_file);
@@ -197,6 +204,9 @@ int main(int argc, char** argv) {
   const auto level = spdlog::level::from_str(o.log_level);
   if (level == spdlog::level::off && o.log_level != "off") return Fail("unknown --log-level " + o.log_level);
   spdlog::set_level(level);
+  if (!o.inject_faults.empty()) {
+    spdlog::warn("fault injection armed (testing only): {}", absl::StrJoin(o.inject_faults, ", "));
+  }
 
   // SIGINT/SIGTERM are taken by sigwait in this thread; block them before any thread starts.
   sigset_t stop_signals;

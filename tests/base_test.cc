@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/fault.h"
 #include "base/flags.h"
 #include "base/mapped_file.h"
 #include "base/status.h"
@@ -104,6 +105,25 @@ TEST(Status, MacrosPropagate) {
 
 TEST(Status, CheckAbortsWithMessage) {
   EXPECT_DEATH({ PS_CHECK(1 + 1 == 3) << "math is broken"; }, "check failed: 1 \\+ 1 == 3 math is broken");
+}
+
+TEST(Fault, ArmedPointsFailTheirNextHitsOnly) {
+  EXPECT_FALSE(fault::Hit(fault::Point::kStrategy));
+  ASSERT_TRUE(fault::Arm("strategy=2").ok());
+  ASSERT_TRUE(fault::Arm("swap_copy").ok());  // once
+  EXPECT_FALSE(fault::Hit(fault::Point::kKvAppend));
+  EXPECT_TRUE(fault::Hit(fault::Point::kStrategy));
+  EXPECT_TRUE(fault::Hit(fault::Point::kStrategy));
+  EXPECT_FALSE(fault::Hit(fault::Point::kStrategy));
+  EXPECT_TRUE(fault::Hit(fault::Point::kSwapCopy));
+  EXPECT_FALSE(fault::Hit(fault::Point::kSwapCopy));
+  ASSERT_TRUE(fault::Arm("host_tier_full=5").ok());
+  fault::Reset();
+  EXPECT_FALSE(fault::Hit(fault::Point::kHostTierFull));
+  EXPECT_EQ(fault::Arm("disk=1").message(),
+            "unknown fault point 'disk' (known: swap_copy, host_tier_full, kv_append, strategy)");
+  EXPECT_EQ(fault::Arm("strategy=0").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fault::Arm("strategy=x").code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -505,6 +505,93 @@ TEST(ServerMetrics, SwapPreemptionIsVisibleAndHarmless) {
   EXPECT_EQ(load.swapped(), 0u);
 }
 
+// Fault injection (--inject-fault POINT=N): each fault fails or delays only the
+// request it hits, with the right status, never the server; the next request is served.
+
+// 16 streams over a device tier too small for them (as above): swaps happen.
+std::vector<StreamResult> TightTierStreams(ServerProcess& s) {
+  constexpr int kStreams = 16;
+  std::vector<StreamResult> results(kStreams);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] { results[i] = RunStream(*s.Stub(), GreedyRequest(PromptOf(i), 60)); });
+  }
+  for (auto& t : clients) t.join();
+  return results;
+}
+
+void ExpectOfflineTokens(const std::vector<StreamResult>& results) {
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(absl::StrJoin(results[i].tokens, " "), absl::StrJoin(Offline(PromptOf(i), 60), " ")) << i;
+  }
+}
+
+// A failed swap copy loses that request's KV: it is recomputed, and its tokens are the same.
+TEST(ServerFaults, FailedSwapCopyIsRecomputed) {
+  ServerProcess s({"--model", kStories, "--kv-device-bytes", "491520", "--kv-host-bytes", "16777216", "--inject-fault",
+                   "swap_copy=2"});
+  ExpectOfflineTokens(TightTierStreams(s));
+  EXPECT_NE(s.Log().find("injected fault: a swap copy failed; its KV will be recomputed"), std::string::npos)
+      << s.Log();
+  ASSERT_TRUE(Drained(s));
+  const std::string page = s.Metrics();
+  EXPECT_GT(MetricValue(page, R"(pruneserve_preemptions_total{mode="swap"})"), 0) << page;
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_blocks{state="used",tier="host"})"), 0);
+  const StreamResult next = RunStream(*s.Stub(), GreedyRequest(PromptOf(3), 20));
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.tokens, Offline(PromptOf(3), 20));
+}
+
+// A host tier with no room: preempted requests are recomputed instead of swapped.
+TEST(ServerFaults, FullHostTierFallsBackToRecompute) {
+  ServerProcess s({"--model", kStories, "--kv-device-bytes", "491520", "--kv-host-bytes", "16777216", "--inject-fault",
+                   "host_tier_full=1000000"});
+  ExpectOfflineTokens(TightTierStreams(s));
+  ASSERT_TRUE(Drained(s));
+  const std::string page = s.Metrics();
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_preemptions_total{mode="swap"})"), 0) << page;
+  EXPECT_GT(MetricValue(page, R"(pruneserve_preemptions_total{mode="recompute"})"), 0) << page;
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_swap_bytes_total{direction="to_host"})"), 0);
+}
+
+// A strategy's error fails its request alone (INTERNAL); the stream beside it and the
+// next request are served.
+TEST(ServerFaults, StrategyErrorFailsOnlyItsRequest) {
+  ServerProcess s({"--model", kStories, "--inject-fault", "strategy=1"});
+  const std::vector<int32_t> prompt = PromptOf(9);
+  pb::GenerateRequest lazy = GreedyRequest(prompt, 12);
+  lazy.mutable_pruning()->mutable_lazyllm();
+  StreamResult failed = RunStream(*s.Stub(), lazy);
+  EXPECT_EQ(failed.status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_THAT(failed.status.error_message(), ::testing::HasSubstr("strategy lazyllm: injected fault"));
+  ASSERT_TRUE(Drained(s));
+  const StreamResult next = RunStream(*s.Stub(), lazy);
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.tokens, Offline(prompt, 12, "lazyllm"));
+  EXPECT_EQ(MetricValue(s.Metrics(), R"(pruneserve_requests_total{finish_reason="error",strategy="lazyllm"})"), 1);
+}
+
+// A KV block allocation that fails mid-step: the request is recomputed with a margin and
+// finishes with its tokens; one that keeps failing fails that request alone.
+TEST(ServerFaults, FailedKvAllocationMidStep) {
+  {
+    ServerProcess s({"--model", kStories, "--inject-fault", "kv_append=1"});
+    const StreamResult r = RunStream(*s.Stub(), GreedyRequest(PromptOf(5), 30));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, Offline(PromptOf(5), 30));
+    EXPECT_EQ(MetricValue(s.Metrics(), R"(pruneserve_preemptions_total{mode="recompute"})"), 1);
+  }
+  ServerProcess s({"--model", kStories, "--inject-fault", "kv_append=4"});  // past the scheduler's 3 retries
+  const StreamResult failed = RunStream(*s.Stub(), GreedyRequest(PromptOf(5), 30));
+  EXPECT_EQ(failed.status.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_THAT(failed.status.error_message(), ::testing::HasSubstr("injected fault: a KV block allocation failed"));
+  ASSERT_TRUE(Drained(s));
+  const StreamResult next = RunStream(*s.Stub(), GreedyRequest(PromptOf(5), 30));
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.tokens, Offline(PromptOf(5), 30));
+}
+
 // Tier sizes as fractions of the available memory: the start-up log says what they
 // came to, and GetLoad reports the host tier's capacity.
 TEST(ServerMetrics, KvTiersFromMemoryFractions) {
