@@ -31,10 +31,11 @@ struct Options {
   std::string addr = "127.0.0.1:50051", dataset = "synthetic",
               haystack = "../shared/testdata/haystack/paul_graham_essays", strategy_mix = "full", sweep_rates,
               result_file, progress = "auto";
-  int64_t input_len = 1024, output_len = 128, num_requests = 100, max_concurrency = 0, seed = 0, sampling_seed = -1;
+  int64_t input_len = 1024, output_len = 128, num_requests = 100, max_concurrency = 0, seed = 0, sampling_seed = -1,
+          priorities = 1;
   double request_rate = std::numeric_limits<double>::infinity(), burstiness = 1.0, duration = 0, range_ratio = 0,
-         cancel_fraction = 0, cancel_within = 1.0, deadline_fraction = 0, deadline = 1.0, temperature = 0,
-         slo_ttft_ms = 0, slo_tpot_ms = 0, slo_e2el_ms = 0, connect_timeout = 30;
+         cancel_fraction = 0, cancel_within = 1.0, deadline_fraction = 0, deadline = 1.0, abort_fraction = 0,
+         abort_within = 1.0, temperature = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, slo_e2el_ms = 0, connect_timeout = 30;
   bool ignore_eos = true;
 };
 
@@ -57,6 +58,9 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddFloat("cancel-within", &o.cancel_within, "cancel at a uniform time up to this many seconds after the send");
   f.AddFloat("deadline-fraction", &o.deadline_fraction, "share of requests sent with a deadline");
   f.AddFloat("deadline", &o.deadline, "that deadline, seconds after the send");
+  f.AddFloat("abort-fraction", &o.abort_fraction, "share of requests ended by the server's Abort RPC (by request id)");
+  f.AddFloat("abort-within", &o.abort_within, "abort at a uniform time up to this many seconds after the send");
+  f.AddInt("priorities", &o.priorities, "request priorities drawn uniformly from [0, N)");
   f.AddFloat("temperature", &o.temperature, "sampling temperature (0 = greedy)");
   f.AddInt("sampling-seed", &o.sampling_seed, "sampling seed of every request (-1: the server's)");
   f.AddBool("ignore-eos", &o.ignore_eos, "generate exactly the requested tokens (--ignore-eos=false stops at EOS)");
@@ -96,12 +100,14 @@ absl::Status Validate(const Options& o) {
   if (!(o.range_ratio >= 0 && o.range_ratio < 1)) return absl::InvalidArgumentError("--range-ratio must be in [0, 1)");
   if (!(o.request_rate > 0)) return absl::InvalidArgumentError("--request-rate must be > 0 (inf allowed)");
   if (!(o.burstiness > 0)) return absl::InvalidArgumentError("--burstiness must be > 0");
-  for (double f : {o.cancel_fraction, o.deadline_fraction}) {
+  for (double f : {o.cancel_fraction, o.deadline_fraction, o.abort_fraction}) {
     if (!(f >= 0 && f <= 1))
-      return absl::InvalidArgumentError("--cancel-fraction and --deadline-fraction are in [0, 1]");
+      return absl::InvalidArgumentError("--cancel-fraction, --deadline-fraction and --abort-fraction are in [0, 1]");
   }
-  if (!(o.cancel_within > 0) || !(o.deadline > 0))
-    return absl::InvalidArgumentError("--cancel-within and --deadline must be > 0");
+  if (!(o.cancel_within > 0) || !(o.deadline > 0) || !(o.abort_within > 0))
+    return absl::InvalidArgumentError("--cancel-within, --deadline and --abort-within must be > 0");
+  if (o.priorities < 1 || o.priorities > 1000000)
+    return absl::InvalidArgumentError("--priorities must be in [1, 10^6]");
   if (o.progress != "auto" && o.progress != "on" && o.progress != "off")
     return absl::InvalidArgumentError("--progress must be auto, on or off");
   return absl::OkStatus();
@@ -179,6 +185,8 @@ Json ConfigJson(const Options& o) {
           {"strategy_mix", o.strategy_mix},
           {"cancel_fraction", o.cancel_fraction},
           {"deadline_fraction", o.deadline_fraction},
+          {"abort_fraction", o.abort_fraction},
+          {"priorities", o.priorities},
           {"temperature", o.temperature},
           {"ignore_eos", o.ignore_eos},
           {"seed", o.seed},
@@ -228,6 +236,9 @@ int main(int argc, char** argv) {
                        .cancel_within_s = o.cancel_within,
                        .deadline_fraction = o.deadline_fraction,
                        .deadline_s = o.deadline,
+                       .abort_fraction = o.abort_fraction,
+                       .abort_within_s = o.abort_within,
+                       .priorities = static_cast<int>(o.priorities),
                        .seed = static_cast<uint64_t>(o.seed),
                        .progress = progress};
     std::fprintf(stderr, "pruneserve-loadtest: rate %g req/s, %s\n", rate,

@@ -8,9 +8,12 @@
 #include <mutex>
 #include <optional>
 #include <queue>
+#include <random>
+#include <string>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/str_cat.h"
 #include "base/status.h"
 
 namespace ps::loadtest {
@@ -70,6 +73,11 @@ class Call final : public grpc::ClientReadReactor<pb::GenerateResponse> {
     cancel_requested_ = true;
     ctx_.TryCancel();
   }
+  // Called under the runner's lock: the request id to abort.
+  std::string MarkAborted() {
+    abort_requested_ = true;
+    return request_.request_id();
+  }
 
  private:
   friend class Runner;
@@ -82,18 +90,22 @@ class Call final : public grpc::ClientReadReactor<pb::GenerateResponse> {
   Clock::time_point sent_, last_;
   bool has_deadline_ = false;
   bool cancel_requested_ = false;  // under the runner's lock
+  bool abort_requested_ = false;   // under the runner's lock
 };
 
 class Runner {
  public:
-  Runner(pb::Generation::Stub& stub, const RunOptions& o) : stub_(stub), o_(o), rng_(o.seed ^ 0x5eed) {}
+  Runner(pb::Generation::Stub& stub, const RunOptions& o)
+      : stub_(stub), o_(o), rng_(o.seed ^ 0x5eed), run_tag_(std::random_device()()) {}
 
   RunResult Go(Workload& workload, StrategyMix& mix, const RequestOptions& request) {
     Arrivals arrivals(o_.arrivals);
     start_ = Clock::now();
     Clock::time_point next = start_;
     std::bernoulli_distribution cancel(o_.cancel_fraction), deadline(o_.deadline_fraction);
-    std::uniform_real_distribution<double> cancel_at(0, o_.cancel_within_s);
+    std::uniform_real_distribution<double> cancel_at(0, o_.cancel_within_s), abort_at(0, o_.abort_within_s);
+    std::bernoulli_distribution abort(o_.abort_fraction);
+    std::uniform_int_distribution<int> priority(0, std::max(1, o_.priorities) - 1);
     for (uint64_t id = 0;; ++id) {
       if (o_.num_requests > 0 && id >= static_cast<uint64_t>(o_.num_requests)) break;
       next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals.NextGap()));
@@ -101,20 +113,22 @@ class Runner {
       WaitUntil(next, [] { return false; });
       WaitUntil(Clock::time_point::max(),
                 [&] { return o_.max_concurrency <= 0 || static_cast<int>(calls_.size()) < o_.max_concurrency; });
+      // An unbounded rate never advances `next`: the time is up when a slot frees after it.
+      if (o_.duration_s > 0 && Seconds(Clock::now() - start_) >= o_.duration_s) break;
       const std::string& strategy = mix.Draw(rng_);
       absl::StatusOr<pb::GenerateRequest> req = BuildRequest(workload.Next(), strategy, request);
       PS_CHECK(req.ok()) << req.status();  // the mix holds known strategies only
+      req->set_priority(priority(rng_));
+      const bool aborted = abort(rng_);
+      if (aborted) req->set_request_id(absl::StrCat("loadtest-", run_tag_, "-", id));  // Abort finds it by id
       auto* call = new Call(this, id, *std::move(req), strategy);
       const std::optional<double> dl = deadline(rng_) ? std::optional<double>(o_.deadline_s) : std::nullopt;
       {
         std::lock_guard<std::mutex> lock(mu_);
         calls_[id] = call;
         ++sent_;
-        if (cancel(rng_)) {
-          cancels_.push({Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(cancel_at(rng_))),
-                         id});
-        }
+        if (cancel(rng_)) cancels_.push({After(cancel_at(rng_)), id, /*abort=*/false});
+        if (aborted) cancels_.push({After(abort_at(rng_)), id, /*abort=*/true});
       }
       call->Start(stub_, dl);
     }
@@ -133,8 +147,9 @@ class Runner {
       RequestRecord& r = call->record_;
       r.e2e = Seconds(Clock::now() - call->sent_);
       r.status_code = status.error_code();
-      const bool induced = (status.error_code() == grpc::StatusCode::CANCELLED && call->cancel_requested_) ||
-                           (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && call->has_deadline_);
+      const bool induced =
+          (status.error_code() == grpc::StatusCode::CANCELLED && (call->cancel_requested_ || call->abort_requested_)) ||
+          (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && call->has_deadline_);
       r.outcome = status.ok() ? Outcome::kCompleted : induced ? Outcome::kCancelled : Outcome::kFailed;
       if (!status.ok()) r.error = status.error_message();
       failed_ += r.outcome == Outcome::kFailed;
@@ -147,16 +162,34 @@ class Runner {
   }
 
  private:
+  static Clock::time_point After(double seconds) {
+    return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+
   // Waits until `until` or `done()` (checked under the lock), firing the client
-  // cancels that fall due and redrawing the progress line meanwhile.
+  // cancels and Aborts that fall due and redrawing the progress line meanwhile.
   template <typename Pred>
   void WaitUntil(Clock::time_point until, Pred done) {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      const auto now = Clock::now();
-      while (!cancels_.empty() && cancels_.top().first <= now) {
-        if (auto it = calls_.find(cancels_.top().second); it != calls_.end()) it->second->Cancel();
+      auto now = Clock::now();
+      std::vector<std::string> aborts;
+      while (!cancels_.empty() && cancels_.top().when <= now) {
+        const Scheduled& s = cancels_.top();
+        if (auto it = calls_.find(s.call); it != calls_.end()) {
+          if (s.abort) {
+            aborts.push_back(it->second->MarkAborted());
+          } else {
+            it->second->Cancel();
+          }
+        }
         cancels_.pop();
+      }
+      if (!aborts.empty()) {  // the RPCs outside the lock: the calls' ends take it
+        lock.unlock();
+        for (const std::string& request_id : aborts) SendAbort(request_id);
+        lock.lock();
+        now = Clock::now();
       }
       if (o_.progress && now >= next_progress_) {
         DrawProgress(now);
@@ -164,9 +197,21 @@ class Runner {
       }
       if (done() || now >= until) return;
       Clock::time_point wake = until;
-      if (!cancels_.empty()) wake = std::min(wake, cancels_.top().first);
+      if (!cancels_.empty()) wake = std::min(wake, cancels_.top().when);
       if (o_.progress) wake = std::min(wake, next_progress_);
       cv_.wait_until(lock, wake);
+    }
+  }
+
+  // An Abort that finds nothing (the request ended first) is not an error.
+  void SendAbort(const std::string& request_id) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::AbortRequest req;
+    req.set_request_id(request_id);
+    pb::AbortResponse resp;
+    if (const grpc::Status s = stub_.Abort(&ctx, req, &resp); !s.ok()) {
+      std::fprintf(stderr, "pruneserve-loadtest: Abort(%s): %s\n", request_id.c_str(), s.error_message().c_str());
     }
   }
 
@@ -184,13 +229,18 @@ class Runner {
   pb::Generation::Stub& stub_;
   const RunOptions& o_;
   std::mt19937_64 rng_;  // the sending thread's
+  uint32_t run_tag_;     // in the request ids of aborted requests: unique beside other load generators
   Clock::time_point start_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, Call*> calls_;  // in flight
-  std::priority_queue<std::pair<Clock::time_point, uint64_t>, std::vector<std::pair<Clock::time_point, uint64_t>>,
-                      std::greater<>>
-      cancels_;  // (when, call id), the soonest on top
+  struct Scheduled {
+    Clock::time_point when;
+    uint64_t call;
+    bool abort;  // an Abort RPC; else the client's cancel
+    bool operator>(const Scheduled& o) const { return when > o.when; }
+  };
+  std::priority_queue<Scheduled, std::vector<Scheduled>, std::greater<>> cancels_;  // the soonest on top
   std::vector<RequestRecord> records_;
   uint64_t sent_ = 0;
   int failed_ = 0;

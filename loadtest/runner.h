@@ -1,7 +1,7 @@
 // Drives one load-generation run against a pruneserve: requests sent at the
 // arrival process's times (at most max_concurrency in flight), each streamed on
-// gRPC's callback API and timed as it arrives; some cancelled by the client or
-// given a deadline on purpose. Returns one record per request sent.
+// gRPC's callback API and timed as it arrives; some cancelled by the client,
+// aborted by id or given a deadline on purpose. Returns one record per request sent.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,9 @@ struct RunOptions {
   double cancel_within_s = 1.0;  // ... at a uniform time this long after the send at most
   double deadline_fraction = 0;  // share of requests sent with a deadline ...
   double deadline_s = 1.0;       // ... this long after the send
+  double abort_fraction = 0;     // share of requests ended by an Abort RPC (by request id) ...
+  double abort_within_s = 1.0;   // ... at a uniform time this long after the send at most
+  int priorities = 1;            // priorities drawn uniformly from [0, priorities)
   uint64_t seed = 0;
   bool progress = false;  // redraw a progress line on stderr
 };
@@ -33,7 +36,7 @@ struct RunResult {
 };
 
 // Sends requests until the count or the time is reached, then waits for every call.
-// A request whose client cancel or deadline ended it counts as cancelled; any other
+// A request whose client cancel, Abort or deadline ended it counts as cancelled; any other
 // non-OK status as failed.
 RunResult Run(pb::Generation::Stub& stub, Workload& workload, StrategyMix& mix, const RequestOptions& request,
               const RunOptions& options);
