@@ -63,10 +63,17 @@ absl::StatusOr<std::shared_ptr<void>> AccessControl::OpenStream(const std::strin
         absl::StrCat("client ", client, " has ", open, " streams open; this server allows ", max_streams_per_client_));
   }
   ++open;
+  ++total_open_;
   return std::shared_ptr<void>(nullptr, [this, client](void*) {
     std::lock_guard<std::mutex> lock(mu_);
+    --total_open_;
     if (--open_[client] == 0) open_.erase(client);
   });
+}
+
+int AccessControl::open_streams() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_open_;
 }
 
 int AccessControl::open_streams(const std::string& client) const {

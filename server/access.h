@@ -40,12 +40,15 @@ class AccessControl {
   // max_streams_per_client. The handle may outlive this object's callers but not it.
   absl::StatusOr<std::shared_ptr<void>> OpenStream(const std::string& client);
   int open_streams(const std::string& client) const;
+  // Over every client: what a drain waits for (a stream ends once its last message is written).
+  int open_streams() const;
 
  private:
   std::vector<std::string> keys_;
   int max_streams_per_client_;
   mutable std::mutex mu_;
   std::map<std::string, int> open_;  // client -> streams open
+  int total_open_ = 0;
 };
 
 }  // namespace ps::server

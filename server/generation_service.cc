@@ -22,13 +22,25 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const grpc::St
 class StreamSink;
 
 // A Generate call. Lives until OnDone. Messages are queued and written one at a
-// time (gRPC allows one outstanding write); Push may come from any thread.
+// time (gRPC allows one outstanding write); token chunks queued behind a write in
+// flight are merged into one message. Push may come from any thread.
 class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
  public:
   void Push(pb::GenerateResponse msg, std::optional<grpc::Status> final) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!final && queue_.size() >= max_backlog_ && request_) request_->Cancel(CancelReason::kSlowClient);
-    queue_.push_back(std::move(msg));
+    const size_t tokens = msg.has_chunk() ? msg.chunk().token_ids_size() : 0;
+    unsent_tokens_ += tokens;
+    if (!final && tokens > 0 && unsent_tokens_ > max_backlog_ && request_) {
+      request_->Cancel(CancelReason::kSlowClient);
+    }
+    if (msg.has_chunk() && !queue_.empty() && queue_.back().has_chunk()) {
+      pb::TokenChunk* into = queue_.back().mutable_chunk();
+      std::string text = into->text() + msg.chunk().text();
+      into->MergeFrom(msg.chunk());  // appends the ids and logprobs (and would overwrite the text)
+      into->set_text(std::move(text));
+    } else {
+      queue_.push_back(std::move(msg));
+    }
     if (final) final_ = std::move(*final);
     WriteNextLocked();
   }
@@ -61,6 +73,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
     if (!ok) {  // the client is gone; the engine sees the cancel at its next step
       if (request_) request_->Cancel(CancelReason::kClient);
       queue_.clear();
+      unsent_tokens_ = 0;
       if (!final_) return;  // OnCancel follows; the engine's Finished event will finish us
     }
     WriteNextLocked();
@@ -82,6 +95,7 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
       writing_ = true;
       current_ = std::move(queue_.front());
       queue_.pop_front();
+      if (current_.has_chunk()) unsent_tokens_ -= current_.chunk().token_ids_size();
       StartWrite(&current_);
     } else if (final_) {
       finished_ = true;
@@ -96,7 +110,8 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
   bool writing_ = false, finished_ = false;
   std::shared_ptr<Request> request_;
   grpc::CallbackServerContext* ctx_ = nullptr;
-  size_t max_backlog_ = 0;  // unsent messages before the request is cancelled
+  size_t max_backlog_ = 0;    // unsent tokens beyond which the request is cancelled
+  size_t unsent_tokens_ = 0;  // in queue_
 };
 
 // The request's sink: metrics and the log line, then the stream while it lives

@@ -21,9 +21,9 @@ struct ServiceState {
   Metrics* metrics = nullptr;
   int kv_block_tokens = 16;     // tokens per KV page
   int64_t kv_token_blocks = 1;  // blocks a page of tokens takes over all layers
-  // Messages a stream may have waiting for a client that does not read; beyond,
+  // Tokens a stream may have waiting for a client that does not read; beyond,
   // its request is cancelled (RESOURCE_EXHAUSTED): memory per stream is bounded.
-  size_t max_stream_backlog = 1024;
+  size_t max_stream_backlog = 4096;
   RequestDefaults defaults;
 };
 

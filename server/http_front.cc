@@ -38,7 +38,7 @@ void SendError(httplib::Response& res, Api api, const absl::Status& status) {
 // A request's events, handed from the engine thread to the connection's thread.
 class HttpSink final : public MeteredSink {
  public:
-  // `request` is cancelled (kSlowClient) when `max_backlog` events wait untaken.
+  // `request` is cancelled (kSlowClient) when more than `max_backlog` tokens wait untaken.
   HttpSink(Metrics* metrics, const std::shared_ptr<Request>& request, size_t max_backlog)
       : MeteredSink(metrics, request->id, std::string(request->strategy())),
         request_(request),
@@ -49,6 +49,7 @@ class HttpSink final : public MeteredSink {
     cv_.wait_for(lock, timeout, [&] { return !events_.empty(); });
     out->swap(events_);
     events_.clear();
+    untaken_tokens_ = 0;
     taken_finish_ = taken_finish_ || finished_;
     return taken_finish_;
   }
@@ -57,7 +58,8 @@ class HttpSink final : public MeteredSink {
   void Deliver(RequestEvent ev) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (ev.kind == RequestEvent::Kind::kTokens && events_.size() >= max_backlog_) {
+      untaken_tokens_ += ev.tokens.size();
+      if (ev.kind == RequestEvent::Kind::kTokens && untaken_tokens_ > max_backlog_) {
         if (auto r = request_.lock()) r->Cancel(CancelReason::kSlowClient);
       }
       finished_ = finished_ || ev.kind == RequestEvent::Kind::kFinished;
@@ -71,6 +73,7 @@ class HttpSink final : public MeteredSink {
   std::weak_ptr<Request> request_;  // the request holds its sink
   size_t max_backlog_;
   std::deque<RequestEvent> events_;
+  size_t untaken_tokens_ = 0;  // in events_
   bool finished_ = false, taken_finish_ = false;
 };
 

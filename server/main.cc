@@ -40,7 +40,7 @@ struct Options {
           prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,
           kv_host_bytes = int64_t{2} << 30, http_port = -1, http_threads = 128, max_request_bytes = int64_t{32} << 20,
           max_prompt_tokens = 0, max_new_tokens = 0, max_stop_strings = 16, max_stop_string_bytes = 256,
-          max_streams_per_client = 0, max_stream_backlog = 1024;
+          max_streams_per_client = 0, max_stream_backlog = 4096;
   double drain_timeout = 30.0, default_temperature = 1.0, default_top_p = 1.0, kv_device_fraction = 0,
          kv_host_fraction = 0;
   bool int8_activations = false;
@@ -64,7 +64,7 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddInt("max-streams-per-client", &o.max_streams_per_client,
            "generation requests one client address may have open at once, gRPC and HTTP together (0 = no limit)");
   f.AddInt("max-stream-backlog", &o.max_stream_backlog,
-           "messages a stream may hold for a client that does not read it; beyond, its request is cancelled "
+           "tokens a stream may hold for a client that does not read it; beyond, its request is cancelled "
            "with RESOURCE_EXHAUSTED (flow control: the server's memory per stream is bounded)");
   f.AddString("tls-cert", &o.tls_cert, "PEM certificate (chain) of the gRPC and HTTP ports; with --tls-key: TLS only");
   f.AddString("tls-key", &o.tls_key, "PEM private key of --tls-cert");
@@ -387,7 +387,8 @@ int main(int argc, char** argv) {
   service.SetDraining(true);
   if (http) http->SetDraining(true);
   const auto drain_deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.drain_timeout);
-  auto busy = [&] { return loop.Load().in_flight > 0; };
+  // Until the engine has finished every request and each stream has written its last message.
+  auto busy = [&] { return loop.Load().in_flight > 0 || access.open_streams() > 0; };
   while (busy() && std::chrono::steady_clock::now() < drain_deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a gauge, not synchronising
   }

@@ -59,8 +59,10 @@ TEST(Access, StreamsPerClient) {
   auto b1 = access.OpenStream("b");  // another client is not counted against "a"
   ASSERT_TRUE(b1.ok());
   EXPECT_EQ(access.open_streams("a"), 2);
+  EXPECT_EQ(access.open_streams(), 3);
   a1->reset();  // the stream ends: its slot is free again
   EXPECT_EQ(access.open_streams("a"), 1);
+  EXPECT_EQ(access.open_streams(), 2);
   EXPECT_TRUE(access.OpenStream("a").ok());  // a temporary: released at once
   EXPECT_EQ(access.open_streams("a"), 1);
   AccessControl unlimited({}, 0);

@@ -17,7 +17,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
-from grpcstubs import generate_stubs  # noqa: E402
+from grpcstubs import run_tests, wait_loaded  # noqa: E402
 from serverproc import Server, wait_for  # noqa: E402
 
 ARGS = None
@@ -26,15 +26,15 @@ UNAVAILABLE = "14"  # grpc::StatusCode::UNAVAILABLE in the load generator's fail
 
 class ShutdownUnderLoadTest(unittest.TestCase):
     def sigterm_under_load(self, drain_timeout, output_len):
-        """SIGTERM once 32 streams run; returns the load generator's result and the server's log. A bounded
-        number of requests: those sent after the drain starts are refused at once (UNAVAILABLE)."""
+        """64 streams, all sent at once; SIGTERM once 32 of them run. Returns the load generator's result
+        and the server's log. (Calls sent after the SIGTERM are refused: server_test covers them.)"""
         server = Server(ARGS.server, ARGS.model, "--threads", "2", "--drain-timeout", str(drain_timeout))
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
         result_file = os.path.join(tmp.name, "load.json")
         load = subprocess.Popen(
             [ARGS.loadtest, "--addr", server.grpc_addr, "--haystack", ARGS.haystack,
-             "--num-requests", "400", "--max-concurrency", "64", "--input-len", "64", "--output-len", str(output_len),
+             "--num-requests", "64", "--max-concurrency", "64", "--input-len", "64", "--output-len", str(output_len),
              "--strategy-mix", "full=0.5,lazyllm=0.25,gemfilter=0.25", "--progress", "off",
              "--result-file", result_file], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.assertTrue(wait_for(lambda: server.metric("pruneserve_num_requests_running") >= 32, 60),
@@ -47,18 +47,19 @@ class ShutdownUnderLoadTest(unittest.TestCase):
         self.assertLess(stopped_in, drain_timeout + 10, log)
         with open(result_file) as f:
             result = json.load(f)["runs"][0]
-        self.assertEqual(set(result["failures"]), {UNAVAILABLE}, result["failures"])  # refused once it drains
-        self.assertEqual(result["completed"] + result["failed"], 400)
+        self.assertLessEqual(set(result["failures"]), {UNAVAILABLE}, result["failures"])
+        self.assertEqual(result["completed"] + result["failed"], 64)
         return result, log
 
     def test_sigterm_drains_in_flight_streams(self):
         result, log = self.sigterm_under_load(drain_timeout=60, output_len=100)
         self.assertNotIn("drain timeout", log)
-        self.assertGreaterEqual(result["completed"], 32)  # at least those running at the SIGTERM
+        self.assertEqual(result["completed"], 64)  # every stream admitted before the SIGTERM finished
 
     def test_sigterm_with_a_short_drain_cuts_streams_with_unavailable(self):
-        _, log = self.sigterm_under_load(drain_timeout=0.5, output_len=1800)
+        result, log = self.sigterm_under_load(drain_timeout=0.5, output_len=1800)
         self.assertIn("drain timeout: cancelling the remaining requests", log)
+        self.assertGreater(result["failures"].get(UNAVAILABLE, 0), 0)
 
     def test_sigkill_loses_only_the_streams_in_flight(self):
         server = Server(ARGS.server, ARGS.model, "--threads", "2")
@@ -117,14 +118,6 @@ class ShutdownUnderLoadTest(unittest.TestCase):
         self.assertEqual(code, 0, log)
 
 
-def wait_loaded(stub):
-    def loaded():
-        try:
-            stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=1)
-            return True
-        except grpc.RpcError:
-            return False
-    assert wait_for(loaded, 60), "the model did not load"
 
 
 def offline(prompt, n):
@@ -143,10 +136,4 @@ if __name__ == "__main__":
     ap.add_argument("--haystack", required=True)
     ap.add_argument("--proto-dir", required=True)
     ARGS, rest = ap.parse_known_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        generate_stubs(ARGS.proto_dir, tmp)
-        import grpc
-        from pruneserve.v1 import generation_pb2 as pb
-        from pruneserve.v1 import generation_pb2_grpc as pb_grpc
-        result = unittest.main(argv=[sys.argv[0]] + rest, verbosity=2, exit=False).result
-    sys.exit(0 if result.wasSuccessful() else 1)
+    run_tests(ARGS.proto_dir, [sys.argv[0]] + rest, globals())
