@@ -20,6 +20,7 @@
 #include "base/flags.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "loadtest/runner.h"
+#include "proto/client_channel.h"
 
 namespace {
 
@@ -37,6 +38,7 @@ struct Options {
          cancel_fraction = 0, cancel_within = 1.0, deadline_fraction = 0, deadline = 1.0, abort_fraction = 0,
          abort_within = 1.0, temperature = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, slo_e2el_ms = 0, connect_timeout = 30;
   bool ignore_eos = true;
+  ps::ClientChannelOptions channel;
 };
 
 void AddFlags(ps::FlagParser& f, Options& o) {
@@ -72,6 +74,7 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddString("result-file", &o.result_file, "write the results as JSON here");
   f.AddString("progress", &o.progress, "auto | on | off: a progress line on stderr (auto: when it is a terminal)");
   f.AddFloat("connect-timeout", &o.connect_timeout, "seconds to wait for the server to be serving");
+  ps::AddClientChannelFlags(f, &o.channel);
 }
 
 int Fail(const std::string& msg) {
@@ -212,11 +215,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<lt::StrategyMix> mix = lt::StrategyMix::Parse(o.strategy_mix);
   if (!mix.ok()) return Fail(std::string(mix.status().message()));
 
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(o.addr, grpc::InsecureChannelCredentials(), args);
-  if (absl::Status s = WaitServing(channel, o.connect_timeout); !s.ok()) return Fail(std::string(s.message()));
-  auto stub = pb::Generation::NewStub(channel);
+  o.channel.max_receive_message_bytes = 64 << 20;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ps::CreateClientChannel(o.addr, o.channel);
+  if (!channel.ok()) return Fail(std::string(channel.status().message()));
+  if (absl::Status s = WaitServing(*channel, o.connect_timeout); !s.ok()) return Fail(std::string(s.message()));
+  auto stub = pb::Generation::NewStub(*channel);
   absl::StatusOr<lt::Workload> workload = MakeWorkload(o, *stub);
   if (!workload.ok()) return Fail(std::string(workload.status().message()));
 

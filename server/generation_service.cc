@@ -21,9 +21,14 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const grpc::St
 
 class StreamSink;
 
+// A merged message stays small enough for HTTP/2 flow control to hold back a
+// client that does not read (a bigger one is taken whole past its window).
+constexpr size_t kMaxMergedBytes = 4 << 10;
+
 // A Generate call. Lives until OnDone. Messages are queued and written one at a
 // time (gRPC allows one outstanding write); token chunks queued behind a write in
-// flight are merged into one message. Push may come from any thread.
+// flight are merged into one message (up to kMaxMergedBytes). Push may come from
+// any thread.
 class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
  public:
   void Push(pb::GenerateResponse msg, std::optional<grpc::Status> final) {
@@ -33,7 +38,8 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
     if (!final && tokens > 0 && unsent_tokens_ > max_backlog_ && request_) {
       request_->Cancel(CancelReason::kSlowClient);
     }
-    if (msg.has_chunk() && !queue_.empty() && queue_.back().has_chunk()) {
+    if (msg.has_chunk() && !queue_.empty() && queue_.back().has_chunk() &&
+        queue_.back().ByteSizeLong() + msg.ByteSizeLong() <= kMaxMergedBytes) {
       pb::TokenChunk* into = queue_.back().mutable_chunk();
       std::string text = into->text() + msg.chunk().text();
       into->MergeFrom(msg.chunk());  // appends the ids and logprobs (and would overwrite the text)

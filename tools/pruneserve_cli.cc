@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/flags.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "proto/client_channel.h"
 #include "proto/field_args.h"
 #include "pruneserve/v1/generation.grpc.pb.h"
 
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
   int64_t max_new = -1, top_k = -1, seed = -1, logprobs = 0, priority = 0;
   double temperature = -1, top_p = -1, timeout = 0;
   bool stats = false, ids = false;
+  ps::ClientChannelOptions channel_options;
   ps::FlagParser f("pruneserve-cli " + cmd, kUsage);
   f.AddString("prompt", &prompt, "input text (generate, chat, tokenize)");
   f.AddString("system", &system, "system message (chat)");
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
   f.AddStringList("strategy-arg", &strategy_args,
                   "strategy parameter key=value, lists comma-separated (e.g. top_k=512, keep=0.5,0.3)");
   f.AddBool("report", &report, "print the prompt spans the model kept to stderr (return_pruning_report)");
+  ps::AddClientChannelFlags(f, &channel_options);
   std::vector<std::string> positional;
   if (absl::Status s = f.Parse(argc - cmd_at, argv + cmd_at, &positional); !s.ok()) {
     std::fprintf(stderr, "pruneserve-cli: %s\n", std::string(s.message()).c_str());
@@ -110,8 +113,12 @@ int main(int argc, char** argv) {
   }
   if (prompt.empty() && !positional.empty()) prompt = absl::StrJoin(positional, " ");
 
-  auto channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
-  auto stub = pb::Generation::NewStub(channel);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ps::CreateClientChannel(addr, channel_options);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "pruneserve-cli: %s\n", std::string(channel.status().message()).c_str());
+    return 2;
+  }
+  auto stub = pb::Generation::NewStub(*channel);
   grpc::ClientContext ctx;
   if (timeout > 0) {
     ctx.set_deadline(std::chrono::system_clock::now() +
@@ -207,7 +214,7 @@ int main(int argc, char** argv) {
     return Report(s);
   }
   if (cmd == "health") {
-    auto health = grpc::health::v1::Health::NewStub(channel);
+    auto health = grpc::health::v1::Health::NewStub(*channel);
     grpc::health::v1::HealthCheckResponse resp;
     grpc::Status s = health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
     if (s.ok()) std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";

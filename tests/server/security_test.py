@@ -46,8 +46,10 @@ def make_pki(d):
             "-out", name + ".crt", "-days", "2", "-extfile", name + ".ext")
     run("req", "-x509", *ec, "-keyout", "rogue.key", "-out", "rogue.crt", "-days", "2", "-subj", "/CN=rogue")
     with open(os.path.join(d, "keys"), "w") as f:
-        f.write("# API keys\n\nold-key-being-rotated-out\n" + KEY + "\n")
-    return {n: os.path.join(d, n) for n in os.listdir(d)}
+        f.write("# API keys\n\n" + KEY + "\nold-key-being-rotated-out\n")
+    with open(os.path.join(d, "prompts"), "w") as f:  # for pruneserve-loadtest
+        f.write('{"prompt": "Once upon a time", "max_tokens": 8}\n')
+    return {"dir": d, **{n: os.path.join(d, n) for n in os.listdir(d)}}
 
 
 def read(path):
@@ -158,6 +160,25 @@ class TlsAndTokenTest(unittest.TestCase):
             with urllib.request.urlopen(self.server.http_url + path, timeout=10, context=self.ctx) as r:
                 self.assertEqual(r.status, 200)
 
+    def test_cli_and_loadtest_with_tls_and_a_key(self):
+        def cli(*extra):
+            return subprocess.run([ARGS.cli, "--addr", self.server.grpc_addr, "generate", "--prompt", "Once upon a time",
+                                   "--max-new-tokens", "4", "--temperature", "0", "--ids", *extra],
+                                  capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+        served = cli("--tls-ca", PKI["ca.crt"], "--api-key-file", PKI["keys"])  # its first key line
+        self.assertEqual(served.returncode, 0, served.stderr)
+        self.assertEqual(len(served.stdout.split()), 4)
+        no_key = cli("--tls-ca", PKI["ca.crt"])
+        self.assertEqual(no_key.returncode, 16, no_key.stderr)  # UNAUTHENTICATED
+        self.assertNotEqual(cli("--api-key-file", PKI["keys"]).returncode, 0)  # plaintext to the TLS port
+        out = os.path.join(PKI["dir"], "load.json")
+        load = subprocess.run([ARGS.loadtest, "--addr", self.server.grpc_addr, "--tls-ca", PKI["ca.crt"],
+                               "--api-key-file", PKI["keys"], "--dataset", PKI["prompts"], "--num-requests", "4",
+                               "--progress", "off", "--result-file", out], capture_output=True, text=True, timeout=120)
+        self.assertEqual(load.returncode, 0, load.stdout + load.stderr)
+        with open(out) as f:
+            self.assertEqual(json.load(f)["runs"][0]["completed"], 4)
+
     def test_plaintext_http_to_the_https_port_is_refused(self):
         with self.assertRaises((OSError, http.client.HTTPException)):
             urllib.request.urlopen(self.server.http_url.replace("https:", "http:") + "/health", timeout=10)
@@ -257,12 +278,14 @@ class LimitsTest(unittest.TestCase):
                                                                             ("grpc.http2.bdp_probe", 0)])
         req = pb.GenerateRequest(text="Once upon a time", logprobs=True, top_logprobs=20,
                                  stopping=pb.StoppingCriteria(max_new_tokens=300, ignore_eos=True))
+        finished_before = self.server.metric("pruneserve_requests_total")
         slow = pb_grpc.GenerationStub(slow_channel).Generate(req, timeout=60)
         self.assertTrue(next(slow).HasField("prompt_info"))  # admitted: the client's one stream is open
         self.assert_exhausted(lambda: generate(self.stub), "client 127.0.0.1 has 1 streams open")
         with self.assertRaises(openai.RateLimitError):
             self.client.completions.create(model="stories260K", prompt="Once", max_tokens=4)
-        # Now read: the request was cancelled when its backlog filled, long before 300 tokens.
+        # The engine is done with the request (it was cancelled when the backlog filled) before the client reads.
+        self.assertTrue(wait_for(lambda: self.server.metric("pruneserve_requests_total") > finished_before, 60))
         received = []
         with self.assertRaises(grpc.RpcError) as e:
             for msg in slow:
@@ -285,6 +308,8 @@ class LimitsTest(unittest.TestCase):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", required=True)
+    ap.add_argument("--cli", required=True)
+    ap.add_argument("--loadtest", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--proto-dir", required=True)
     ARGS, rest = ap.parse_known_args()
