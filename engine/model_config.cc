@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "engine/json_numbers.h"
 #include "engine/model.h"
 #include "kernels/cpu/quant.h"
 
@@ -105,6 +106,7 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& f) {
 absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text) {
   nlohmann::json j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("config.json is not a JSON object");
+  PS_RETURN_IF_ERROR(CheckJsonNumbers(j, "config.json"));
   ModelConfig c;
   try {  // a field of the wrong type throws: every read is inside
     const std::string type = j.value("model_type", "");

@@ -50,6 +50,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(const ui
         return absl::UnimplementedError(absl::StrCat(src, ": tensor ", it.key(), " has unsupported dtype ", dt));
       size_t n = 1;
       for (const auto& d : v.at("shape")) {
+        if (!d.is_number_integer())  // a float would convert with undefined behaviour
+          return absl::InvalidArgumentError(absl::StrCat(src, ": bad shape for ", it.key()));
         const int64_t x = d.get<int64_t>();
         if (x <= 0 || x > (int64_t{1} << 40))
           return absl::InvalidArgumentError(absl::StrCat(src, ": bad shape for ", it.key()));
@@ -59,6 +61,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(const ui
           return absl::InvalidArgumentError(absl::StrCat(src, ": tensor ", it.key(), " too large"));
       }
       const auto& off = v.at("data_offsets");
+      if (!off.at(0).is_number_unsigned() || !off.at(1).is_number_unsigned()) {
+        return absl::InvalidArgumentError(absl::StrCat(src, ": tensor ", it.key(), " has bad data_offsets"));
+      }
       const uint64_t b = off.at(0).get<uint64_t>(), e = off.at(1).get<uint64_t>();
       if (b > e || e > data_size || e - b != n * elem) {
         return absl::DataLossError(absl::StrCat(src, ": tensor ", it.key(), " byte range [", b, ", ", e,

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "engine/json_numbers.h"
 
 namespace ps {
 
@@ -70,6 +71,7 @@ std::string CalibrationToJson(const Calibration& c) {
 absl::StatusOr<Calibration> CalibrationFromJson(std::string_view json, const ModelConfig& config) {
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  PS_RETURN_IF_ERROR(CheckJsonNumbers(j, "calibration"));
   Calibration c;
   try {
     c.model = j.value("model", "");

@@ -80,6 +80,9 @@ TEST(Calibration, JsonRoundTripAndChecksAgainstTheModel) {
   EXPECT_THAT(std::string(CalibrationFromJson(R"({"n_layers": 3})", Config(3, 2)).status().message()),
               HasSubstr("bad calibration"));
   EXPECT_EQ(LoadCalibration("/nonexistent/x.json", Config(3, 2)).status().code(), absl::StatusCode::kNotFound);
+  // Found by fuzz_pod_groups (UBSan): a float beyond int's range converted into n_layers.
+  EXPECT_EQ(CalibrationFromJson(R"({"n_layers": 2.50136e20, "n_kv_heads": 2})", Config(3, 2)).status().message(),
+            "calibration: the number 2.50136e+20 is out of range");
 }
 
 TEST(Calibration, ToolWritesAFileTheModelAccepts) {

@@ -3,6 +3,7 @@
 // in GGUF layout (q/k rows permuted as llama.cpp's converter does, normal RoPE).
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -225,6 +226,27 @@ TEST(HfConfig, WrongTypesAndZeroSizesAreErrors) {
           "num_attention_heads": 0, "num_key_value_heads": 4, "intermediate_size": 172})");
   ASSERT_TRUE(zero_heads.ok()) << zero_heads.status();
   EXPECT_EQ(ValidateConfig(*zero_heads).message(), "model config: sizes must be positive");
+}
+
+// Found by fuzz_hf_config and fuzz_pod_groups (UBSan): a float too large for the
+// int field it fills (1.5e125 layers) was converted with undefined behaviour; a
+// safetensors shape or offset that is a float likewise.
+TEST(HfConfig, NumbersOutOfRangeAreErrors) {
+  const absl::StatusOr<ModelConfig> c = ConfigFromHfJson(
+      R"({"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 1.5e125,
+          "num_attention_heads": 8, "intermediate_size": 172})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(), "config.json: the number 1.5e+125 is out of range");
+  for (const char* header : {R"({"a": {"dtype": "F32", "shape": [1e300], "data_offsets": [0, 4]}})",
+                             R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [-1.5, 4]}})"}) {
+    std::string image(8, '\0');
+    const size_t n = std::strlen(header);
+    for (int b = 0; b < 8; ++b) image[b] = static_cast<char>((n >> (8 * b)) & 0xff);
+    image += header;
+    image += std::string(4, '\0');
+    const auto st = SafetensorsFile::Parse(reinterpret_cast<const uint8_t*>(image.data()), image.size(), "x");
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument) << header;
+  }
 }
 
 }  // namespace
