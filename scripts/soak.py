@@ -145,19 +145,18 @@ def soak(args, server, addr, metrics_url, out, binary):
     with open(out("samples.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, ["t", "rss_bytes", "fds", "threads", "device_blocks", "host_blocks"])
         writer.writeheader()
-        while True:
+        while loadtest.poll() is None and server.poll() is None:  # samples under load only
             t = time.monotonic() - start
             rss, threads = proc_status(server.pid)
+            fds = len(os.listdir(f"/proc/{server.pid}/fd"))  # before the scrape opens a connection
             used = used_blocks(metrics_url)
-            s = {"t": round(t, 1), "rss_bytes": rss, "fds": len(os.listdir(f"/proc/{server.pid}/fd")),
-                 "threads": threads, "device_blocks": used["device"], "host_blocks": used["host"]}
+            s = {"t": round(t, 1), "rss_bytes": rss, "fds": fds, "threads": threads, "device_blocks": used["device"],
+                 "host_blocks": used["host"]}
             samples.append(s)
             writer.writerow(s)
             f.flush()
             print(f"soak {t / 60:5.1f} min  RSS {rss / 2**20:7.1f} MiB  fds {s['fds']:4d}  threads {threads:3d}  "
                   f"KV blocks device {used['device']:6.0f} host {used['host']:6.0f}", flush=True)
-            if loadtest.poll() is not None or server.poll() is not None:
-                break
             time.sleep(args.interval)  # the sampling period, not a synchronisation
     loadtest.wait()
     drained = wait_for(lambda: sum(used_blocks(metrics_url).values()) == 0, 30)
