@@ -1,23 +1,19 @@
 #include "server/tls.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
+#include "base/mapped_file.h"
 #include "base/status.h"
 
 namespace ps::server {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read the TLS ", what, " ", path));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (s.str().find("-----BEGIN ") == std::string::npos) {
+  absl::StatusOr<std::string> pem = ReadFileToString(path);
+  if (!pem.ok()) return absl::NotFoundError(absl::StrCat("cannot read the TLS ", what, " ", path));
+  if (pem->find("-----BEGIN ") == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("the TLS ", what, " ", path, " is not PEM"));
   }
-  return s.str();
+  return pem;
 }
 
 }  // namespace
