@@ -164,7 +164,8 @@ class TlsAndTokenTest(unittest.TestCase):
         def cli(*extra):
             return subprocess.run([ARGS.cli, "--addr", self.server.grpc_addr, "generate", "--prompt", "Once upon a time",
                                    "--max-new-tokens", "4", "--temperature", "0", "--ids", *extra],
-                                  capture_output=True, text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+                                  capture_output=True, text=True, timeout=60,
+                                  env={k: v for k, v in os.environ.items() if k != "PRUNESERVE_API_KEY"})
         served = cli("--tls-ca", PKI["ca.crt"], "--api-key-file", PKI["keys"])  # its first key line
         self.assertEqual(served.returncode, 0, served.stderr)
         self.assertEqual(len(served.stdout.split()), 4)
