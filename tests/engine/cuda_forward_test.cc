@@ -21,7 +21,7 @@ using testing::TestData;
 class CudaForwardTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ::setenv("PS_CUDA_PLUGIN", PS_BINARY_DIR "/libps_cuda.so", 1);
+    ::setenv("PS_CUDA_PLUGIN", PS_BINARY_DIR "/libps_cuda.so", /*overwrite=*/0);  // a bundle sets its own
     model_ = testing::LoadOrDie(testing::StoriesGguf()).release();
   }
   static void TearDownTestSuite() { delete model_; }

@@ -1,6 +1,7 @@
 #include "tests/engine/test_util.h"
 
 #include "tests/engine/test_calibration.h"
+#include "tests/test_env.h"
 
 #include <sys/stat.h>
 
@@ -10,7 +11,7 @@
 
 namespace ps::testing {
 
-std::string TestData(const std::string& rel) { return std::string(PS_TESTDATA) + "/" + rel; }
+std::string TestData(const std::string& rel) { return TestDataDir() + "/" + rel; }
 std::string StoriesGguf() { return TestData("stories260K/stories260K.gguf"); }
 
 namespace {

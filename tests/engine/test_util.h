@@ -13,7 +13,7 @@
 
 namespace ps::testing {
 
-std::string TestData(const std::string& rel);  // ../shared/testdata/<rel>
+std::string TestData(const std::string& rel);  // <TestDataDir()>/<rel> (tests/test_env.h)
 std::string StoriesGguf();
 std::string DefaultModelPath();  // models/SmolLM2-135M-Instruct.Q4_1.gguf ("" if not fetched)
 std::string EvalModelPath();     // models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf ("" if not fetched)

@@ -60,7 +60,8 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
     }
     const LoadSnapshot load = s.Load();
     EXPECT_EQ(load.kv[static_cast<int>(Tier::kDevice)].used, 0);
-    EXPECT_EQ(s.guarded().guarded_calls() > 0, guarded);
+    EXPECT_EQ(s.guarded().guarded_calls() > 0, s.guarding());
+    EXPECT_EQ(s.guarding(), guarded && testing::TestDevice() == "cpu");
   }
 }
 

@@ -12,14 +12,14 @@
 
 #include "engine/generator.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "server/serving.h"
 #include "tests/engine/guarded_backend.h"
 #include "tests/engine/test_calibration.h"
+#include "tests/test_env.h"
 
 namespace ps {
 
-inline const std::string kStories = std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf";
+inline const std::string kStories = testing::TestDataDir() + "/stories260K/stories260K.gguf";
 
 // Collects a request's events; Wait() blocks until Finished arrives.
 class CollectingSink : public RequestSink {
@@ -51,15 +51,16 @@ class CollectingSink : public RequestSink {
   std::condition_variable cv_;
 };
 
-// The serving core on the CPU backend (behind a GuardedBackend when `guarded`: as
-// on a GPU, host code reaches activations only through copies), with the engine
-// loop's thread-safe face.
+// The serving core on the test backend ($PS_TEST_DEVICE, tests/test_env.h), with the
+// engine loop's thread-safe face. With `guarded`, a host-addressable backend (the
+// CPU) sits behind a GuardedBackend: as on a GPU, host code then reaches activations
+// only through copies.
 class Served {
  public:
   Served(const Model& model, ThreadPool& pool, const server::ServingOptions& options,
          SchedulerObserver* observer = nullptr, bool guarded = false)
-      : backend_(pool), guarded_(backend_) {
-    Backend& backend = guarded ? static_cast<Backend&>(guarded_) : backend_;
+      : backend_(testing::TestBackend(pool)), guarded_(*backend_), guarding_(guarded && backend_->host_addressable()) {
+    Backend& backend = guarding_ ? static_cast<Backend&>(guarded_) : *backend_;
     auto s = server::Serving::Create(model, backend, options, observer);
     EXPECT_TRUE(s.ok()) << s.status();
     serving_ = std::move(*s);
@@ -69,10 +70,12 @@ class Served {
   LoadSnapshot Load() const { return serving_->loop().Load(); }
   void Stop() { serving_->loop().Stop(); }
   const testing::GuardedBackend& guarded() const { return guarded_; }
+  bool guarding() const { return guarding_; }  // whether the guard is in use
 
  private:
-  CpuBackend backend_;
+  std::unique_ptr<Backend> backend_;
   testing::GuardedBackend guarded_;  // destroyed after serving_ (its activations)
+  bool guarding_;
   std::unique_ptr<server::Serving> serving_;
 };
 
@@ -96,7 +99,7 @@ class SchedulerTest : public ::testing::Test {
   }
   // Greedy tokens from the offline generator, with a fresh instance of `pruning`'s strategy.
   std::vector<int32_t> Offline(const std::vector<int32_t>& prompt, int n, const PruningParams& pruning = {}) {
-    Generator gen(*model_, backend_);
+    Generator gen(*model_, *backend_);
     const std::unique_ptr<PruningStrategy> strategy = pruning.Make(model_->config());
     return gen
         .Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true},
@@ -114,7 +117,7 @@ class SchedulerTest : public ::testing::Test {
 
   static inline Model* model_ = nullptr;
   ThreadPool pool_{2};
-  CpuBackend backend_{pool_};
+  std::unique_ptr<Backend> backend_ = testing::TestBackend(pool_);
   std::map<std::string, std::shared_ptr<CollectingSink>> sinks_;
 };
 

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks on the lent GPU machine (issue 14), run from the bundle
+# scripts/gpu_bundle.sh makes (this file is its run.sh; it unpacks bundle.tar.gz into
+# /tmp/ps-gpu first). Each phase fits the device tool's 10 minutes per command; logs
+# and a summary go to $OUT (else /tmp/gpu-out), and the exit status is the number of
+# failed steps.
+#   bash .gpu/run.sh smoke      the bundle loads here: libraries, the programs' help, the scheduler
+#                               tests on the CPU (no GPU needed; also the first step of parity)
+#   bash .gpu/run.sh parity     CUDA kernels = CPU kernels; stories260K = llama.cpp's golden; the
+#                               scheduler tests with PS_TEST_DEVICE=cuda; the server on --device cuda
+#                               streams an answer to pruneserve-cli
+#   bash .gpu/run.sh sanitize   compute-sanitizer memcheck and racecheck on the parity suite
+#   bash .gpu/run.sh bench [ARGS]   ps_bench_engine --device cuda --synthetic llama3-8b (ARGS replace
+#                               the default figures: prefill 4k/16k, decode at batch 1 and 32)
+set -uo pipefail
+BUNDLE="$(cd "$(dirname "$0")" && pwd)/bundle.tar.gz"
+HERE=/tmp/ps-gpu
+if ! cmp -s "$BUNDLE" "$HERE/bundle.tar.gz" 2>/dev/null; then
+  rm -rf "$HERE" && mkdir -p "$HERE" && tar -C "$HERE" -xzf "$BUNDLE" && cp "$BUNDLE" "$HERE/" || exit 2
+fi
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+PHASE=${1:-}
+shift || true
+LOG="$OUT/$PHASE.log"
+SUMMARY="$OUT/summary.txt"
+failed=0
+
+# The bundle's libraries; cuBLAS is the machine's (too large to carry), and libstdc++ too unless it is too old.
+cublas_dir=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+  $(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null); do
+  if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
+done
+export LD_LIBRARY_PATH="$HERE/bin:$HERE/lib${cublas_dir:+:$cublas_dir}"  # bin: libps_cuda.so
+if ldd "$HERE"/bin/* 2>&1 | grep -q 'GLIBCXX.*not found\|libstdc++.*not found'; then
+  LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$HERE/lib-std"
+fi
+export PS_TESTDATA="$HERE/testdata" PS_CUDA_PLUGIN="$HERE/bin/libps_cuda.so"
+export BIN="$HERE/bin" STORIES="$HERE/testdata/stories260K/stories260K.gguf" OUT
+
+# step NAME SECONDS COMMAND...: runs COMMAND (a program or a function of this script)
+# under a time limit, logs it and records the verdict. A skipped test fails the step:
+# on the GPU machine a skip means the device was not usable.
+step() {
+  local name=$1 limit=$2 t0=$SECONDS rc part
+  shift 2
+  part=$(mktemp)
+  echo "=== $name ($(date -u +%T), limit ${limit}s): $*" | tee -a "$LOG"
+  if declare -F "$1" > /dev/null; then
+    timeout --kill-after=10 "$limit" bash -c "$(declare -f "$1"); $*" > "$part" 2>&1
+  else
+    timeout --kill-after=10 "$limit" "$@" > "$part" 2>&1
+  fi
+  rc=$?
+  cat "$part" >> "$LOG"
+  local verdict=PASS
+  if [ $rc -ne 0 ]; then
+    verdict="FAIL (exit $rc$([ $rc -eq 124 ] && echo ', timed out'))"
+  elif grep -q '^\[  SKIPPED \]' "$part"; then
+    verdict="FAIL (tests skipped)"
+    rc=1
+  fi
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+  echo "$PHASE/$name: $verdict in $((SECONDS - t0)) s" | tee -a "$SUMMARY" "$LOG"
+  [ $rc -eq 0 ] || tail -n 40 "$part"
+  rm -f "$part"
+}
+
+smoke() {
+  echo "bundle of $(cat "$HERE/commit" 2>/dev/null); cuBLAS from ${cublas_dir:-nowhere (not found)}" | tee -a "$LOG"
+  ldd "$BIN"/* | grep -v "$HERE" | awk '$2 == "=>" {print "  from the machine:", $1, $3}' | sort -u | tee -a "$LOG"
+  step libraries 30 bash -c "! ldd $BIN/* | grep 'not found'"
+  step programs 30 bash -c "for p in pruneserve pruneserve-cli ps_bench_engine; do $BIN/\$p --help > /dev/null || exit 1; done"
+  step scheduler_cpu 300 env PS_TEST_DEVICE=cpu "$BIN/scheduler_test"
+}
+
+# The server on --device cuda streams a greedy answer to the CLI, then drains on SIGTERM.
+server_streams() {
+  local port=50551 log="$OUT/server.log" pid i
+  "$BIN/pruneserve" --model "$STORIES" --device cuda --port $port --metrics-port -1 > "$log" 2>&1 &
+  pid=$!
+  for i in $(seq 60); do  # the model loads in well under a second; wait up to 30 s for SERVING
+    "$BIN/pruneserve-cli" --addr 127.0.0.1:$port health 2>/dev/null | grep -qx SERVING && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.5
+  done
+  "$BIN/pruneserve-cli" --addr 127.0.0.1:$port generate --prompt "Once upon a time" --max-new-tokens 48 \
+    --temperature 0 --stats
+  local rc=$?
+  kill -TERM $pid
+  wait $pid
+  local server_rc=$?
+  echo "--- server log"; cat "$log"
+  grep -q 'cuda' "$log" || { echo "the server did not say it runs on cuda"; return 1; }
+  [ $rc -eq 0 ] && [ $server_rc -eq 0 ]
+}
+
+case $PHASE in
+  smoke) smoke ;;
+  parity)
+    nvidia-smi 2>&1 | head -15 | tee -a "$LOG"
+    smoke
+    step cuda_test 180 "$BIN/cuda_test"
+    step cuda_forward_test 240 "$BIN/cuda_forward_test"
+    for t in scheduler_test preemption_test pruning_scheduler_test; do
+      step "${t}_cuda" 150 env PS_TEST_DEVICE=cuda "$BIN/$t"
+    done
+    step server_streams 60 server_streams
+    ;;
+  sanitize)
+    for tool in memcheck racecheck; do
+      step "${tool}_cuda_test" 240 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/cuda_test"
+      step "${tool}_forward" 240 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/cuda_forward_test" \
+        --gtest_filter='*StoriesGreedy*:*Logits*'
+    done
+    ;;
+  bench)
+    args=("$@")
+    [ ${#args[@]} -gt 0 ] || args=(--prefill 4096,16384 --decode 64 --streams 32 --repeats 1)
+    step bench 570 "$BIN/ps_bench_engine" --device cuda --synthetic llama3-8b --threads "$(nproc)" "${args[@]}"
+    cat "$LOG"
+    ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
+esac
+echo "$PHASE: $failed failed step(s); logs in $OUT"
+exit $failed
