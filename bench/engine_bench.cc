@@ -122,16 +122,23 @@ double AttentionFlops(const ps::ModelConfig& c, int64_t n) {
   return 2.0 * 2.0 * c.n_layers * c.q_dim() * (static_cast<double>(n) * n / 2);
 }
 
+// The KV caches the benchmark makes: --kv-block-size tokens per block of --kv-dtype.
+struct KvChoice {
+  int block_tokens = 16;
+  ps::DType dtype = ps::DType::kF32;
+};
+
 // Decode steps of `streams` sequences batched in one forward pass each, after a
 // prompt of `depth` tokens per sequence (token ids from `ids`); returns the best
 // aggregate tokens/s over `repeats` runs, or an error.
 absl::StatusOr<double> DecodeTokPerS(const ps::Model& model, ps::Backend& backend, ps::Transformer& tf,
                                      const std::vector<int32_t>& ids, int depth, int streams, int steps, int repeats,
-                                     int block_tokens) {
+                                     const KvChoice& kv_choice) {
   using namespace ps;
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
-    PS_ASSIGN_OR_RETURN(auto kv, OfflineKvCache(model, backend, int64_t{streams} * (depth + steps + 1), block_tokens));
+    PS_ASSIGN_OR_RETURN(auto kv, OfflineKvCache(model, backend, int64_t{streams} * (depth + steps + 1),
+                                                kv_choice.block_tokens, kv_choice.dtype));
     ForwardOutput out;
     std::vector<int32_t> pos(depth);
     for (int i = 0; i < depth; ++i) pos[i] = i;
@@ -145,7 +152,7 @@ absl::StatusOr<double> DecodeTokPerS(const ps::Model& model, ps::Backend& backen
     const auto t0 = Clock::now();
     for (int i = 0; i < steps; ++i) {
       for (int s = 0; s < streams; ++s) {
-        tok[s] = (i * 31 + s * 7) % 1000 + 500;
+        tok[s] = ((i * 31 + s * 7) % 1000 + 500) % model.config().n_vocab;
         p[s] = depth + i;
         batch[s] = SeqInput{.seq_id = s + 1, .tokens = {&tok[s], 1}, .positions = {&p[s], 1}};
       }
@@ -168,7 +175,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> depth_list = {0};
   int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16, streams = 16;
   bool llamacpp = false, int8 = false, int8_decode = false;
-  std::string strategy, sweep, device = "cpu", synthetic;
+  std::string strategy, sweep, device = "cpu", synthetic, kv_dtype = "f32";
   std::vector<std::string> strategy_args;
   FlagParser flags("ps_bench_engine",
                    "Prefill and decode throughput of the engine: one sequence at given prompt lengths and decode\n"
@@ -183,6 +190,9 @@ int main(int argc, char** argv) {
   flags.AddInt("threads", &threads, "compute threads");
   flags.AddInt("repeats", &repeats, "best of this many runs");
   flags.AddInt("kv-block-size", &block_tokens, "tokens per KV block (the server's default: 16)");
+  flags.AddString("kv-dtype", &kv_dtype,
+                  "f32 | f16 | bf16: the KV cache's element type (16-bit KV takes the GPU's "
+                  "tensor-core attention)");
   flags.AddBool("int8-activations", &int8, "int8 activations for quantised weights");
   flags.AddBool("int8-decode", &int8_decode,
                 "also measure decode (depth 0 and the streams) with int8 activations, in the same run");
@@ -204,6 +214,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!synthetic.empty() && synthetic != "llama3-8b") return Fail("--synthetic knows llama3-8b only");
+  const std::map<std::string, DType> kv_dtypes = {{"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16}};
+  if (!kv_dtypes.contains(kv_dtype)) return Fail("--kv-dtype must be f32, f16 or bf16, not '" + kv_dtype + "'");
+  const KvChoice kv_choice{.block_tokens = static_cast<int>(block_tokens), .dtype = kv_dtypes.at(kv_dtype)};
   if (!synthetic.empty() && llamacpp) return Fail("--llamacpp needs a model file, not --synthetic");
   ThreadPool pool(static_cast<int>(threads));
   auto model = synthetic.empty() ? Model::Load(model_path) : SyntheticLlama3_8B(pool);
@@ -255,7 +268,7 @@ int main(int argc, char** argv) {
   const bool gpu = backend.kind() == DeviceKind::kCuda;
   Transformer tf(**model, backend);
   if (gpu) {  // the weights' device copies are made on first use: not inside a timed run
-    auto kv = OfflineKvCache(**model, backend, 8, static_cast<int>(block_tokens));
+    auto kv = OfflineKvCache(**model, backend, 8, kv_choice.block_tokens, kv_choice.dtype);
     std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + 8), pos = {0, 1, 2, 3, 4, 5, 6, 7};
     SeqInput in{.seq_id = 1, .tokens = ids, .positions = pos};
     ForwardOutput out;
@@ -267,9 +280,9 @@ int main(int argc, char** argv) {
     std::printf("ours %s %.1f\n", key.c_str(), v);
     std::fflush(stdout);
   };
-  std::printf("model %s (%s), %s, %lld threads, %s activations\n", c.name.c_str(),
+  std::printf("model %s (%s), %s, %lld threads, %s activations, %s KV\n", c.name.c_str(),
               synthetic.empty() ? model_path.c_str() : "in memory", note.c_str(), static_cast<long long>(threads),
-              int8 ? "int8" : "F32");
+              int8 ? "int8" : "F32", kv_dtype.c_str());
   for (int64_t prefill : prefill_list) {
     const int n = static_cast<int>(prefill);
     std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + n), pos(n);
@@ -278,7 +291,7 @@ int main(int argc, char** argv) {
     auto prefill_seconds = [&](const PruningParams* params) -> absl::StatusOr<double> {
       double best = 1e30;
       for (int r = 0; r < repeats; ++r) {
-        PS_ASSIGN_OR_RETURN(auto kv, OfflineKvCache(**model, backend, n, static_cast<int>(block_tokens)));
+        PS_ASSIGN_OR_RETURN(auto kv, OfflineKvCache(**model, backend, n, kv_choice.block_tokens, kv_choice.dtype));
         std::unique_ptr<PruningStrategy> s = params != nullptr ? params->Make(c) : nullptr;
         SeqInput in{.seq_id = 1, .tokens = ids, .positions = pos, .strategy = s.get()};
         ForwardOutput out;
@@ -308,7 +321,7 @@ int main(int argc, char** argv) {
     // Depth 0 starts from a 4-token prompt; a long depth is measured once (its prefill dominates).
     const int d = std::max<int>(4, static_cast<int>(depth));
     auto v = DecodeTokPerS(**model, backend, tf, all_ids, d, 1, static_cast<int>(decode),
-                           depth > 512 ? 1 : static_cast<int>(repeats), static_cast<int>(block_tokens));
+                           depth > 512 ? 1 : static_cast<int>(repeats), kv_choice);
     if (!v.ok()) return Fail(std::string(v.status().message()));
     report(depth == 0 ? "decode_tok_per_s" : "decode_at_" + std::to_string(depth) + "_tok_per_s", *v);
     if (gpu) {  // a decode step reads every weight once (BF16 copies: 2 bytes each), the KV aside
@@ -320,7 +333,7 @@ int main(int argc, char** argv) {
   }
   if (streams > 0) {
     auto v = DecodeTokPerS(**model, backend, tf, all_ids, 4, static_cast<int>(streams), static_cast<int>(decode),
-                           static_cast<int>(repeats), static_cast<int>(block_tokens));
+                           static_cast<int>(repeats), kv_choice);
     if (!v.ok()) return Fail(std::string(v.status().message()));
     report("decode_" + std::to_string(streams) + "_streams_tok_per_s", *v);
     if (ours.count("decode_tok_per_s")) {
@@ -333,7 +346,7 @@ int main(int argc, char** argv) {
     for (int s : {1, static_cast<int>(streams)}) {
       if (s == 0) continue;
       auto v = DecodeTokPerS(**model, int8_backend, int8_tf, all_ids, 4, s, static_cast<int>(decode),
-                             static_cast<int>(repeats), static_cast<int>(block_tokens));
+                             static_cast<int>(repeats), kv_choice);
       if (!v.ok()) return Fail(std::string(v.status().message()));
       report(s == 1 ? "int8_decode_tok_per_s" : "int8_decode_" + std::to_string(s) + "_streams_tok_per_s", *v);
     }

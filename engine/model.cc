@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
 
 namespace ps {
@@ -148,6 +149,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
   auto model = Build(std::move(config), tensors, std::move(tokenizer), shared);
   if (!model.ok()) return absl::Status(model.status().code(), absl::StrCat(path, ": ", model.status().message()));
   return model;
+}
+
+absl::Status PrepareWeights(const Model& model, Backend& backend) {
+  backend.PrepareWeights(model.tok_embd);
+  backend.PrepareWeights(model.output);
+  for (const LayerWeights& l : model.layers) {
+    for (const MatrixView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) backend.PrepareWeights(*w);
+  }
+  return backend.Synchronize();
 }
 
 }  // namespace ps

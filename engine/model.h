@@ -16,6 +16,8 @@
 
 namespace ps {
 
+class Backend;
+
 enum class Arch { kLlama, kQwen2 };
 
 struct ModelConfig {
@@ -78,6 +80,10 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<void> keep_alive_;
 };
+
+// Makes the backend's copies of every weight matrix now (a GPU's mirrors; nothing on
+// the CPU) and waits for them: start-up holds the weights before sizing the KV tiers.
+absl::Status PrepareWeights(const Model& model, Backend& backend);
 
 // Reads the model configuration from GGUF metadata (and the rope_freqs tensor).
 absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& file);

@@ -47,6 +47,16 @@ class Backend {
   virtual absl::StatusOr<MemoryRegion> AllocateTier(bool device_tier, size_t bytes) = 0;
   // Memory for activations (device memory on a GPU).
   virtual absl::StatusOr<MemoryRegion> AllocateActivations(size_t bytes) = 0;
+  // Makes the device's copy of weight matrix w now rather than at its first use (a
+  // GPU's mirror), so that the weights are in device memory before the KV tiers are
+  // sized from what is left. Nothing to do where weights are used in place (the CPU).
+  // Errors show at the next Synchronize().
+  virtual void PrepareWeights(const MatrixView& /*w*/) {}
+  // Bytes of device memory free now; Unimplemented where the device tier is host
+  // memory (the CPU).
+  virtual absl::StatusOr<int64_t> FreeDeviceBytes() {
+    return absl::UnimplementedError("this backend keeps its device tier in host memory");
+  }
   // True when host code may read and write activation memory in place (the CPU):
   // the forward pass then hands its strategies views instead of copies.
   virtual bool host_addressable() const { return false; }

@@ -10,8 +10,9 @@
 #                               scheduler tests with PS_TEST_DEVICE=cuda; the server on --device cuda
 #                               streams an answer to pruneserve-cli
 #   bash .gpu/run.sh sanitize   compute-sanitizer memcheck and racecheck on the parity suite
-#   bash .gpu/run.sh bench [ARGS]   ps_bench_engine --device cuda --synthetic llama3-8b (ARGS replace
-#                               the default figures: prefill 4k/16k, decode at batch 1 and 32)
+#   bash .gpu/run.sh bench [ARGS]   ps_bench_engine --device cuda --synthetic llama3-8b --kv-dtype bf16
+#                               (ARGS replace the default figures: prefill 4k/16k, decode at batch 1
+#                               and 32; e.g. --prefill 32768 --strategy lazyllm for a strategy's TTFT)
 set -uo pipefail
 BUNDLE="$(cd "$(dirname "$0")" && pwd)/bundle.tar.gz"
 HERE=/tmp/ps-gpu
@@ -118,7 +119,8 @@ case $PHASE in
   bench)
     args=("$@")
     [ ${#args[@]} -gt 0 ] || args=(--prefill 4096,16384 --decode 64 --streams 32 --repeats 1)
-    step bench 570 "$BIN/ps_bench_engine" --device cuda --synthetic llama3-8b --threads "$(nproc)" "${args[@]}"
+    step bench 570 "$BIN/ps_bench_engine" --device cuda --synthetic llama3-8b --kv-dtype bf16 --threads "$(nproc)" \
+      "${args[@]}"
     cat "$LOG"
     ;;
   *) sed -n '2,13p' "$0"; exit 2 ;;

@@ -89,9 +89,11 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddInt("kv-host-bytes", &o.kv_host_bytes,
            "bytes of the host KV tier, where preempted requests are swapped (0 = none)");
   f.AddFloat("kv-device-fraction", &o.kv_device_fraction,
-             "device KV tier as a fraction of the memory available at start-up; overrides --kv-device-bytes (0 = off)");
-  f.AddFloat("kv-host-fraction", &o.kv_host_fraction,
-             "host KV tier as a fraction of the memory available at start-up; overrides --kv-host-bytes (0 = off)");
+             "device KV tier as a fraction of the memory available at start-up (a GPU's free memory once the weights "
+             "are loaded; host memory on the CPU); overrides --kv-device-bytes (0 = off)");
+  f.AddFloat(
+      "kv-host-fraction", &o.kv_host_fraction,
+      "host KV tier as a fraction of the host memory available at start-up; overrides --kv-host-bytes (0 = off)");
   f.AddString("preemption", &o.preemption, "swap | recompute: what happens to a preempted request's KV");
   f.AddStringList("strategy-arg", &o.strategy_args,
                   "server default of a pruning parameter, STRATEGY.key=value (e.g. lazyllm.keep=0.5,0.3,0.2,0.1, "
@@ -187,16 +189,8 @@ int main(int argc, char** argv) {
   const std::map<std::string, DType> kv_dtypes = {{"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16}};
   if (!kv_dtypes.contains(o.kv_dtype)) return Fail("--kv-dtype must be f32, f16 or bf16, not '" + o.kv_dtype + "'");
   const DType kv_dtype = kv_dtypes.at(o.kv_dtype);
-  if (o.kv_device_fraction < 0 || o.kv_host_fraction < 0 || o.kv_device_fraction + o.kv_host_fraction > 0.9) {
-    return Fail("--kv-device-fraction and --kv-host-fraction must be >= 0 and add up to 0.9 at most");
-  }
-  if (o.kv_device_fraction > 0 || o.kv_host_fraction > 0) {
-    const absl::StatusOr<int64_t> available = AvailableMemoryBytes();
-    if (!available.ok()) return Fail(absl::StrCat("KV tier fractions: ", available.status().message()));
-    if (o.kv_device_fraction > 0) o.kv_device_bytes = static_cast<int64_t>(*available * o.kv_device_fraction);
-    if (o.kv_host_fraction > 0) o.kv_host_bytes = static_cast<int64_t>(*available * o.kv_host_fraction);
-    spdlog::info("KV tiers from fractions of {:.0f} MiB available: device {:.0f} MiB, host {:.0f} MiB",
-                 *available / 1048576.0, o.kv_device_bytes / 1048576.0, o.kv_host_bytes / 1048576.0);
+  if (o.kv_device_fraction < 0 || o.kv_host_fraction < 0 || o.kv_device_fraction > 0.9 || o.kv_host_fraction > 0.9) {
+    return Fail("--kv-device-fraction and --kv-host-fraction must be between 0 and 0.9");
   }
   if (o.preemption != "swap" && o.preemption != "recompute") {
     return Fail("--preemption must be swap or recompute, not '" + o.preemption + "'");
@@ -223,6 +217,27 @@ int main(int argc, char** argv) {
       CreateBackend(o.device, pool, CpuBackendOptions{.int8_activations = o.int8_activations}, &device_note);
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   spdlog::info("device: {}", device_note);
+  // The KV tiers from fractions of free memory: the host tier's of host memory; the
+  // device tier's of device memory on a GPU (once the weights are there, below), of
+  // host memory on the CPU, where the two tiers share it.
+  const bool device_memory = (*backend)->kind() == DeviceKind::kCuda;
+  if (!device_memory && o.kv_device_fraction + o.kv_host_fraction > 0.9) {
+    return Fail(
+        "on the CPU both KV tiers are host memory: --kv-device-fraction and --kv-host-fraction must add up "
+        "to 0.9 at most");
+  }
+  if (o.kv_host_fraction > 0 || (!device_memory && o.kv_device_fraction > 0)) {
+    const absl::StatusOr<int64_t> available = AvailableMemoryBytes();
+    if (!available.ok()) return Fail(absl::StrCat("KV tier fractions: ", available.status().message()));
+    if (!device_memory && o.kv_device_fraction > 0) {
+      o.kv_device_bytes = static_cast<int64_t>(*available * o.kv_device_fraction);
+    }
+    if (o.kv_host_fraction > 0) o.kv_host_bytes = static_cast<int64_t>(*available * o.kv_host_fraction);
+    spdlog::info("KV tiers from fractions of {:.0f} MiB of host memory available: {}host {:.0f} MiB",
+                 *available / 1048576.0,
+                 device_memory ? "" : absl::StrCat("device ", o.kv_device_bytes / 1048576, " MiB, "),
+                 o.kv_host_bytes / 1048576.0);
+  }
 
   server::AccessControl access(std::move(api_keys), static_cast<int>(o.max_streams_per_client));
   server::GenerationService service(&access);
@@ -289,6 +304,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& c = (*model)->config();
+  if (device_memory) {  // the weights' device copies first, then the device tier from what is left
+    const auto w0 = std::chrono::steady_clock::now();
+    const absl::Status s = PrepareWeights(**model, **backend);
+    const absl::StatusOr<int64_t> free = s.ok() ? (*backend)->FreeDeviceBytes() : s;
+    if (!free.ok()) {
+      spdlog::error("copying the weights to the device: {}", std::string(free.status().message()));
+      grpc_server->Shutdown();
+      return 1;
+    }
+    spdlog::info("weights on the device in {:.1f} s; {:.0f} MiB of device memory free",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count(), *free / 1048576.0);
+    if (o.kv_device_fraction > 0) {
+      o.kv_device_bytes = static_cast<int64_t>(*free * o.kv_device_fraction);
+      spdlog::info("KV device tier from --kv-device-fraction: {:.0f} MiB", o.kv_device_bytes / 1048576.0);
+    }
+  }
   const KvGeometry geometry{.n_layers = c.n_layers,
                             .block_tokens = static_cast<int>(o.kv_block_size),
                             .kv_dim = c.kv_dim(),

@@ -3,7 +3,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
+#include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "kernels/shared_math.h"
@@ -114,6 +118,209 @@ __global__ void AttentionKernel(AttentionDeviceArgs a) {
   }
 }
 
+// ---- The tiled kernel: tensor cores (WMMA, F16 or BF16 with F32 accumulation) ----
+//
+// A thread block takes one KV head and a tile of kTileRows (query row, query head)
+// pairs: the heads of the KV head's group for kTileRows / group query rows, so each
+// K and V tile loaded into shared memory serves the whole group. It walks the
+// selected keys in tiles of kTileKeys: S = Q K^T on the tensor cores into shared
+// memory, the online softmax by the warp that owns the rows (masks, PoD windows,
+// the last row's logits), then O += P V on the tensor cores with O in shared memory.
+// Q and P are rounded to the KV's type. Four warps, 16 rows each.
+constexpr int kTileRows = 64;
+constexpr int kTileKeys = 64;
+constexpr int kTileThreads = 128;
+constexpr int kTiledMaxHeadDim = 128;
+
+// Shared memory of the tiled kernel for a head dimension, in the order laid out:
+// Q, K, V (16-bit, rows padded by 8 elements), P (16-bit), S and O (F32, rows
+// padded by 4), then per-row maximum and sum, per-row query index and position, and
+// per-key position. Every part starts 32-byte aligned, as WMMA's loads need.
+__host__ __device__ inline size_t TiledSharedBytes(int hd) {
+  return 2 * (3 * kTileRows * (hd + 8) + kTileRows * (kTileKeys + 8)) +
+         4 * (kTileRows * (kTileKeys + 4) + kTileRows * (hd + 4)) + 4 * (4 * kTileRows + kTileKeys);
+}
+
+template <typename T>
+__device__ T FromFloat(float x);
+template <>
+__device__ __half FromFloat<__half>(float x) {
+  return __float2half(x);
+}
+template <>
+__device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTileThreads) TiledAttentionKernel(AttentionDeviceArgs a, int group) {
+  namespace wmma = nvcuda::wmma;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int hd = a.head_dim, kp = hd + 8, pp = kTileKeys + 8, sp = kTileKeys + 4, op = hd + 4;
+  T* qs = reinterpret_cast<T*>(smem);
+  T* ks = qs + kTileRows * kp;
+  T* vs = ks + kTileKeys * kp;
+  T* ps = vs + kTileKeys * kp;
+  float* ss = reinterpret_cast<float*>(ps + kTileRows * pp);
+  float* os = ss + kTileRows * sp;
+  float* row_m = os + kTileRows * op;
+  float* row_l = row_m + kTileRows;
+  int* row_q = reinterpret_cast<int*>(row_l + kTileRows);  // the row's query index, -1 for none
+  int* row_pos = row_q + kTileRows;
+  int* key_pos = row_pos + kTileRows;
+
+  const int kvh = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int q_per_tile = kTileRows / group;
+  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * q_per_tile;
+  const int64_t q1 = min(a.n_q, q0 + q_per_tile);
+  const float neg_inf = -INFINITY;
+  for (int r = tid; r < kTileRows; r += kTileThreads) {
+    const int64_t qi = q0 + r / group;
+    const bool valid = r < q_per_tile * group && qi < q1;
+    row_q[r] = valid ? static_cast<int>(qi) : -1;
+    row_pos[r] = valid ? a.q_pos[qi] : INT_MIN;
+    row_m[r] = neg_inf;
+    row_l[r] = 0.0f;
+  }
+  for (int i = tid; i < kTileRows * hd; i += kTileThreads) {
+    const int r = i / hd, c = i % hd;
+    const int64_t qi = q0 + r / group;
+    const bool valid = r < q_per_tile * group && qi < q1;
+    const int h = kvh * group + r % group;
+    qs[r * kp + c] = FromFloat<T>(valid ? a.q[qi * a.q_stride + static_cast<int64_t>(h) * hd + c] : 0.0f);
+    os[r * op + c] = 0.0f;
+  }
+  int32_t max_q_pos = INT_MIN;  // keys past every query of the tile are skipped
+  for (int64_t qi = q0; qi < q1; ++qi) max_q_pos = max(max_q_pos, a.q_pos[qi]);
+  const int64_t head_block = a.head_blocks > 0 ? kvh * a.head_blocks : 0;
+  const int64_t head_col = a.head_blocks > 0 ? 0 : static_cast<int64_t>(kvh) * hd;
+  const int pieces = hd / 8;  // 16-byte pieces of a key row
+  __syncthreads();
+
+  for (int s = 0; s < a.n_segments; ++s) {
+    const AttentionSegment seg = a.segments[s];
+    if ((seg.kv_head >= 0 && seg.kv_head != kvh) || seg.q_end <= q0 || seg.q_begin >= q1) continue;
+    for (int rg = seg.range_begin; rg < seg.range_end; ++rg) {
+      const int32_t begin = a.ranges[2 * rg], end = a.ranges[2 * rg + 1];
+      for (int32_t t0 = begin; t0 < end; t0 += kTileKeys) {
+        const int cnt = min(kTileKeys, end - t0);
+        if (!__syncthreads_or(tid < cnt && a.positions[t0 + tid] <= max_q_pos)) continue;
+        // The K and V rows in 16-byte pieces: zeros past the range and for dropped
+        // blocks (null: keys no query of this call sees).
+        for (int i = tid; i < kTileKeys * pieces; i += kTileThreads) {
+          const int jr = i / pieces, c8 = (i % pieces) * 8;
+          uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
+          if (jr < cnt) {
+            const int32_t j = t0 + jr;
+            const int64_t at = (j % a.block_rows) * a.stride + head_col + c8;
+            const void* kb = a.k_blocks[head_block + j / a.block_rows];
+            const void* vb = a.v_blocks[head_block + j / a.block_rows];
+            if (kb != nullptr) kx = *reinterpret_cast<const uint4*>(static_cast<const T*>(kb) + at);
+            if (vb != nullptr) vx = *reinterpret_cast<const uint4*>(static_cast<const T*>(vb) + at);
+          }
+          *reinterpret_cast<uint4*>(ks + jr * kp + c8) = kx;
+          *reinterpret_cast<uint4*>(vs + jr * kp + c8) = vx;
+        }
+        if (tid < kTileKeys) key_pos[tid] = tid < cnt ? a.positions[t0 + tid] : INT_MAX;
+        __syncthreads();
+
+        // S = Q K^T for the warp's 16 rows.
+        {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+          wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+          for (int n0 = 0; n0 < kTileKeys; n0 += 16) {
+            wmma::fill_fragment(fc, 0.0f);
+            for (int k0 = 0; k0 < hd; k0 += 16) {
+              wmma::load_matrix_sync(fa, qs + warp * 16 * kp + k0, kp);
+              wmma::load_matrix_sync(fb, ks + n0 * kp + k0, kp);
+              wmma::mma_sync(fc, fa, fb, fc);
+            }
+            wmma::store_matrix_sync(ss + warp * 16 * sp + n0, fc, sp, wmma::mem_row_major);
+          }
+        }
+        __syncwarp();
+
+        // The online softmax of the warp's rows, two keys per lane.
+        for (int rr = 0; rr < 16; ++rr) {
+          const int r = warp * 16 + rr, qi = row_q[r];
+          const bool in_seg = qi >= 0 && qi >= seg.q_begin && qi < seg.q_end;
+          const bool last = in_seg && a.last_logits != nullptr && qi == a.n_q - 1;
+          const int h = kvh * group + r % group;
+          float sc[2];
+          for (int e = 0; e < 2; ++e) {
+            const int c = lane + 32 * e;
+            float x = neg_inf;
+            if (in_seg && c < cnt && WindowSees(a.window_part, a.sinks, a.recent, key_pos[c], row_pos[r])) {
+              x = ss[r * sp + c] * a.scale;
+            }
+            if (last && c < cnt) a.last_logits[static_cast<int64_t>(h) * a.n + t0 + c] = x;
+            sc[e] = x;
+          }
+          float mx = fmaxf(sc[0], sc[1]);
+          for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          const float m_old = row_m[r], m_new = fmaxf(m_old, mx);
+          float corr = 1.0f, p0 = 0.0f, p1 = 0.0f;
+          if (m_new != neg_inf) {
+            corr = m_old == neg_inf ? 0.0f : expf(m_old - m_new);
+            p0 = sc[0] == neg_inf ? 0.0f : expf(sc[0] - m_new);
+            p1 = sc[1] == neg_inf ? 0.0f : expf(sc[1] - m_new);
+          }
+          float sum = p0 + p1;
+          for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+          ps[r * pp + lane] = FromFloat<T>(p0);
+          ps[r * pp + lane + 32] = FromFloat<T>(p1);
+          if (corr != 1.0f) {
+            for (int c = lane; c < hd; c += 32) os[r * op + c] *= corr;
+          }
+          __syncwarp();  // every lane has read row_m[r]
+          if (lane == 0) {
+            row_m[r] = m_new;
+            row_l[r] = row_l[r] * corr + sum;
+          }
+        }
+        __syncwarp();
+
+        // O += P V for the warp's 16 rows.
+        {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+          wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+          for (int n0 = 0; n0 < hd; n0 += 16) {
+            wmma::load_matrix_sync(fc, os + warp * 16 * op + n0, op, wmma::mem_row_major);
+            for (int k0 = 0; k0 < kTileKeys; k0 += 16) {
+              wmma::load_matrix_sync(fa, ps + warp * 16 * pp + k0, pp);
+              wmma::load_matrix_sync(fb, vs + k0 * kp + n0, kp);
+              wmma::mma_sync(fc, fa, fb, fc);
+            }
+            wmma::store_matrix_sync(os + warp * 16 * op + n0, fc, op, wmma::mem_row_major);
+          }
+        }
+        __syncthreads();  // K, V and key_pos are rewritten by the next tile
+      }
+    }
+  }
+
+  for (int i = tid; i < kTileRows * hd; i += kTileThreads) {
+    const int r = i / hd, c = i % hd, qi = row_q[r];
+    if (qi < 0) continue;
+    const int h = kvh * group + r % group;
+    const float l = row_l[r];
+    a.out[qi * a.out_stride + static_cast<int64_t>(h) * hd + c] = l > 0 ? os[r * op + c] / l : 0.0f;
+  }
+  for (int r = tid; r < kTileRows; r += kTileThreads) {
+    const int qi = row_q[r];
+    if (qi < 0) continue;
+    const int h = kvh * group + r % group;
+    const float m = row_m[r], l = row_l[r];
+    if (a.lse != nullptr) a.lse[qi * a.lse_stride + h] = l > 0 ? m + logf(l) : neg_inf;
+    if (a.last_logits != nullptr && qi == a.n_q - 1) {
+      a.last_norm[2 * h] = m;
+      a.last_norm[2 * h + 1] = l;
+    }
+  }
+}
+
 __global__ void FillKernel(float* x, int64_t n, float v) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = v;
@@ -135,6 +342,37 @@ __global__ void LastQueryStatsKernel(const float* last_logits, const float* last
 
 unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 
+// Whether the tiled kernel takes a call: 16-bit KV in 16-byte aligned rows, a head
+// dimension of a multiple of 16 up to 128, whole GQA groups of at most a tile, and
+// $PS_CUDA_ATTENTION not "naive" (which keeps every call on the first kernel: for
+// comparisons on a GPU).
+bool TiledApplies(const AttentionDeviceArgs& a) {
+  static const bool naive = [] {
+    const char* env = std::getenv("PS_CUDA_ATTENTION");
+    return env != nullptr && std::strcmp(env, "naive") == 0;
+  }();
+  return !naive && (a.dtype == DType::kF16 || a.dtype == DType::kBF16) && a.head_dim % 16 == 0 &&
+         a.head_dim <= kTiledMaxHeadDim && a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 &&
+         a.n_heads / a.n_kv_heads <= kTileRows && a.stride % 8 == 0 && a.rows_aligned16;
+}
+
+template <typename T>
+absl::Status LaunchTiled(const AttentionDeviceArgs& a) {
+  // Above 48 KiB of shared memory a kernel must ask for it, once.
+  static const cudaError_t attribute =
+      cudaFuncSetAttribute(TiledAttentionKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(TiledSharedBytes(kTiledMaxHeadDim)));
+  if (attribute != cudaSuccess) {
+    return absl::InternalError(std::string("TiledAttentionKernel shared memory: ") + cudaGetErrorString(attribute));
+  }
+  const int group = a.n_heads / a.n_kv_heads;
+  const int64_t q_per_tile = kTileRows / group;
+  const auto tiles = static_cast<unsigned>((a.n_q + q_per_tile - 1) / q_per_tile);
+  TiledAttentionKernel<T>
+      <<<dim3(tiles, static_cast<unsigned>(a.n_kv_heads)), kTileThreads, TiledSharedBytes(a.head_dim)>>>(a, group);
+  return Launched("TiledAttentionKernel");
+}
+
 }  // namespace
 
 absl::Status AttentionDevice(const AttentionDeviceArgs& a) {
@@ -143,6 +381,9 @@ absl::Status AttentionDevice(const AttentionDeviceArgs& a) {
                                       std::to_string(kMaxHeadDim));
   }
   if (a.n_q == 0 || a.n_heads == 0) return absl::OkStatus();
+  if (TiledApplies(a)) {
+    return a.dtype == DType::kF16 ? LaunchTiled<__half>(a) : LaunchTiled<__nv_bfloat16>(a);
+  }
   AttentionKernel<<<dim3(static_cast<unsigned>(a.n_q), static_cast<unsigned>(a.n_heads)), kThreads>>>(a);
   return Launched("AttentionKernel");
 }

@@ -1,9 +1,11 @@
 // Attention on the GPU over paged KV (device pointers throughout), with everything
 // Backend::Attention takes: GQA, KV selections (segments of query rows over row
 // ranges, per KV head or for all), PoD's position windows, per-row log-sum-exps and
-// the last query row's statistics. The first version favours plain correctness: one
-// thread block per (query row, head) walks its selected keys in tiles of 128 with an
-// online softmax; the tiled tensor-core kernels come next. C++17 (nvcc).
+// the last query row's statistics. Two kernels: a tiled one on the tensor cores (F16
+// or BF16 KV, head_dim a multiple of 16 up to 128: a thread block per KV head and
+// tile of query rows, K and V tiles shared by the GQA group, Q and P rounded to the
+// KV's type) and, for everything else, one thread block per (query row, head) in F32
+// ($PS_CUDA_ATTENTION=naive sends every call there). C++17 (nvcc).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,7 @@ struct AttentionDeviceArgs {
   int64_t block_rows = 0, stride = 0, n = 0, head_blocks = 0;
   const int32_t* positions = nullptr;
   DType dtype = DType::kF32;
+  bool rows_aligned16 = false;  // every block pointer 16-byte aligned (the tiled kernel's loads)
   // At least one segment (a selection of everything: {0, n_q, -1} over {0, n}).
   const AttentionSegment* segments = nullptr;
   int n_segments = 0;

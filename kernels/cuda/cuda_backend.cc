@@ -39,6 +39,14 @@ class Scratch {
   size_t capacity_ = 0;
 };
 
+// Whether each of the n block pointers (null for a dropped block) is 16-byte aligned.
+bool Aligned16(const void* const* blocks, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (reinterpret_cast<uintptr_t>(blocks[i]) % 16 != 0) return false;
+  }
+  return true;
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(WeightRowDecoder decode) : decode_(decode) {}
@@ -60,6 +68,15 @@ class CudaBackend final : public Backend {
                             dst));
     }
   }
+
+  void PrepareWeights(const MatrixView& w) override {
+    if (w.type == DType::kF32) {
+      Mirror(reinterpret_cast<const float*>(w.data), w.rows * w.cols);
+    } else {
+      MirrorBf16(w);
+    }
+  }
+  absl::StatusOr<int64_t> FreeDeviceBytes() override { return cuda::FreeDeviceBytes(); }
 
   void MatMul(const MatrixView& w, const float* x, int64_t m, float* y) override {
     const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
@@ -167,6 +184,7 @@ class CudaBackend final : public Backend {
                           .head_blocks = kv.head_cols > 0 ? kv.head_blocks : 0,
                           .positions = reinterpret_cast<const int32_t*>(d_pos),
                           .dtype = kv.dtype,
+                          .rows_aligned16 = Aligned16(kv.k_blocks, n_blocks) && Aligned16(kv.v_blocks, n_blocks),
                           .segments = reinterpret_cast<const AttentionSegment*>(d_segments),
                           .n_segments = static_cast<int>(segments_.size()),
                           .ranges = reinterpret_cast<const int32_t*>(d_ranges),

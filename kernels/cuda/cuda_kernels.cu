@@ -217,6 +217,12 @@ const Cublas& LoadCublas() {
 
 }  // namespace
 
+absl::StatusOr<int64_t> FreeDeviceBytes() {
+  size_t free = 0, total = 0;
+  PS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+  return static_cast<int64_t>(free);
+}
+
 int DeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;

@@ -1,6 +1,7 @@
 // The whole forward pass on the CUDA backend (the plug-in, as the server opens it):
-// stories260K against llama.cpp's golden tokens and logits, and every strategy's
-// greedy tokens equal to the CPU backend's. Skips without a GPU.
+// stories260K against llama.cpp's golden tokens and logits, every strategy's greedy
+// tokens equal to the CPU backend's, and tiny random LLaMA and Qwen2 models with BF16
+// weights and 16-bit KV against the CPU's logits. Skips without a GPU.
 #include <cmath>
 #include <cstdlib>
 
@@ -9,6 +10,7 @@
 #include "kernels/backend.h"
 #include "tests/engine/test_calibration.h"
 #include "tests/engine/test_util.h"
+#include "tests/engine/tiny_model.h"
 
 namespace ps {
 namespace {
@@ -97,6 +99,74 @@ TEST_F(CudaForwardTest, EveryStrategyGivesTheCpuTokens) {
     ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(absl::StrJoin(Generate(*gpu_, prompt, 24, *p), " "), absl::StrJoin(Generate(cpu_, prompt, 24, *p), " "))
         << name;
+  }
+}
+
+// Tiny random LLaMA (GQA, heads of 16) and Qwen2 (biases, NeoX RoPE, 7 query heads of
+// 32 on one KV head) with BF16 weights (cuBLAS's BF16 GEMM) and F16 or BF16 KV (the
+// tiled attention kernel): a 100-token prompt in chunks of 60 and 40, then 5 decode
+// steps; every logit row within 1e-2 of the CPU's, relative to the row's largest.
+TEST_F(CudaForwardTest, TinyRandomModelsMatchTheCpuLogits) {
+  ModelConfig qwen2 = testing::BaseConfig();
+  qwen2.arch = Arch::kQwen2;
+  qwen2.arch_name = "qwen2";
+  qwen2.qkv_bias = true;
+  qwen2.rope.neox = true;
+  qwen2.rope.freq_base = 1000000.0f;
+  qwen2.n_heads = 7;
+  qwen2.n_kv_heads = 1;
+  qwen2.head_dim = 32;
+  qwen2.rope.n_dims = 32;
+  for (const ModelConfig& config : {testing::BaseConfig(), qwen2}) {
+    for (const DType kv_dtype : {DType::kF16, DType::kBF16}) {
+      SCOPED_TRACE(config.arch_name + (kv_dtype == DType::kF16 ? " f16 KV" : " bf16 KV"));
+      const auto tiny = testing::MakeTiny(config, DType::kBF16);
+      ASSERT_NE(tiny->model, nullptr);
+      const std::vector<int32_t> tokens = testing::Prompt(105, config.n_vocab);
+      // The logits of each step on one backend: prompt chunks [0, 60) and [60, 100),
+      // then tokens 100..104 one at a time.
+      auto run = [&](Backend& backend) {
+        Transformer tf(*tiny->model, backend);
+        auto kv = OfflineKvCache(*tiny->model, backend, config.n_ctx, 16, kv_dtype);
+        EXPECT_TRUE(kv.ok()) << kv.status();
+        std::vector<std::vector<float>> rows;
+        if (!kv.ok()) return rows;
+        for (const auto& [begin, end] : std::vector<std::pair<int, int>>{
+                 {0, 60}, {60, 100}, {100, 101}, {101, 102}, {102, 103}, {103, 104}, {104, 105}}) {
+          std::vector<int32_t> positions(end - begin);
+          for (int i = begin; i < end; ++i) positions[i - begin] = i;
+          SeqInput in{.seq_id = 1,
+                      .tokens = {tokens.data() + begin, static_cast<size_t>(end - begin)},
+                      .positions = positions,
+                      .all_logits = true};
+          ForwardOutput out;
+          const absl::Status s = tf.Forward({&in, 1}, **kv, &out);
+          EXPECT_TRUE(s.ok()) << s;
+          EXPECT_TRUE(out.status[0].ok()) << out.status[0];
+          if (!s.ok() || !out.status[0].ok()) return rows;
+          for (int i = 0; i < end - begin; ++i) {
+            const auto row = out.Row(0, i, config.n_vocab);
+            rows.emplace_back(row.begin(), row.end());
+          }
+        }
+        return rows;
+      };
+      const auto gpu = run(*gpu_), cpu = run(cpu_);
+      ASSERT_EQ(gpu.size(), tokens.size());
+      ASSERT_EQ(cpu.size(), tokens.size());
+      double worst = 0;
+      for (size_t p = 0; p < cpu.size(); ++p) {
+        double scale = 1e-6, err = 0;
+        for (int v = 0; v < config.n_vocab; ++v) {
+          scale = std::max(scale, std::fabs(double{cpu[p][v]}));
+          err = std::max(err, std::fabs(double{gpu[p][v]} - cpu[p][v]));
+        }
+        worst = std::max(worst, err / scale);
+      }
+      EXPECT_LT(worst, 1e-2);
+      std::printf("%s, %s KV: worst logit row error on cuda, relative to the row's largest: %.3g\n",
+                  config.arch_name.c_str(), kv_dtype == DType::kF16 ? "f16" : "bf16", worst);
+    }
   }
 }
 

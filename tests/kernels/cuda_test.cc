@@ -1,6 +1,7 @@
 // CUDA kernels against the CPU kernels, by relative error (the backends' operations
 // on the same random inputs, awkward sizes), and the CUDA swap engine. Skips without
 // a GPU.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/fp16.h"
 #include "base/thread_pool.h"
 #include "gtest/gtest.h"
@@ -87,6 +89,19 @@ class CudaBackendTest : public CudaTest {
     ASSERT_EQ(gpu.size(), cpu.size()) << what;
     for (size_t i = 0; i < cpu.size(); ++i) {
       ASSERT_NEAR(gpu[i], cpu[i], rel * (1 + std::fabs(cpu[i]))) << what << " at " << i;
+    }
+  }
+
+  // Summed last-row logits: -inf where the CPU's are (masked keys), else near.
+  static void ExpectLogitsNear(const std::vector<float>& gpu, const std::vector<float>& cpu, float rel,
+                               const std::string& what) {
+    ASSERT_EQ(gpu.size(), cpu.size()) << what;
+    for (size_t j = 0; j < cpu.size(); ++j) {
+      if (std::isinf(cpu[j])) {
+        ASSERT_TRUE(std::isinf(gpu[j]) && gpu[j] < 0) << what << " at " << j << ": " << gpu[j];
+      } else {
+        ASSERT_NEAR(gpu[j], cpu[j], rel * (1 + std::fabs(cpu[j]))) << what << " at " << j;
+      }
     }
   }
 
@@ -222,53 +237,91 @@ TEST_F(CudaBackendTest, F32MatMulMatchesCpuAndErrorsFailTheStep) {
   EXPECT_TRUE(gpu_->Synchronize().ok()) << "and the error is reported once";
 }
 
-// Attention over paged KV (blocks of 16 rows, F32 and F16) against the CPU kernel:
-// everything, a selection per KV head, PoD's proximal and distant windows with their
-// log-sum-exps, and the last query row's statistics.
+// K and V of n rows of kvd random values (seeds 24 and 25) in blocks of 16 rows, as
+// `dtype`: in host memory for the CPU and in a device tier for the GPU.
+class PagedKv {
+ public:
+  static constexpr int64_t kBlockRows = 16;
+  PagedKv(Backend& gpu, DType dtype, int64_t n, int64_t kvd) : dtype_(dtype), n_(n), kvd_(kvd) {
+    const int64_t n_blocks = (n + kBlockRows - 1) / kBlockRows;
+    const auto k = Randn(n_blocks * kBlockRows * kvd, 24), v = Randn(n_blocks * kBlockRows * kvd, 25);
+    const size_t elem = dtype == DType::kF32 ? 4 : 2;
+    k_host_.resize(k.size() * elem);
+    v_host_.resize(v.size() * elem);
+    for (size_t i = 0; i < k.size(); ++i) {
+      Put(k_host_.data(), i, k[i]);
+      Put(v_host_.data(), i, v[i]);
+    }
+    auto tier = gpu.AllocateTier(true, 2 * k_host_.size());
+    EXPECT_TRUE(tier.ok()) << tier.status();
+    if (!tier.ok()) return;
+    tier_ = std::move(*tier);
+    gpu.CopyFromHost(k_host_.data(), tier_.base, k_host_.size());
+    gpu.CopyFromHost(v_host_.data(), tier_.base + k_host_.size(), v_host_.size());
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int64_t at = b * kBlockRows * kvd * static_cast<int64_t>(elem);
+      k_cpu_.push_back(k_host_.data() + at);
+      v_cpu_.push_back(v_host_.data() + at);
+      k_gpu_.push_back(tier_.base + at);
+      v_gpu_.push_back(tier_.base + k_host_.size() + at);
+    }
+  }
+  ~PagedKv() {
+    if (tier_.release) tier_.release(tier_.base);
+  }
+  bool ok() const { return tier_.base != nullptr; }
+  KvRows View(bool on_gpu, const std::vector<int32_t>& positions) const {
+    return KvRows{.k_blocks = on_gpu ? k_gpu_.data() : k_cpu_.data(),
+                  .v_blocks = on_gpu ? v_gpu_.data() : v_cpu_.data(),
+                  .block_rows = kBlockRows,
+                  .positions = positions.data(),
+                  .n = n_,
+                  .stride = kvd_,
+                  .positions_ascending = true,
+                  .dtype = dtype_};
+  }
+  // Drops the GPU's copy of K block b (a null pointer, as PoD leaves it).
+  void DropGpuKeyBlock(int64_t b) { k_gpu_[b] = nullptr; }
+
+ private:
+  void Put(uint8_t* base, size_t i, float x) const {
+    if (dtype_ == DType::kF32) {
+      reinterpret_cast<float*>(base)[i] = x;
+    } else {
+      reinterpret_cast<uint16_t*>(base)[i] = dtype_ == DType::kF16 ? Fp32ToFp16(x) : Fp32ToBf16(x);
+    }
+  }
+  DType dtype_;
+  int64_t n_, kvd_;
+  std::vector<uint8_t> k_host_, v_host_;
+  MemoryRegion tier_;
+  std::vector<const void*> k_cpu_, v_cpu_, k_gpu_, v_gpu_;
+};
+
+const char* DTypeLabel(DType t) { return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16"; }
+
+// The tolerance of the GPU's attention: F32 KV runs in F32; 16-bit KV runs on the
+// tensor cores with the queries and probabilities rounded to the KV's type.
+float AttentionTolerance(DType t) { return t == DType::kF32 ? 1e-4f : t == DType::kF16 ? 4e-3f : 3e-2f; }
+
+// Attention over paged KV (F32, F16, BF16) against the CPU kernel: everything, a
+// selection per KV head, PoD's proximal and distant windows with their log-sum-exps,
+// and the last query row's statistics.
 TEST_F(CudaBackendTest, AttentionMatchesCpu) {
   const AttentionShape shape{.n_heads = 4, .n_kv_heads = 2, .head_dim = 64, .scale = 0.125f};
-  const int64_t kvd = 128, n = 97, rows = 16, n_blocks = (n + rows - 1) / rows, n_q = 17;
+  const int64_t kvd = 128, n = 97, n_q = 17;
   std::vector<int32_t> positions(n), q_pos(n_q);
   for (int64_t j = 0; j < n; ++j) positions[j] = static_cast<int32_t>(j);
   for (int64_t i = 0; i < n_q; ++i) q_pos[i] = static_cast<int32_t>(n - n_q + i);
-  const auto k = Randn(n_blocks * rows * kvd, 24), v = Randn(n_blocks * rows * kvd, 25), q = Randn(n_q * 256, 26);
+  const auto q = Randn(n_q * 256, 26);
   KvSelection per_head;  // KV head 0: rows 0-9 and 40-96; head 1: rows 20-96
   per_head.segments.push_back(
       {.q_begin = 0, .q_end = static_cast<int32_t>(n_q), .ranges = {{0, 10}, {40, 97}}, .kv_head = 0});
   per_head.segments.push_back({.q_begin = 0, .q_end = static_cast<int32_t>(n_q), .ranges = {{20, 97}}, .kv_head = 1});
-  for (const DType dtype : {DType::kF32, DType::kF16}) {
-    const size_t elem = dtype == DType::kF32 ? 4 : 2;
-    std::vector<uint8_t> k_host(k.size() * elem), v_host(v.size() * elem);
-    if (dtype == DType::kF32) {
-      std::memcpy(k_host.data(), k.data(), k_host.size());
-      std::memcpy(v_host.data(), v.data(), v_host.size());
-    } else {
-      for (size_t i = 0; i < k.size(); ++i) {
-        reinterpret_cast<uint16_t*>(k_host.data())[i] = Fp32ToFp16(k[i]);
-        reinterpret_cast<uint16_t*>(v_host.data())[i] = Fp32ToFp16(v[i]);
-      }
-    }
-    auto tier = gpu_->AllocateTier(true, 2 * k_host.size());
-    ASSERT_TRUE(tier.ok()) << tier.status();
-    gpu_->CopyFromHost(k_host.data(), tier->base, k_host.size());
-    gpu_->CopyFromHost(v_host.data(), tier->base + k_host.size(), v_host.size());
-    std::vector<const void*> kb_cpu, vb_cpu, kb_gpu, vb_gpu;
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      kb_cpu.push_back(k_host.data() + b * rows * kvd * elem);
-      vb_cpu.push_back(v_host.data() + b * rows * kvd * elem);
-      kb_gpu.push_back(tier->base + b * rows * kvd * elem);
-      vb_gpu.push_back(tier->base + k_host.size() + b * rows * kvd * elem);
-    }
-    auto view = [&](const std::vector<const void*>& kb, const std::vector<const void*>& vb) {
-      return KvRows{.k_blocks = kb.data(),
-                    .v_blocks = vb.data(),
-                    .block_rows = rows,
-                    .positions = positions.data(),
-                    .n = n,
-                    .stride = kvd,
-                    .positions_ascending = true,
-                    .dtype = dtype};
-    };
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const PagedKv kv(*gpu_, dtype, n, kvd);
+    ASSERT_TRUE(kv.ok());
+    const float tol = AttentionTolerance(dtype);
     struct Case {
       const char* name;
       const KvSelection* selection;
@@ -278,7 +331,7 @@ TEST_F(CudaBackendTest, AttentionMatchesCpu) {
          {Case{"all", nullptr, {}}, Case{"per-head selection", &per_head, {}},
           Case{"proximal", nullptr, {.part = PositionWindow::Part::kProximal, .sinks = 4, .recent = 16}},
           Case{"distant", nullptr, {.part = PositionWindow::Part::kDistant, .sinks = 4, .recent = 16}}}) {
-      const std::string what = std::string(c.name) + (dtype == DType::kF32 ? " f32" : " f16");
+      const std::string what = std::string(c.name) + " " + DTypeLabel(dtype);
       std::vector<float> out(n_q * 256), lse(n_q * 4), probs(n), logits(n);
       float *d_out = Device(out), *d_lse = Device(lse), *d_probs = Device(probs), *d_logits = Device(logits);
       const AttentionArgs base{.q_pos = q_pos.data(),
@@ -297,26 +350,97 @@ TEST_F(CudaBackendTest, AttentionMatchesCpu) {
       on_cpu.out = out.data();
       on_cpu.lse = lse.data();
       on_cpu.last_query_probs = probs.data();
-      gpu_->Attention(shape, view(kb_gpu, vb_gpu), on_gpu);
-      cpu_.Attention(shape, view(kb_cpu, vb_cpu), on_cpu);
-      ExpectNear(FromDevice(d_out, out.size()), out, 1e-4f, "out " + what);
-      ExpectNear(FromDevice(d_lse, lse.size()), lse, 1e-5f, "lse " + what);
-      ExpectNear(FromDevice(d_probs, probs.size()), probs, 1e-5f, "probs " + what);
+      gpu_->Attention(shape, kv.View(true, positions), on_gpu);
+      cpu_.Attention(shape, kv.View(false, positions), on_cpu);
+      ExpectNear(FromDevice(d_out, out.size()), out, tol, "out " + what);
+      ExpectNear(FromDevice(d_lse, lse.size()), lse, tol / 10, "lse " + what);
+      ExpectNear(FromDevice(d_probs, probs.size()), probs, tol / 10, "probs " + what);
       on_gpu.last_query_probs = on_cpu.last_query_probs = nullptr;
       on_gpu.last_query_logits = d_logits;
       on_cpu.last_query_logits = logits.data();
-      gpu_->Attention(shape, view(kb_gpu, vb_gpu), on_gpu);
-      cpu_.Attention(shape, view(kb_cpu, vb_cpu), on_cpu);
-      const std::vector<float> got = FromDevice(d_logits, logits.size());
-      for (int64_t j = 0; j < n; ++j) {
-        if (std::isinf(logits[j])) {
-          EXPECT_TRUE(std::isinf(got[j]) && got[j] < 0) << "logits " << what << " at " << j;
-        } else {
-          EXPECT_NEAR(got[j], logits[j], 1e-4f * (1 + std::fabs(logits[j]))) << "logits " << what << " at " << j;
+      gpu_->Attention(shape, kv.View(true, positions), on_gpu);
+      cpu_.Attention(shape, kv.View(false, positions), on_cpu);
+      ExpectLogitsNear(FromDevice(d_logits, logits.size()), logits, tol, "logits " + what);
+    }
+  }
+}
+
+// The tiled tensor-core kernel (16-bit KV) against the CPU over shapes that stress its
+// tiles: GQA groups of 1, 4 and 7 (a tile of 63 rows), head dimensions 16 to 128,
+// 1 to 4097 keys and 1 to 100 query rows; block-sparse segments per query range
+// (CritiPrefill's shape), PoD's proximal part with the distant K blocks dropped
+// (null pointers on the GPU), and the last row's statistics.
+TEST_F(CudaBackendTest, TiledAttentionMatchesCpuAcrossShapes) {
+  struct Shape {
+    int n_heads, n_kv_heads, head_dim;
+    int64_t n, n_q;
+  };
+  for (const Shape& sh : {Shape{4, 1, 64, 1, 1}, Shape{4, 1, 64, 17, 17}, Shape{7, 1, 128, 300, 100},
+                          Shape{8, 8, 16, 4097, 3}, Shape{32, 8, 128, 4097, 1}, Shape{14, 2, 64, 1000, 65}}) {
+    const AttentionShape shape{.n_heads = sh.n_heads,
+                               .n_kv_heads = sh.n_kv_heads,
+                               .head_dim = sh.head_dim,
+                               .scale = 1.0f / std::sqrt(static_cast<float>(sh.head_dim))};
+    const int64_t kvd = int64_t{sh.n_kv_heads} * sh.head_dim, qd = int64_t{sh.n_heads} * sh.head_dim;
+    std::vector<int32_t> positions(sh.n), q_pos(sh.n_q);
+    for (int64_t j = 0; j < sh.n; ++j) positions[j] = static_cast<int32_t>(j);
+    for (int64_t i = 0; i < sh.n_q; ++i) q_pos[i] = static_cast<int32_t>(sh.n - sh.n_q + i);
+    const auto q = Randn(sh.n_q * qd, 27);
+    // Block-sparse: query rows in segments of 16, each over the first block, one block
+    // of its own choosing and its own causal tail.
+    KvSelection sparse;
+    for (int32_t q0 = 0; q0 < sh.n_q; q0 += 16) {
+      const int32_t q1 = std::min<int32_t>(static_cast<int32_t>(sh.n_q), q0 + 16);
+      const int32_t tail = std::max<int32_t>(0, q_pos[q0] - 31), mid = tail / 2 / 16 * 16;
+      KvSelection::Segment seg{.q_begin = q0, .q_end = q1, .kv_head = -1};
+      seg.ranges.push_back({0, std::min<int32_t>(16, tail)});
+      if (mid >= 16 && mid + 16 <= tail) seg.ranges.push_back({mid, mid + 16});
+      seg.ranges.push_back({tail, static_cast<int32_t>(sh.n)});
+      std::erase_if(seg.ranges, [](const KvRange& r) { return r.begin >= r.end; });
+      sparse.segments.push_back(std::move(seg));
+    }
+    const PositionWindow proximal{.part = PositionWindow::Part::kProximal, .sinks = 16, .recent = 64};
+    for (const DType dtype : {DType::kF16, DType::kBF16}) {
+      PagedKv kv(*gpu_, dtype, sh.n, kvd);
+      ASSERT_TRUE(kv.ok());
+      const float tol = AttentionTolerance(dtype);
+      for (const char* name : {"all", "block-sparse", "proximal"}) {
+        const std::string what = absl::StrCat(name, " ", DTypeLabel(dtype), " heads ", sh.n_heads, "/", sh.n_kv_heads,
+                                              " hd ", sh.head_dim, " n ", sh.n, " n_q ", sh.n_q);
+        const bool is_proximal = std::string(name) == "proximal";
+        if (is_proximal) {  // K blocks whose keys are distant to every query: never read
+          for (int64_t b = 1; (b + 1) * PagedKv::kBlockRows - 1 <= q_pos[0] - proximal.recent; ++b) {
+            kv.DropGpuKeyBlock(b);
+          }
         }
+        std::vector<float> out(sh.n_q * qd), lse(sh.n_q * sh.n_heads), probs(sh.n), logits(sh.n);
+        float *d_out = Device(out), *d_lse = Device(lse), *d_probs = Device(probs), *d_logits = Device(logits);
+        AttentionArgs base{.q_pos = q_pos.data(),
+                           .n_q = sh.n_q,
+                           .q_stride = qd,
+                           .out_stride = qd,
+                           .selection = std::string(name) == "block-sparse" ? &sparse : nullptr,
+                           .lse_stride = sh.n_heads,
+                           .window = is_proximal ? proximal : PositionWindow{}};
+        AttentionArgs on_gpu = base, on_cpu = base;
+        on_gpu.q = Device(q);
+        on_gpu.out = d_out;
+        on_gpu.lse = d_lse;
+        on_gpu.last_query_probs = d_probs;
+        on_gpu.last_query_logits = d_logits;
+        on_cpu.q = q.data();
+        on_cpu.out = out.data();
+        on_cpu.lse = lse.data();
+        on_cpu.last_query_probs = probs.data();
+        on_cpu.last_query_logits = logits.data();
+        gpu_->Attention(shape, kv.View(true, positions), on_gpu);
+        cpu_.Attention(shape, kv.View(false, positions), on_cpu);
+        ExpectNear(FromDevice(d_out, out.size()), out, tol, "out " + what);
+        ExpectNear(FromDevice(d_lse, lse.size()), lse, tol / 10, "lse " + what);
+        ExpectNear(FromDevice(d_probs, probs.size()), probs, tol / 10, "probs " + what);
+        ExpectLogitsNear(FromDevice(d_logits, logits.size()), logits, tol, "logits " + what);
       }
     }
-    tier->release(tier->base);
   }
 }
 
