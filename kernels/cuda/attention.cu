@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -152,6 +153,40 @@ __device__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
   return __float2bfloat16(x);
 }
 
+// Where split z's row for (query row qi, head h) starts in split_out: head_dim floats
+// of unnormalised output, then the maximum and the sum.
+__device__ inline int64_t SplitRow(const AttentionDeviceArgs& a, int z, int64_t qi, int h) {
+  return ((z * a.n_q + qi) * a.n_heads + h) * static_cast<int64_t>(a.head_dim + 2);
+}
+
+// Block (query row blockIdx.x, head blockIdx.y), a thread per output column: merges
+// the splits' partial softmaxes into the output, the log-sum-exp and the last row's
+// maximum and sum.
+__global__ void MergeSplitsKernel(AttentionDeviceArgs a) {
+  const int64_t qi = blockIdx.x;
+  const int h = blockIdx.y, c = threadIdx.x, hd = a.head_dim;
+  float m = -INFINITY;
+  for (int z = 0; z < a.splits; ++z) m = fmaxf(m, a.split_out[SplitRow(a, z, qi, h) + hd]);
+  float l = 0.0f, o = 0.0f;
+  if (m != -INFINITY) {
+    for (int z = 0; z < a.splits; ++z) {
+      const float* part = a.split_out + SplitRow(a, z, qi, h);
+      if (part[hd] == -INFINITY) continue;  // this split saw no key of the row
+      const float w = expf(part[hd] - m);
+      l += part[hd + 1] * w;
+      o += part[c] * w;
+    }
+  }
+  a.out[qi * a.out_stride + static_cast<int64_t>(h) * hd + c] = l > 0 ? o / l : 0.0f;
+  if (c == 0) {
+    if (a.lse != nullptr) a.lse[qi * a.lse_stride + h] = l > 0 ? m + logf(l) : -INFINITY;
+    if (a.last_logits != nullptr && qi == a.n_q - 1) {
+      a.last_norm[2 * h] = m;
+      a.last_norm[2 * h + 1] = l;
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kTileThreads) TiledAttentionKernel(AttentionDeviceArgs a, int group) {
   namespace wmma = nvcuda::wmma;
@@ -195,6 +230,8 @@ __global__ void __launch_bounds__(kTileThreads) TiledAttentionKernel(AttentionDe
   const int64_t head_block = a.head_blocks > 0 ? kvh * a.head_blocks : 0;
   const int64_t head_col = a.head_blocks > 0 ? 0 : static_cast<int64_t>(kvh) * hd;
   const int pieces = hd / 8;  // 16-byte pieces of a key row
+  const int split = blockIdx.z;
+  int tile_no = 0;  // the key tiles in visiting order: split z takes every splits-th from z
   __syncthreads();
 
   for (int s = 0; s < a.n_segments; ++s) {
@@ -203,6 +240,7 @@ __global__ void __launch_bounds__(kTileThreads) TiledAttentionKernel(AttentionDe
     for (int rg = seg.range_begin; rg < seg.range_end; ++rg) {
       const int32_t begin = a.ranges[2 * rg], end = a.ranges[2 * rg + 1];
       for (int32_t t0 = begin; t0 < end; t0 += kTileKeys) {
+        if (tile_no++ % a.splits != split) continue;  // another split's tile
         const int cnt = min(kTileKeys, end - t0);
         if (!__syncthreads_or(tid < cnt && a.positions[t0 + tid] <= max_q_pos)) continue;
         // The K and V rows in 16-byte pieces: zeros past the range and for dropped
@@ -301,6 +339,15 @@ __global__ void __launch_bounds__(kTileThreads) TiledAttentionKernel(AttentionDe
     }
   }
 
+  if (a.splits > 1) {  // this split's unnormalised rows, maxima and sums, for MergeSplitsKernel
+    for (int i = tid; i < kTileRows * (hd + 2); i += kTileThreads) {
+      const int r = i / (hd + 2), c = i % (hd + 2), qi = row_q[r];
+      if (qi < 0) continue;
+      const int h = kvh * group + r % group;
+      a.split_out[SplitRow(a, split, qi, h) + c] = c < hd ? os[r * op + c] : c == hd ? row_m[r] : row_l[r];
+    }
+    return;
+  }
   for (int i = tid; i < kTileRows * hd; i += kTileThreads) {
     const int r = i / hd, c = i % hd, qi = row_q[r];
     if (qi < 0) continue;
@@ -368,12 +415,24 @@ absl::Status LaunchTiled(const AttentionDeviceArgs& a) {
   const int group = a.n_heads / a.n_kv_heads;
   const int64_t q_per_tile = kTileRows / group;
   const auto tiles = static_cast<unsigned>((a.n_q + q_per_tile - 1) / q_per_tile);
-  TiledAttentionKernel<T>
-      <<<dim3(tiles, static_cast<unsigned>(a.n_kv_heads)), kTileThreads, TiledSharedBytes(a.head_dim)>>>(a, group);
-  return Launched("TiledAttentionKernel");
+  TiledAttentionKernel<T><<<dim3(tiles, static_cast<unsigned>(a.n_kv_heads), static_cast<unsigned>(a.splits)),
+                            kTileThreads, TiledSharedBytes(a.head_dim)>>>(a, group);
+  if (absl::Status s = Launched("TiledAttentionKernel"); !s.ok() || a.splits == 1) return s;
+  MergeSplitsKernel<<<dim3(static_cast<unsigned>(a.n_q), static_cast<unsigned>(a.n_heads)), a.head_dim>>>(a);
+  return Launched("MergeSplitsKernel");
 }
 
 }  // namespace
+
+int AttentionSplits(const AttentionDeviceArgs& a, int multiprocessors) {
+  if (!TiledApplies(a) || a.n_q == 0) return 1;
+  const int64_t q_per_tile = kTileRows / (a.n_heads / a.n_kv_heads);
+  const int64_t blocks = (a.n_q + q_per_tile - 1) / q_per_tile * a.n_kv_heads;
+  const int64_t key_tiles = (a.n + kTileKeys - 1) / kTileKeys;
+  if (blocks >= multiprocessors || key_tiles < 8) return 1;
+  // About two thread blocks per multiprocessor, each with four key tiles or more.
+  return static_cast<int>(std::min<int64_t>({(2 * multiprocessors + blocks - 1) / blocks, key_tiles / 4, 32}));
+}
 
 absl::Status AttentionDevice(const AttentionDeviceArgs& a) {
   if (a.head_dim > kMaxHeadDim) {
@@ -381,6 +440,9 @@ absl::Status AttentionDevice(const AttentionDeviceArgs& a) {
                                       std::to_string(kMaxHeadDim));
   }
   if (a.n_q == 0 || a.n_heads == 0) return absl::OkStatus();
+  if (a.splits < 1 || (a.splits > 1 && (a.split_out == nullptr || !TiledApplies(a)))) {
+    return absl::InvalidArgumentError("attention splits need the tiled kernel and split_out");
+  }
   if (TiledApplies(a)) {
     return a.dtype == DType::kF16 ? LaunchTiled<__half>(a) : LaunchTiled<__nv_bfloat16>(a);
   }

@@ -5,7 +5,8 @@
 // or BF16 KV, head_dim a multiple of 16 up to 128: a thread block per KV head and
 // tile of query rows, K and V tiles shared by the GQA group, Q and P rounded to the
 // KV's type) and, for everything else, one thread block per (query row, head) in F32
-// ($PS_CUDA_ATTENTION=naive sends every call there). C++17 (nvcc).
+// ($PS_CUDA_ATTENTION=naive sends every call there). Calls with few query tiles over
+// many keys (decode) split the keys across thread blocks and merge. C++17 (nvcc).
 #pragma once
 
 #include <cstdint>
@@ -52,7 +53,16 @@ struct AttentionDeviceArgs {
   // scores (-inf where masked); [n_heads, 2]: its final maximum and sum.
   float* last_logits = nullptr;
   float* last_norm = nullptr;
+  // The tiled kernel's split of the keys (AttentionSplits): each of `splits` thread
+  // blocks per tile takes every splits-th key tile, writes its partial softmax into
+  // split_out ([splits, n_q, n_heads, head_dim + 2] floats) and a second kernel merges.
+  int splits = 1;
+  float* split_out = nullptr;
 };
+
+// How many ways to split the keys of a call so that it fills `multiprocessors` (few
+// query tiles over many keys: decode); 1 when not split (or not on the tiled kernel).
+int AttentionSplits(const AttentionDeviceArgs& a, int multiprocessors);
 
 absl::Status AttentionDevice(const AttentionDeviceArgs& a);
 

@@ -203,6 +203,13 @@ class CudaBackend final : public Backend {
       Keep(FillDevice(d.last_logits, shape.n_heads * kv.n, -INFINITY));
       Keep(FillDevice(d.last_norm, 2 * shape.n_heads, 0.0f));
     }
+    d.splits = AttentionSplits(d, MultiprocessorCount());
+    if (d.splits > 1) {
+      const size_t floats = static_cast<size_t>(d.splits) * a.n_q * shape.n_heads * (shape.head_dim + 2);
+      absl::StatusOr<uint8_t*> buf = split_scratch_.Get(floats * sizeof(float));
+      if (!buf.ok()) return Keep(buf.status());
+      d.split_out = reinterpret_cast<float*>(*buf);
+    }
     Keep(AttentionDevice(d));
     if (stats) {
       Keep(LastQueryStatsDevice(d.last_logits, d.last_norm, shape.n_heads, kv.n, a.last_query_probs,
@@ -302,7 +309,7 @@ class CudaBackend final : public Backend {
   std::vector<AttentionSegment> segments_;
   std::vector<int32_t> ranges_;
   Scratch segments_scratch_, ranges_scratch_, q_pos_scratch_, positions_scratch_, k_blocks_scratch_, v_blocks_scratch_,
-      stats_scratch_;
+      stats_scratch_, split_scratch_;
   std::vector<uint8_t*> pointers_;
 };
 

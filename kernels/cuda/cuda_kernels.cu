@@ -217,6 +217,18 @@ const Cublas& LoadCublas() {
 
 }  // namespace
 
+int MultiprocessorCount() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 1;
+    }
+    return n > 0 ? n : 1;
+  }();
+  return count;
+}
+
 absl::StatusOr<int64_t> FreeDeviceBytes() {
   size_t free = 0, total = 0;
   PS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));

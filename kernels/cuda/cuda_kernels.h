@@ -23,6 +23,8 @@ int DeviceCount();
 // OK when a CUDA device is usable, else why not (the runtime's message).
 absl::Status DeviceAvailable();
 
+// The device's streaming multiprocessors (at least 1).
+int MultiprocessorCount();
 // Bytes of device memory free now (cudaMemGetInfo).
 absl::StatusOr<int64_t> FreeDeviceBytes();
 // Device memory (the device KV tier, activations) and pinned host memory (the host tier).

@@ -160,19 +160,7 @@ TEST(ArchTest, LinearRopeScalingAndPartialRope) {
   CheckAgainstReference(c);
 }
 
-TEST(ArchTest, Qwen2WithBiasAndNeoxRope) {
-  ModelConfig c = BaseConfig();
-  c.arch = Arch::kQwen2;
-  c.arch_name = "qwen2";
-  c.qkv_bias = true;
-  c.rope.neox = true;
-  c.rope.freq_base = 1000000.0f;
-  c.n_heads = 6;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.rope.n_dims = 8;
-  CheckAgainstReference(c);
-}
+TEST(ArchTest, Qwen2WithBiasAndNeoxRope) { CheckAgainstReference(testing::Qwen2Config(6, 2, 8)); }
 
 TEST(ArchTest, MissingOrMisshapenTensorsAreErrors) {
   ModelConfig c = BaseConfig();

@@ -107,17 +107,7 @@ TEST_F(CudaForwardTest, EveryStrategyGivesTheCpuTokens) {
 // tiled attention kernel): a 100-token prompt in chunks of 60 and 40, then 5 decode
 // steps; every logit row within 1e-2 of the CPU's, relative to the row's largest.
 TEST_F(CudaForwardTest, TinyRandomModelsMatchTheCpuLogits) {
-  ModelConfig qwen2 = testing::BaseConfig();
-  qwen2.arch = Arch::kQwen2;
-  qwen2.arch_name = "qwen2";
-  qwen2.qkv_bias = true;
-  qwen2.rope.neox = true;
-  qwen2.rope.freq_base = 1000000.0f;
-  qwen2.n_heads = 7;
-  qwen2.n_kv_heads = 1;
-  qwen2.head_dim = 32;
-  qwen2.rope.n_dims = 32;
-  for (const ModelConfig& config : {testing::BaseConfig(), qwen2}) {
+  for (const ModelConfig& config : {testing::BaseConfig(), testing::Qwen2Config(7, 1, 32)}) {
     for (const DType kv_dtype : {DType::kF16, DType::kBF16}) {
       SCOPED_TRACE(config.arch_name + (kv_dtype == DType::kF16 ? " f16 KV" : " bf16 KV"));
       const auto tiny = testing::MakeTiny(config, DType::kBF16);

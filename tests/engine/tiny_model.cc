@@ -101,6 +101,20 @@ ModelConfig BaseConfig() {
   return c;
 }
 
+ModelConfig Qwen2Config(int n_heads, int n_kv_heads, int head_dim) {
+  ModelConfig c = BaseConfig();
+  c.arch = Arch::kQwen2;
+  c.arch_name = "qwen2";
+  c.qkv_bias = true;
+  c.rope.neox = true;
+  c.rope.freq_base = 1000000.0f;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_kv_heads;
+  c.head_dim = head_dim;
+  c.rope.n_dims = head_dim;
+  return c;
+}
+
 std::vector<int32_t> Prompt(int n, int vocab) {
   std::vector<int32_t> p(n);
   for (int i = 0; i < n; ++i) p[i] = (i * 37 + 11) % vocab;

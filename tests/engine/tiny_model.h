@@ -25,6 +25,9 @@ std::unique_ptr<TinyModel> MakeTiny(const ModelConfig& c, DType weights = DType:
 // LLaMA with GQA: 2 layers, width 64, 4 query and 2 KV heads of 16, FFN 96, vocabulary 97.
 ModelConfig BaseConfig();
 
+// Qwen2 on BaseConfig's sizes: QKV biases, NeoX RoPE (base 1e6) over whole heads.
+ModelConfig Qwen2Config(int n_heads, int n_kv_heads, int head_dim);
+
 // n token ids below `vocab`, a fixed pattern.
 std::vector<int32_t> Prompt(int n, int vocab);
 

@@ -60,6 +60,73 @@ TEST_F(CudaTest, RmsNormAndSiluMatchCpu) {
   for (int i = 0; i < 4097; ++i) EXPECT_NEAR(g1[i], g2[i], 1e-5f * (1 + std::fabs(g2[i])));
 }
 
+// K and V of n rows of kvd random values (seeds 24 and 25) in blocks of 16 rows, as
+// `dtype`: in host memory for the CPU and in a device tier for the GPU.
+class PagedKv {
+ public:
+  static constexpr int64_t kBlockRows = 16;
+  PagedKv(Backend& gpu, DType dtype, int64_t n, int64_t kvd) : dtype_(dtype), n_(n), kvd_(kvd) {
+    const int64_t n_blocks = (n + kBlockRows - 1) / kBlockRows;
+    const auto k = Randn(n_blocks * kBlockRows * kvd, 24), v = Randn(n_blocks * kBlockRows * kvd, 25);
+    const size_t elem = dtype == DType::kF32 ? 4 : 2;
+    k_host_.resize(k.size() * elem);
+    v_host_.resize(v.size() * elem);
+    for (size_t i = 0; i < k.size(); ++i) {
+      Put(k_host_.data(), i, k[i]);
+      Put(v_host_.data(), i, v[i]);
+    }
+    auto tier = gpu.AllocateTier(true, 2 * k_host_.size());
+    EXPECT_TRUE(tier.ok()) << tier.status();
+    if (!tier.ok()) return;
+    tier_ = std::move(*tier);
+    gpu.CopyFromHost(k_host_.data(), tier_.base, k_host_.size());
+    gpu.CopyFromHost(v_host_.data(), tier_.base + k_host_.size(), v_host_.size());
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const int64_t at = b * kBlockRows * kvd * static_cast<int64_t>(elem);
+      k_cpu_.push_back(k_host_.data() + at);
+      v_cpu_.push_back(v_host_.data() + at);
+      k_gpu_.push_back(tier_.base + at);
+      v_gpu_.push_back(tier_.base + k_host_.size() + at);
+    }
+  }
+  ~PagedKv() {
+    if (tier_.release) tier_.release(tier_.base);
+  }
+  bool ok() const { return tier_.base != nullptr; }
+  KvRows View(bool on_gpu, const std::vector<int32_t>& positions) const {
+    return KvRows{.k_blocks = on_gpu ? k_gpu_.data() : k_cpu_.data(),
+                  .v_blocks = on_gpu ? v_gpu_.data() : v_cpu_.data(),
+                  .block_rows = kBlockRows,
+                  .positions = positions.data(),
+                  .n = n_,
+                  .stride = kvd_,
+                  .positions_ascending = true,
+                  .dtype = dtype_};
+  }
+  // Drops the GPU's copy of K block b (a null pointer, as PoD leaves it).
+  void DropGpuKeyBlock(int64_t b) { k_gpu_[b] = nullptr; }
+
+ private:
+  void Put(uint8_t* base, size_t i, float x) const {
+    if (dtype_ == DType::kF32) {
+      reinterpret_cast<float*>(base)[i] = x;
+    } else {
+      reinterpret_cast<uint16_t*>(base)[i] = dtype_ == DType::kF16 ? Fp32ToFp16(x) : Fp32ToBf16(x);
+    }
+  }
+  DType dtype_;
+  int64_t n_, kvd_;
+  std::vector<uint8_t> k_host_, v_host_;
+  MemoryRegion tier_;
+  std::vector<const void*> k_cpu_, v_cpu_, k_gpu_, v_gpu_;
+};
+
+const char* DTypeLabel(DType t) { return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16"; }
+
+// The tolerance of the GPU's attention: F32 KV runs in F32; 16-bit KV runs on the
+// tensor cores with the queries and probabilities rounded to the KV's type.
+float AttentionTolerance(DType t) { return t == DType::kF32 ? 1e-4f : t == DType::kF16 ? 4e-3f : 3e-2f; }
+
 // The CUDA backend next to the CPU backend: device copies of host data in, host
 // copies out.
 class CudaBackendTest : public CudaTest {
@@ -92,6 +159,32 @@ class CudaBackendTest : public CudaTest {
     }
   }
 
+  // Attention of queries q over kv on both backends, from `base` (its query, output and
+  // statistics pointers set here): the outputs and log-sum-exps, and the last row's
+  // probabilities and logits where asked for, within `tol` of the CPU's.
+  void CompareAttention(const AttentionShape& shape, const PagedKv& kv, const std::vector<int32_t>& positions,
+                        const AttentionArgs& base, const std::vector<float>& q, bool probs, bool logits, float tol,
+                        const std::string& what) {
+    const int64_t n = kv.View(false, positions).n;
+    std::vector<float> out(base.n_q * base.out_stride), lse(base.n_q * base.lse_stride), p(n), l(n);
+    AttentionArgs on_gpu = base, on_cpu = base;
+    on_gpu.q = Device(q);
+    on_gpu.out = Device(out);
+    on_gpu.lse = Device(lse);
+    on_gpu.last_query_probs = probs ? Device(p) : nullptr;
+    on_gpu.last_query_logits = logits ? Device(l) : nullptr;
+    on_cpu.q = q.data();
+    on_cpu.out = out.data();
+    on_cpu.lse = lse.data();
+    on_cpu.last_query_probs = probs ? p.data() : nullptr;
+    on_cpu.last_query_logits = logits ? l.data() : nullptr;
+    gpu_->Attention(shape, kv.View(true, positions), on_gpu);
+    cpu_.Attention(shape, kv.View(false, positions), on_cpu);
+    ExpectNear(FromDevice(on_gpu.out, out.size()), out, tol, "out " + what);
+    ExpectNear(FromDevice(on_gpu.lse, lse.size()), lse, tol / 10, "lse " + what);
+    if (probs) ExpectNear(FromDevice(on_gpu.last_query_probs, p.size()), p, tol / 10, "probs " + what);
+    if (logits) ExpectLogitsNear(FromDevice(on_gpu.last_query_logits, l.size()), l, tol, "logits " + what);
+  }
   // Summed last-row logits: -inf where the CPU's are (masked keys), else near.
   static void ExpectLogitsNear(const std::vector<float>& gpu, const std::vector<float>& cpu, float rel,
                                const std::string& what) {
@@ -237,73 +330,6 @@ TEST_F(CudaBackendTest, F32MatMulMatchesCpuAndErrorsFailTheStep) {
   EXPECT_TRUE(gpu_->Synchronize().ok()) << "and the error is reported once";
 }
 
-// K and V of n rows of kvd random values (seeds 24 and 25) in blocks of 16 rows, as
-// `dtype`: in host memory for the CPU and in a device tier for the GPU.
-class PagedKv {
- public:
-  static constexpr int64_t kBlockRows = 16;
-  PagedKv(Backend& gpu, DType dtype, int64_t n, int64_t kvd) : dtype_(dtype), n_(n), kvd_(kvd) {
-    const int64_t n_blocks = (n + kBlockRows - 1) / kBlockRows;
-    const auto k = Randn(n_blocks * kBlockRows * kvd, 24), v = Randn(n_blocks * kBlockRows * kvd, 25);
-    const size_t elem = dtype == DType::kF32 ? 4 : 2;
-    k_host_.resize(k.size() * elem);
-    v_host_.resize(v.size() * elem);
-    for (size_t i = 0; i < k.size(); ++i) {
-      Put(k_host_.data(), i, k[i]);
-      Put(v_host_.data(), i, v[i]);
-    }
-    auto tier = gpu.AllocateTier(true, 2 * k_host_.size());
-    EXPECT_TRUE(tier.ok()) << tier.status();
-    if (!tier.ok()) return;
-    tier_ = std::move(*tier);
-    gpu.CopyFromHost(k_host_.data(), tier_.base, k_host_.size());
-    gpu.CopyFromHost(v_host_.data(), tier_.base + k_host_.size(), v_host_.size());
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      const int64_t at = b * kBlockRows * kvd * static_cast<int64_t>(elem);
-      k_cpu_.push_back(k_host_.data() + at);
-      v_cpu_.push_back(v_host_.data() + at);
-      k_gpu_.push_back(tier_.base + at);
-      v_gpu_.push_back(tier_.base + k_host_.size() + at);
-    }
-  }
-  ~PagedKv() {
-    if (tier_.release) tier_.release(tier_.base);
-  }
-  bool ok() const { return tier_.base != nullptr; }
-  KvRows View(bool on_gpu, const std::vector<int32_t>& positions) const {
-    return KvRows{.k_blocks = on_gpu ? k_gpu_.data() : k_cpu_.data(),
-                  .v_blocks = on_gpu ? v_gpu_.data() : v_cpu_.data(),
-                  .block_rows = kBlockRows,
-                  .positions = positions.data(),
-                  .n = n_,
-                  .stride = kvd_,
-                  .positions_ascending = true,
-                  .dtype = dtype_};
-  }
-  // Drops the GPU's copy of K block b (a null pointer, as PoD leaves it).
-  void DropGpuKeyBlock(int64_t b) { k_gpu_[b] = nullptr; }
-
- private:
-  void Put(uint8_t* base, size_t i, float x) const {
-    if (dtype_ == DType::kF32) {
-      reinterpret_cast<float*>(base)[i] = x;
-    } else {
-      reinterpret_cast<uint16_t*>(base)[i] = dtype_ == DType::kF16 ? Fp32ToFp16(x) : Fp32ToBf16(x);
-    }
-  }
-  DType dtype_;
-  int64_t n_, kvd_;
-  std::vector<uint8_t> k_host_, v_host_;
-  MemoryRegion tier_;
-  std::vector<const void*> k_cpu_, v_cpu_, k_gpu_, v_gpu_;
-};
-
-const char* DTypeLabel(DType t) { return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16"; }
-
-// The tolerance of the GPU's attention: F32 KV runs in F32; 16-bit KV runs on the
-// tensor cores with the queries and probabilities rounded to the KV's type.
-float AttentionTolerance(DType t) { return t == DType::kF32 ? 1e-4f : t == DType::kF16 ? 4e-3f : 3e-2f; }
-
 // Attention over paged KV (F32, F16, BF16) against the CPU kernel: everything, a
 // selection per KV head, PoD's proximal and distant windows with their log-sum-exps,
 // and the last query row's statistics.
@@ -332,8 +358,6 @@ TEST_F(CudaBackendTest, AttentionMatchesCpu) {
           Case{"proximal", nullptr, {.part = PositionWindow::Part::kProximal, .sinks = 4, .recent = 16}},
           Case{"distant", nullptr, {.part = PositionWindow::Part::kDistant, .sinks = 4, .recent = 16}}}) {
       const std::string what = std::string(c.name) + " " + DTypeLabel(dtype);
-      std::vector<float> out(n_q * 256), lse(n_q * 4), probs(n), logits(n);
-      float *d_out = Device(out), *d_lse = Device(lse), *d_probs = Device(probs), *d_logits = Device(logits);
       const AttentionArgs base{.q_pos = q_pos.data(),
                                .n_q = n_q,
                                .q_stride = 256,
@@ -341,26 +365,9 @@ TEST_F(CudaBackendTest, AttentionMatchesCpu) {
                                .selection = c.selection,
                                .lse_stride = 4,
                                .window = c.window};
-      AttentionArgs on_gpu = base, on_cpu = base;
-      on_gpu.q = Device(q);
-      on_gpu.out = d_out;
-      on_gpu.lse = d_lse;
-      on_gpu.last_query_probs = d_probs;
-      on_cpu.q = q.data();
-      on_cpu.out = out.data();
-      on_cpu.lse = lse.data();
-      on_cpu.last_query_probs = probs.data();
-      gpu_->Attention(shape, kv.View(true, positions), on_gpu);
-      cpu_.Attention(shape, kv.View(false, positions), on_cpu);
-      ExpectNear(FromDevice(d_out, out.size()), out, tol, "out " + what);
-      ExpectNear(FromDevice(d_lse, lse.size()), lse, tol / 10, "lse " + what);
-      ExpectNear(FromDevice(d_probs, probs.size()), probs, tol / 10, "probs " + what);
-      on_gpu.last_query_probs = on_cpu.last_query_probs = nullptr;
-      on_gpu.last_query_logits = d_logits;
-      on_cpu.last_query_logits = logits.data();
-      gpu_->Attention(shape, kv.View(true, positions), on_gpu);
-      cpu_.Attention(shape, kv.View(false, positions), on_cpu);
-      ExpectLogitsNear(FromDevice(d_logits, logits.size()), logits, tol, "logits " + what);
+      // The last row's probabilities and its logits, each asked for alone.
+      CompareAttention(shape, kv, positions, base, q, /*probs=*/true, /*logits=*/false, tol, what);
+      CompareAttention(shape, kv, positions, base, q, /*probs=*/false, /*logits=*/true, tol, what);
     }
   }
 }
@@ -369,7 +376,8 @@ TEST_F(CudaBackendTest, AttentionMatchesCpu) {
 // tiles: GQA groups of 1, 4 and 7 (a tile of 63 rows), head dimensions 16 to 128,
 // 1 to 4097 keys and 1 to 100 query rows; block-sparse segments per query range
 // (CritiPrefill's shape), PoD's proximal part with the distant K blocks dropped
-// (null pointers on the GPU), and the last row's statistics.
+// (null pointers on the GPU), and the last row's statistics. The 4097-key shapes with
+// few query rows split their keys across thread blocks (AttentionSplits) and merge.
 TEST_F(CudaBackendTest, TiledAttentionMatchesCpuAcrossShapes) {
   struct Shape {
     int n_heads, n_kv_heads, head_dim;
@@ -413,32 +421,14 @@ TEST_F(CudaBackendTest, TiledAttentionMatchesCpuAcrossShapes) {
             kv.DropGpuKeyBlock(b);
           }
         }
-        std::vector<float> out(sh.n_q * qd), lse(sh.n_q * sh.n_heads), probs(sh.n), logits(sh.n);
-        float *d_out = Device(out), *d_lse = Device(lse), *d_probs = Device(probs), *d_logits = Device(logits);
-        AttentionArgs base{.q_pos = q_pos.data(),
-                           .n_q = sh.n_q,
-                           .q_stride = qd,
-                           .out_stride = qd,
-                           .selection = std::string(name) == "block-sparse" ? &sparse : nullptr,
-                           .lse_stride = sh.n_heads,
-                           .window = is_proximal ? proximal : PositionWindow{}};
-        AttentionArgs on_gpu = base, on_cpu = base;
-        on_gpu.q = Device(q);
-        on_gpu.out = d_out;
-        on_gpu.lse = d_lse;
-        on_gpu.last_query_probs = d_probs;
-        on_gpu.last_query_logits = d_logits;
-        on_cpu.q = q.data();
-        on_cpu.out = out.data();
-        on_cpu.lse = lse.data();
-        on_cpu.last_query_probs = probs.data();
-        on_cpu.last_query_logits = logits.data();
-        gpu_->Attention(shape, kv.View(true, positions), on_gpu);
-        cpu_.Attention(shape, kv.View(false, positions), on_cpu);
-        ExpectNear(FromDevice(d_out, out.size()), out, tol, "out " + what);
-        ExpectNear(FromDevice(d_lse, lse.size()), lse, tol / 10, "lse " + what);
-        ExpectNear(FromDevice(d_probs, probs.size()), probs, tol / 10, "probs " + what);
-        ExpectLogitsNear(FromDevice(d_logits, logits.size()), logits, tol, "logits " + what);
+        const AttentionArgs base{.q_pos = q_pos.data(),
+                                 .n_q = sh.n_q,
+                                 .q_stride = qd,
+                                 .out_stride = qd,
+                                 .selection = std::string(name) == "block-sparse" ? &sparse : nullptr,
+                                 .lse_stride = sh.n_heads,
+                                 .window = is_proximal ? proximal : PositionWindow{}};
+        CompareAttention(shape, kv, positions, base, q, /*probs=*/true, /*logits=*/true, tol, what);
       }
     }
   }

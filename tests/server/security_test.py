@@ -228,7 +228,9 @@ class LimitsTest(unittest.TestCase):
         cls.server = Server(ARGS.server, ARGS.model, "--threads", "1", "--max-prompt-tokens", "32",
                             "--max-new-tokens", "300", "--max-stop-strings", "2", "--max-stop-string-bytes", "8",
                             "--max-request-bytes", "2048", "--max-streams-per-client", "1",
-                            "--max-stream-backlog", "64", http=True)
+                            # Room for a reading client's 300 tokens while a write waits for the CPU (a
+                            # test beside this one can hold it), none for a client that does not read.
+                            "--max-stream-backlog", "200", http=True)
         cls.channel = grpc.insecure_channel(cls.server.grpc_addr)
         cls.stub = pb_grpc.GenerationStub(cls.channel)
         wait_loaded(cls.stub)
@@ -293,7 +295,7 @@ class LimitsTest(unittest.TestCase):
                 received += msg.chunk.token_ids
         self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
         self.assertIn("did not read its stream", e.exception.details())
-        self.assertLess(len(received), 200)
+        self.assertLess(len(received), 300)  # cut short: what was sent before the backlog filled
         slow_channel.close()
 
         def served_again():  # once the server has closed the stream (just after its status was sent)
