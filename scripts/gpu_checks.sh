@@ -14,6 +14,10 @@
 #                               (ARGS replace the default figures: prefill 4k/16k, decode at batch 1
 #                               and 32; e.g. --prefill 32768 --strategy lazyllm for a strategy's TTFT)
 set -uo pipefail
+case ${1:-} in
+  smoke | parity | sanitize | bench) ;;
+  *) sed -n '2,/^set /{/^#/p}' "$0"; exit 2 ;;
+esac
 BUNDLE="$(cd "$(dirname "$0")" && pwd)/bundle.tar.gz"
 HERE=/tmp/ps-gpu
 if ! cmp -s "$BUNDLE" "$HERE/bundle.tar.gz" 2>/dev/null; then
@@ -110,9 +114,12 @@ case $PHASE in
     step server_streams 60 server_streams
     ;;
   sanitize)
+    sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+      /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+    [ -n "$sanitizer" ] || { echo "compute-sanitizer not found" | tee -a "$SUMMARY"; exit 1; }
     for tool in memcheck racecheck; do
-      step "${tool}_cuda_test" 240 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/cuda_test"
-      step "${tool}_forward" 240 compute-sanitizer --tool $tool --error-exitcode 99 "$BIN/cuda_forward_test" \
+      step "${tool}_cuda_test" 240 "$sanitizer" --tool $tool --error-exitcode 99 "$BIN/cuda_test"
+      step "${tool}_forward" 240 "$sanitizer" --tool $tool --error-exitcode 99 "$BIN/cuda_forward_test" \
         --gtest_filter='*StoriesGreedy*:*Logits*'
     done
     ;;
@@ -123,7 +130,6 @@ case $PHASE in
       "${args[@]}"
     cat "$LOG"
     ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
 esac
 echo "$PHASE: $failed failed step(s); logs in $OUT"
 exit $failed
