@@ -24,6 +24,7 @@
 #include "engine/pruning/registry.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "memory/kv_geometry.h"
 
 namespace {
 
@@ -214,9 +215,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!synthetic.empty() && synthetic != "llama3-8b") return Fail("--synthetic knows llama3-8b only");
-  const std::map<std::string, DType> kv_dtypes = {{"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16}};
-  if (!kv_dtypes.contains(kv_dtype)) return Fail("--kv-dtype must be f32, f16 or bf16, not '" + kv_dtype + "'");
-  const KvChoice kv_choice{.block_tokens = static_cast<int>(block_tokens), .dtype = kv_dtypes.at(kv_dtype)};
+  const absl::StatusOr<DType> parsed_kv_dtype = ParseKvDType(kv_dtype);
+  if (!parsed_kv_dtype.ok()) return Fail(std::string(parsed_kv_dtype.status().message()));
+  const KvChoice kv_choice{.block_tokens = static_cast<int>(block_tokens), .dtype = *parsed_kv_dtype};
   if (!synthetic.empty() && llamacpp) return Fail("--llamacpp needs a model file, not --synthetic");
   ThreadPool pool(static_cast<int>(threads));
   auto model = synthetic.empty() ? Model::Load(model_path) : SyntheticLlama3_8B(pool);

@@ -11,7 +11,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
+#include "absl/status/statusor.h"
 #include "kernels/dtype.h"
 
 namespace ps {
@@ -36,5 +38,13 @@ struct KvGeometry {
   }
   int64_t BlocksForTokens(int64_t tokens) const { return n_layers * BlocksPerLayer(tokens); }
 };
+
+// The KV element type a `--kv-dtype` value names: "f32", "f16" or "bf16".
+inline absl::StatusOr<DType> ParseKvDType(const std::string& name) {
+  if (name == "f32") return DType::kF32;
+  if (name == "f16") return DType::kF16;
+  if (name == "bf16") return DType::kBF16;
+  return absl::InvalidArgumentError("--kv-dtype must be f32, f16 or bf16, not '" + name + "'");
+}
 
 }  // namespace ps

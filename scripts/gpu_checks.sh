@@ -108,8 +108,10 @@ case $PHASE in
     smoke
     step cuda_test 180 "$BIN/cuda_test"
     step cuda_forward_test 240 "$BIN/cuda_forward_test"
+    # FailingSwapsFallBackToRecompute injects through the CPU swap engine's copy hook
+    # (it skips on cuda, and a skip fails a step here).
     for t in scheduler_test preemption_test pruning_scheduler_test; do
-      step "${t}_cuda" 150 env PS_TEST_DEVICE=cuda "$BIN/$t"
+      step "${t}_cuda" 150 env PS_TEST_DEVICE=cuda "$BIN/$t" --gtest_filter=-*FailingSwapsFallBackToRecompute
     done
     step server_streams 60 server_streams
     ;;

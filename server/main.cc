@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <thread>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -24,6 +23,7 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "engine/pruning/registry.h"
+#include "memory/kv_geometry.h"
 #include "server/access.h"
 #include "server/generation_service.h"
 #include "server/http_front.h"
@@ -186,9 +186,9 @@ int main(int argc, char** argv) {
         "--kv-block-size (<= 4096), --kv-device-bytes must be >= 1; --threads, --drain-timeout, "
         "--kv-host-bytes >= 0");
   }
-  const std::map<std::string, DType> kv_dtypes = {{"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16}};
-  if (!kv_dtypes.contains(o.kv_dtype)) return Fail("--kv-dtype must be f32, f16 or bf16, not '" + o.kv_dtype + "'");
-  const DType kv_dtype = kv_dtypes.at(o.kv_dtype);
+  const absl::StatusOr<DType> parsed_kv_dtype = ParseKvDType(o.kv_dtype);
+  if (!parsed_kv_dtype.ok()) return Fail(std::string(parsed_kv_dtype.status().message()));
+  const DType kv_dtype = *parsed_kv_dtype;
   if (o.kv_device_fraction < 0 || o.kv_host_fraction < 0 || o.kv_device_fraction > 0.9 || o.kv_host_fraction > 0.9) {
     return Fail("--kv-device-fraction and --kv-host-fraction must be between 0 and 0.9");
   }

@@ -121,8 +121,6 @@ class PagedKv {
   std::vector<const void*> k_cpu_, v_cpu_, k_gpu_, v_gpu_;
 };
 
-const char* DTypeLabel(DType t) { return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16"; }
-
 // The tolerance of the GPU's attention: F32 KV runs in F32; 16-bit KV runs on the
 // tensor cores with the queries and probabilities rounded to the KV's type.
 float AttentionTolerance(DType t) { return t == DType::kF32 ? 1e-4f : t == DType::kF16 ? 4e-3f : 3e-2f; }
@@ -357,7 +355,7 @@ TEST_F(CudaBackendTest, AttentionMatchesCpu) {
          {Case{"all", nullptr, {}}, Case{"per-head selection", &per_head, {}},
           Case{"proximal", nullptr, {.part = PositionWindow::Part::kProximal, .sinks = 4, .recent = 16}},
           Case{"distant", nullptr, {.part = PositionWindow::Part::kDistant, .sinks = 4, .recent = 16}}}) {
-      const std::string what = std::string(c.name) + " " + DTypeLabel(dtype);
+      const std::string what = std::string(c.name) + " " + std::string(DTypeName(dtype));
       const AttentionArgs base{.q_pos = q_pos.data(),
                                .n_q = n_q,
                                .q_stride = 256,
@@ -413,8 +411,8 @@ TEST_F(CudaBackendTest, TiledAttentionMatchesCpuAcrossShapes) {
       ASSERT_TRUE(kv.ok());
       const float tol = AttentionTolerance(dtype);
       for (const char* name : {"all", "block-sparse", "proximal"}) {
-        const std::string what = absl::StrCat(name, " ", DTypeLabel(dtype), " heads ", sh.n_heads, "/", sh.n_kv_heads,
-                                              " hd ", sh.head_dim, " n ", sh.n, " n_q ", sh.n_q);
+        const std::string what = absl::StrCat(name, " ", std::string(DTypeName(dtype)), " heads ", sh.n_heads, "/",
+                                              sh.n_kv_heads, " hd ", sh.head_dim, " n ", sh.n, " n_q ", sh.n_q);
         const bool is_proximal = std::string(name) == "proximal";
         if (is_proximal) {  // K blocks whose keys are distant to every query: never read
           for (int64_t b = 1; (b + 1) * PagedKv::kBlockRows - 1 <= q_pos[0] - proximal.recent; ++b) {
