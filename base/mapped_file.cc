@@ -45,6 +45,15 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
   return std::unique_ptr<MappedFile>(new MappedFile(path, data, size));
 }
 
+void MappedFile::ReleasePages(const uint8_t* p, size_t bytes) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = std::max(reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(data_));
+  const uintptr_t hi = std::min(reinterpret_cast<uintptr_t>(p) + bytes, reinterpret_cast<uintptr_t>(data_) + size_);
+  const uintptr_t first = (lo + page - 1) / page * page, last = hi / page * page;
+  // Advice only: a failure leaves the pages resident, which is harmless.
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

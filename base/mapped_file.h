@@ -20,6 +20,9 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Drops the pages wholly inside [p, p + bytes) from this process's memory (they are
+  // read from the file again if touched): for data now kept in another form.
+  void ReleasePages(const uint8_t* p, size_t bytes) const;
 
  private:
   MappedFile(std::string path, const uint8_t* data, size_t size) : path_(std::move(path)), data_(data), size_(size) {}

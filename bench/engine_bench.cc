@@ -1,9 +1,11 @@
 // Engine benchmark: prefill tokens/s at given prompt lengths, decode tokens/s and
-// peak memory, for one model and thread count. With --llamacpp it also runs
-// bench/llamacpp_bench.py (llama-cpp-python) on the same file and prints ratios.
+// peak memory, for one model and thread count, each figure also as a share of the
+// machine's own ceiling (bench/machine_peak.h: FMA and int8 dot-product rates,
+// streaming-read bandwidth). With --llamacpp it also runs llama.cpp's llama-bench
+// (bench/llamacpp.sh) on the same file and threads and prints ratios.
 // With --synthetic llama3-8b it builds LLaMA-3-8B's shape in memory (random BF16
-// weights, 16 GB) instead of loading a file, for `--device cuda`; on a GPU it also
-// prints each figure as a share of the H100's limits.
+// weights, 16 GB) instead of loading a file, for `--device cuda`; on a GPU it
+// prints each figure as a share of the H100's limits instead.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -11,19 +13,22 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <sstream>
+#include <cstdlib>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_split.h"
 #include "base/flags.h"
 #include "base/fp16.h"
 #include "base/mapped_file.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
+#include "bench/machine_peak.h"
 #include "engine/generator.h"
 #include "engine/pruning/registry.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "memory/kv_geometry.h"
 
 namespace {
@@ -123,6 +128,44 @@ double AttentionFlops(const ps::ModelConfig& c, int64_t n) {
   return 2.0 * 2.0 * c.n_layers * c.q_dim() * (static_cast<double>(n) * n / 2);
 }
 
+// Bytes one decode step reads: every weight matrix as the kernels read it (the packed
+// layout where there is one) and, at context depth d, the KV cache's keys and values.
+double DecodeBytesPerToken(ps::Model& m, int64_t depth, ps::DType kv_dtype) {
+  double bytes = 0;
+  for (const ps::MatrixView* w : m.Matrices()) bytes += static_cast<double>(w->row_bytes()) * w->rows;
+  const ps::ModelConfig& c = m.config();
+  return bytes + 2.0 * c.n_layers * c.kv_dim() * static_cast<double>(depth) * (kv_dtype == ps::DType::kF32 ? 4 : 2);
+}
+
+// Runs llama.cpp's llama-bench (bench/llamacpp.sh builds it) with `args` and returns
+// its figures by this benchmark's names: prefill_N_tok_per_s for a prompt of N tokens,
+// decode_tok_per_s or decode_at_D_tok_per_s for generation at context depth D.
+std::map<std::string, double> LlamaBench(const std::string& args) {
+  std::map<std::string, double> out;
+  const std::string cmd = "bench/llamacpp.sh -o csv " + args;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char line[4096];
+  std::vector<std::string> header;
+  while (fgets(line, sizeof(line), p) != nullptr) {
+    std::vector<std::string> cells = absl::StrSplit(absl::StripTrailingAsciiWhitespace(line), ',');
+    for (std::string& c : cells) c = std::string(absl::StripPrefix(absl::StripSuffix(c, "\""), "\""));
+    if (header.empty()) {
+      if (std::find(cells.begin(), cells.end(), "avg_ts") != cells.end()) header = cells;
+      continue;
+    }
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < cells.size() && i < header.size(); ++i) row[header[i]] = cells[i];
+    const long prompt = std::atol(row["n_prompt"].c_str()), gen = std::atol(row["n_gen"].c_str()),
+               depth = std::atol(row["n_depth"].c_str());
+    const double ts = std::atof(row["avg_ts"].c_str());
+    if (prompt > 0 && gen == 0) out["prefill_" + std::to_string(prompt) + "_tok_per_s"] = ts;
+    if (gen > 0 && prompt == 0) out[depth == 0 ? "decode_tok_per_s" : "decode_at_" + std::to_string(depth) + "_tok_per_s"] = ts;
+  }
+  pclose(p);
+  return out;
+}
+
 // The KV caches the benchmark makes: --kv-block-size tokens per block of --kv-dtype.
 struct KvChoice {
   int block_tokens = 16;
@@ -171,12 +214,11 @@ int main(int argc, char** argv) {
   using namespace ps;
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   std::string text_path = "../shared/testdata/haystack/paul_graham_essays";
-  std::string python = "python3";
   std::vector<int64_t> prefill_list = {512, 2048};
   std::vector<int64_t> depth_list = {0};
   int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16, streams = 16;
-  bool llamacpp = false, int8 = false, int8_decode = false;
-  std::string strategy, sweep, device = "cpu", synthetic, kv_dtype = "f32";
+  bool llamacpp = false, peak = true;
+  std::string strategy, sweep, device = "cpu", synthetic, kv_dtype = "f32", activations = "int8", cpu_isa;
   std::vector<std::string> strategy_args;
   FlagParser flags("ps_bench_engine",
                    "Prefill and decode throughput of the engine: one sequence at given prompt lengths and decode\n"
@@ -194,17 +236,19 @@ int main(int argc, char** argv) {
   flags.AddString("kv-dtype", &kv_dtype,
                   "f32 | f16 | bf16: the KV cache's element type (16-bit KV takes the GPU's "
                   "tensor-core attention)");
-  flags.AddBool("int8-activations", &int8, "int8 activations for quantised weights");
-  flags.AddBool("int8-decode", &int8_decode,
-                "also measure decode (depth 0 and the streams) with int8 activations, in the same run");
+  flags.AddString("activations", &activations,
+                  "int8 | f32: activations of products with quantised weights (as the server's --activations)");
+  flags.AddString("cpu-isa", &cpu_isa, "scalar | avx2 | avx512 | avx512_bf16: cap the CPU kernels' level");
+  flags.AddBool("peak", &peak, "measure the machine's ceilings first and print each figure as a share of them");
   flags.AddString("strategy", &strategy,
                   "also measure prefill with this pruning strategy (its time to the first token, next to full's)");
   flags.AddStringList("strategy-arg", &strategy_args, "KEY=VALUE parameter of --strategy (repeatable)");
   flags.AddString("sweep", &sweep,
                   "KEY=V1,V2,...: measure --strategy's prefill at each value of one parameter "
                   "(e.g. budget=256,512,1024 for critiprefill)");
-  flags.AddBool("llamacpp", &llamacpp, "also run llama-cpp-python on the same file and print ratios");
-  flags.AddString("python", &python, "Python interpreter with llama-cpp-python installed (for --llamacpp)");
+  flags.AddBool("llamacpp", &llamacpp,
+                "also run llama.cpp's llama-bench on the same file and threads (bench/llamacpp.sh builds it from "
+                "PyPI's llama-cpp-python sources on first use) and print ratios");
   flags.AddString("device", &device, "cpu | cuda: the backend (cuda: libps_cuda.so next to this program)");
   flags.AddString("synthetic", &synthetic,
                   "llama3-8b: LLaMA-3-8B's shape with random BF16 weights built in memory, instead of --model "
@@ -219,6 +263,11 @@ int main(int argc, char** argv) {
   if (!parsed_kv_dtype.ok()) return Fail(std::string(parsed_kv_dtype.status().message()));
   const KvChoice kv_choice{.block_tokens = static_cast<int>(block_tokens), .dtype = *parsed_kv_dtype};
   if (!synthetic.empty() && llamacpp) return Fail("--llamacpp needs a model file, not --synthetic");
+  const absl::StatusOr<bool> int8 = ParseActivations(activations);
+  if (!int8.ok()) return Fail(std::string(int8.status().message()));
+  if (!cpu_isa.empty()) {
+    if (absl::Status s = CapCpuKernels(cpu_isa); !s.ok()) return Fail(absl::StrCat("--cpu-isa: ", s.message()));
+  }
   ThreadPool pool(static_cast<int>(threads));
   auto model = synthetic.empty() ? Model::Load(model_path) : SyntheticLlama3_8B(pool);
   if (!model.ok()) return Fail(std::string(model.status().message()));
@@ -263,10 +312,13 @@ int main(int argc, char** argv) {
 
   std::string note;
   absl::StatusOr<std::unique_ptr<Backend>> made =
-      CreateBackend(device, pool, CpuBackendOptions{.int8_activations = int8}, &note);
+      CreateBackend(device, pool, CpuBackendOptions{.int8_activations = *int8}, &note);
   if (!made.ok()) return Fail(std::string(made.status().message()));
   Backend& backend = **made;
   const bool gpu = backend.kind() == DeviceKind::kCuda;
+  const auto w0 = Clock::now();
+  const absl::StatusOr<size_t> packed = PrepareWeights(**model, backend);
+  if (!packed.ok()) return Fail(std::string(packed.status().message()));
   Transformer tf(**model, backend);
   if (gpu) {  // the weights' device copies are made on first use: not inside a timed run
     auto kv = OfflineKvCache(**model, backend, 8, kv_choice.block_tokens, kv_choice.dtype);
@@ -281,9 +333,53 @@ int main(int argc, char** argv) {
     std::printf("ours %s %.1f\n", key.c_str(), v);
     std::fflush(stdout);
   };
-  std::printf("model %s (%s), %s, %lld threads, %s activations, %s KV\n", c.name.c_str(),
+  std::printf("model %s (%s), %s, %lld threads, %s activations, %s KV; CPU kernels %s\n", c.name.c_str(),
               synthetic.empty() ? model_path.c_str() : "in memory", note.c_str(), static_cast<long long>(threads),
-              int8 ? "int8" : "F32", kv_dtype.c_str());
+              activations.c_str(), kv_dtype.c_str(), DescribeCpuKernels().c_str());
+  if (*packed > 0) {
+    std::printf("weights repacked for the int8 kernels: %.0f MiB in %.2f s\n", *packed / 1048576.0,
+                Seconds(w0, Clock::now()));
+  }
+  bench::MachinePeak ceiling;
+  if (peak && !gpu) {
+    ceiling = bench::MeasureMachinePeak(static_cast<int>(threads));
+    std::printf("machine (%lld threads, %s): FP32 FMA %.1f GFLOP/s, int8 dot products %.1f GOP/s", 
+                static_cast<long long>(threads), ceiling.isa.c_str(), ceiling.fp32_flops / 1e9,
+                ceiling.int8_ops / 1e9);
+    if (ceiling.bf16_flops > 0) std::printf(", BF16 dot products %.1f GFLOP/s", ceiling.bf16_flops / 1e9);
+    std::printf(", streaming read %.1f GB/s\n", ceiling.read_bytes_per_s / 1e9);
+  }
+  // Prefill arithmetic as a share of the ceilings: the matrices' products run on the
+  // int8 peak when the weights are packed, on the FP32 one otherwise; attention on FP32.
+  auto prefill_share = [&](int64_t n, double seconds) {
+    const double mm = n * MatmulFlopsPerToken(c), att = AttentionFlops(c, n);
+    if (gpu) {
+      std::printf("ours prefill_%lld %.1f TFLOP/s, %.1f%% of %.0f\n", static_cast<long long>(n),
+                  (mm + att) / seconds / 1e12, 100 * (mm + att) / seconds / kPeakBf16Flops, kPeakBf16Flops / 1e12);
+    } else if (ceiling.fp32_flops > 0) {
+      const bool int8_mm = *packed > 0 && ceiling.int8_ops > 0;
+      // Time the peak rates would take; achieved share = that / measured.
+      const double ideal = mm / (int8_mm ? ceiling.int8_ops : ceiling.fp32_flops) + att / ceiling.fp32_flops;
+      std::printf("ours prefill_%lld %.1f GFLOP/s (%.0f%% attention): %.0f%% of the machine's peak (%s products)\n",
+                  static_cast<long long>(n), (mm + att) / seconds / 1e9, 100 * att / (mm + att),
+                  100 * ideal / seconds, int8_mm ? "int8" : "FP32");
+    }
+  };
+  auto decode_share = [&](const std::string& what, int64_t depth, int streams, double tok_per_s) {
+    if (gpu) {  // a decode step reads every weight once (BF16 copies: 2 bytes each), the KV aside
+      const double bytes = 2.0 * (c.n_layers * (2.0 * c.q_dim() + 2.0 * c.kv_dim() + 3.0 * c.n_ff) * c.n_embd +
+                                  static_cast<double>(c.n_vocab) * c.n_embd);
+      std::printf("ours %s %.0f GB/s of weights, %.1f%% of %.2f TB/s\n", what.c_str(), bytes * tok_per_s / 1e9,
+                  100 * bytes * tok_per_s / kPeakBytesPerS, kPeakBytesPerS / 1e12);
+    } else if (ceiling.read_bytes_per_s > 0) {
+      // A step of `streams` streams reads the weights once and each stream's KV.
+      const double weights = DecodeBytesPerToken(**model, 0, kv_choice.dtype);
+      const double step = weights + streams * (DecodeBytesPerToken(**model, depth, kv_choice.dtype) - weights);
+      const double rate = step * tok_per_s / streams;
+      std::printf("ours %s reads %.1f GB/s: %.0f%% of the streaming-read bandwidth\n", what.c_str(), rate / 1e9,
+                  100 * rate / ceiling.read_bytes_per_s);
+    }
+  };
   for (int64_t prefill : prefill_list) {
     const int n = static_cast<int>(prefill);
     std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + n), pos(n);
@@ -306,11 +402,7 @@ int main(int argc, char** argv) {
     const absl::StatusOr<double> full = prefill_seconds(nullptr);
     if (!full.ok()) return Fail(std::string(full.status().message()));
     report("prefill_" + std::to_string(n) + "_tok_per_s", n / *full);
-    if (gpu) {
-      const double flops = n * MatmulFlopsPerToken(c) + AttentionFlops(c, n);
-      std::printf("ours prefill_%d %.1f TFLOP/s, %.1f%% of %.0f\n", n, flops / *full / 1e12,
-                  100 * flops / *full / kPeakBf16Flops, kPeakBf16Flops / 1e12);
-    }
+    prefill_share(n, *full);
     for (const auto& [name, params] : pruned) {
       const absl::StatusOr<double> t = prefill_seconds(&params);
       if (!t.ok()) return Fail(std::string(t.status().message()));
@@ -324,60 +416,37 @@ int main(int argc, char** argv) {
     auto v = DecodeTokPerS(**model, backend, tf, all_ids, d, 1, static_cast<int>(decode),
                            depth > 512 ? 1 : static_cast<int>(repeats), kv_choice);
     if (!v.ok()) return Fail(std::string(v.status().message()));
-    report(depth == 0 ? "decode_tok_per_s" : "decode_at_" + std::to_string(depth) + "_tok_per_s", *v);
-    if (gpu) {  // a decode step reads every weight once (BF16 copies: 2 bytes each), the KV aside
-      const double bytes = 2.0 * (c.n_layers * (2.0 * c.q_dim() + 2.0 * c.kv_dim() + 3.0 * c.n_ff) * c.n_embd +
-                                  static_cast<double>(c.n_vocab) * c.n_embd);
-      std::printf("ours decode %.0f GB/s of weights, %.1f%% of %.2f TB/s\n", bytes * *v / 1e9,
-                  100 * bytes * *v / kPeakBytesPerS, kPeakBytesPerS / 1e12);
-    }
+    const std::string key = depth == 0 ? "decode_tok_per_s" : "decode_at_" + std::to_string(depth) + "_tok_per_s";
+    report(key, *v);
+    decode_share(key, d, 1, *v);
   }
   if (streams > 0) {
     auto v = DecodeTokPerS(**model, backend, tf, all_ids, 4, static_cast<int>(streams), static_cast<int>(decode),
                            static_cast<int>(repeats), kv_choice);
     if (!v.ok()) return Fail(std::string(v.status().message()));
-    report("decode_" + std::to_string(streams) + "_streams_tok_per_s", *v);
+    const std::string key = "decode_" + std::to_string(streams) + "_streams_tok_per_s";
+    report(key, *v);
+    decode_share(key, 4, static_cast<int>(streams), *v);
     if (ours.count("decode_tok_per_s")) {
       std::printf("ours %lld_streams/1_stream %.2fx\n", static_cast<long long>(streams), *v / ours["decode_tok_per_s"]);
-    }
-  }
-  if (int8_decode && !int8 && !gpu) {  // llama.cpp's numerics: activations quantised to int8 blocks
-    CpuBackend int8_backend(pool, CpuBackendOptions{.int8_activations = true});
-    Transformer int8_tf(**model, int8_backend);
-    for (int s : {1, static_cast<int>(streams)}) {
-      if (s == 0) continue;
-      auto v = DecodeTokPerS(**model, int8_backend, int8_tf, all_ids, 4, s, static_cast<int>(decode),
-                             static_cast<int>(repeats), kv_choice);
-      if (!v.ok()) return Fail(std::string(v.status().message()));
-      report(s == 1 ? "int8_decode_tok_per_s" : "int8_decode_" + std::to_string(s) + "_streams_tok_per_s", *v);
     }
   }
   std::printf("ours peak_rss_mib %.1f\n", PeakRssMiB());
 
   if (llamacpp) {
-    std::ostringstream cmd;
-    cmd << python << " bench/llamacpp_bench.py --model " << model_path << " --threads " << threads << " --decode "
-        << decode << " --repeats " << repeats << " --text " << text_path << " --prefill "
-        << absl::StrJoin(prefill_list, " ") << " --decode-depth " << absl::StrJoin(depth_list, " ");
-    FILE* p = popen(cmd.str().c_str(), "r");
-    char line[512];
-    while (p != nullptr && fgets(line, sizeof(line), p) != nullptr) {
-      char name[128];
-      double v = 0;
-      if (std::sscanf(line, "llamacpp %127s %lf", name, &v) == 2) {
-        const double o = ours.count(name) ? ours[name] : 0;
-        std::printf("llamacpp %s %.1f   ours/llamacpp %.2fx\n", name, v, o / v);
-        const std::string int8_name = "int8_" + std::string(name);
-        if (ours.count(int8_name)) {
-          std::printf("llamacpp %s %.1f   ours(int8)/llamacpp %.2fx\n", name, v, ours[int8_name] / v);
-        }
-      } else {
-        std::printf("%s", line);
-      }
-      std::fflush(stdout);
-    }
-    if (p == nullptr || pclose(p) != 0) {
-      std::printf("llama-cpp-python not available to %s (pip install llama-cpp-python; --python)\n", python.c_str());
+    // Its defaults otherwise (F16 KV cache, flash attention where it chooses): llama.cpp as
+    // a user runs it. Prompts of the same lengths; generation from depth 0 or the same depths.
+    const std::string common =
+        absl::StrCat("-m ", model_path, " -t ", threads, " -r ", std::max<int64_t>(repeats, 2));
+    std::map<std::string, double> theirs =
+        LlamaBench(absl::StrCat(common, " -n 0 -p ", absl::StrJoin(prefill_list, ",")));
+    std::map<std::string, double> gen =
+        LlamaBench(absl::StrCat(common, " -p 0 -n ", decode, " -d ", absl::StrJoin(depth_list, ",")));
+    theirs.insert(gen.begin(), gen.end());
+    if (theirs.empty()) std::printf("llama-bench gave no figures (bench/llamacpp.sh; see its output above)\n");
+    for (const auto& [name, v] : theirs) {
+      const double o = ours.count(name) ? ours[name] : 0;
+      std::printf("llamacpp %s %.1f   ours/llamacpp %.2fx\n", name.c_str(), v, o / v);
     }
   }
   return 0;

@@ -1,21 +1,45 @@
-// MatMul paths against batch rows: the GEMV path (weights decoded in registers)
-// and the GEMM path (dequantised tiles + sgemm), on matrices of a real model.
+// MatMul paths against batch rows, on matrices of a real model: F32 activations by
+// GEMV (weights decoded in registers) and by GEMM (dequantised tiles + sgemm), and int8
+// activations by the packed kernels (kernels/cpu/packed.h; weights packed once, as
+// PrepareWeights does) and, for a few rows, by per-row dot products on the GGUF layout.
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <vector>
 
 #include "base/flags.h"
 #include "engine/model.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed.h"
+
+namespace {
+
+// Milliseconds per call of fn (best of enough calls for ~0.2 s of work at 100 GFLOP/s).
+double Millis(double flops, const std::function<void()>& fn) {
+  fn();
+  const int reps = static_cast<int>(std::max(3.0, 2e10 / flops));
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best * 1e3;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace ps;
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   int64_t threads = 2;
-  FlagParser flags("ps_bench_matmul", "GEMV vs GEMM path of MatMul for 1..128 rows.");
+  std::vector<int64_t> rows_list = {1, 2, 4, 16, 64, 512};
+  FlagParser flags("ps_bench_matmul", "MatMul paths (F32 GEMV / GEMM, int8 packed) against batch rows.");
   flags.AddString("model", &model_path, "model file");
   flags.AddInt("threads", &threads, "compute threads");
+  flags.AddIntList("rows", &rows_list, "activation rows (batch sizes)");
   if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
     std::printf("%s", flags.Help().c_str());
     return st.ok() ? 0 : 1;
@@ -26,29 +50,39 @@ int main(int argc, char** argv) {
     return 1;
   }
   ThreadPool pool(static_cast<int>(threads));
-  const std::pair<const char*, const MatrixView*> matrices[] = {{"ffn_gate.0", &(*model)->layers[0].w_gate},
-                                                                {"output", &(*model)->output}};
-  std::printf("auto path switches to GEMM above %lld rows for %s\n",
-              static_cast<long long>(GemvMaxRows(matrices[0].second->type)),
-              std::string(DTypeName(matrices[0].second->type)).c_str());
+  const LayerWeights& l0 = (*model)->layers[0];
+  const std::pair<const char*, const MatrixView*> matrices[] = {
+      {"attn_q.0", &l0.wq}, {"ffn_gate.0", &l0.w_gate}, {"ffn_down.0", &l0.w_down}, {"output", &(*model)->output}};
+  std::printf("CPU level %s, %lld threads; GFLOP/s (int8: GOP/s)\n", DescribeCpuIsa().c_str(),
+              static_cast<long long>(threads));
   for (const auto& [name, w] : matrices) {
-    for (int m : {1, 2, 4, 8, 16, 32, 64, 128}) {
+    std::vector<uint8_t> packed;
+    if (Packable(w->type)) {
+      packed.resize(PackedBytes(w->type, w->rows, w->cols));
+      PackMatrix(*w, packed.data(), pool);
+    }
+    MatrixView pw = *w;
+    pw.packed = packed.empty() ? nullptr : packed.data();
+    for (int64_t m : rows_list) {
+      if (std::string(name) == "output" && m > 16) continue;  // logits are for a few rows
       std::vector<float> x(m * w->cols), y(m * w->rows);
       std::mt19937 g(1);
       std::normal_distribution<float> nd;
       for (auto& v : x) v = nd(g);
-      std::printf("%-10s %-5s %5lldx%-5lld m=%3d", name, std::string(DTypeName(w->type)).c_str(),
-                  static_cast<long long>(w->rows), static_cast<long long>(w->cols), m);
-      for (MatMulPath p : {MatMulPath::kGemv, MatMulPath::kGemm}) {
-        const int reps = std::max<int64_t>(3, 2e9 / (2.0 * m * w->rows * w->cols));
-        MatMulWithPath(*w, x.data(), m, y.data(), pool, p);
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int r = 0; r < reps; ++r) MatMulWithPath(*w, x.data(), m, y.data(), pool, p);
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-        std::printf("  %s %8.3f ms %6.1f GFLOP/s", p == MatMulPath::kGemv ? "gemv" : "gemm", s * 1e3,
-                    2.0 * m * w->rows * w->cols / s / 1e9);
+      const double flops = 2.0 * m * w->rows * w->cols;
+      std::printf("%-10s %-5s %6lldx%-5lld m=%3lld", name, std::string(DTypeName(w->type)).c_str(),
+                  static_cast<long long>(w->rows), static_cast<long long>(w->cols), static_cast<long long>(m));
+      auto column = [&](const char* label, const std::function<void()>& fn) {
+        std::printf("  %s %6.1f", label, flops / Millis(flops, fn) / 1e6);
+      };
+      if (m <= 16) column("f32-gemv", [&] { MatMulWithPath(*w, x.data(), m, y.data(), pool, MatMulPath::kGemv); });
+      column("f32-gemm", [&] { MatMulWithPath(*w, x.data(), m, y.data(), pool, MatMulPath::kGemm); });
+      if (m <= 4) {
+        column("int8-gguf", [&] { MatMulWithPath(*w, x.data(), m, y.data(), pool, MatMulPath::kGemv, true); });
       }
+      if (pw.packed != nullptr) column("int8-packed", [&] { MatMul(pw, x.data(), m, y.data(), pool, true); });
       std::printf("\n");
+      std::fflush(stdout);
     }
   }
   return 0;

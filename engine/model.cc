@@ -148,16 +148,45 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
   std::shared_ptr<GgufFile> shared(std::move(file));
   auto model = Build(std::move(config), tensors, std::move(tokenizer), shared);
   if (!model.ok()) return absl::Status(model.status().code(), absl::StrCat(path, ": ", model.status().message()));
+  (*model)->gguf_ = shared.get();
   return model;
 }
 
-absl::Status PrepareWeights(const Model& model, Backend& backend) {
-  backend.PrepareWeights(model.tok_embd);
-  backend.PrepareWeights(model.output);
-  for (const LayerWeights& l : model.layers) {
-    for (const MatrixView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) backend.PrepareWeights(*w);
+std::vector<MatrixView*> Model::Matrices() {
+  std::vector<MatrixView*> out = {&output};
+  for (LayerWeights& l : layers) {
+    for (MatrixView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) out.push_back(w);
   }
-  return backend.Synchronize();
+  return out;
+}
+
+uint8_t* Model::AllocateWeightLayout(size_t bytes) {
+  return weight_layouts_.emplace_back(std::make_unique_for_overwrite<uint8_t[]>(bytes)).get();
+}
+
+void Model::ReleaseFilePages(const MatrixView& w) const {
+  if (gguf_ != nullptr) gguf_->ReleasePages(w.data, w.row_bytes() * static_cast<size_t>(w.rows));
+}
+
+absl::StatusOr<size_t> PrepareWeights(Model& model, Backend& backend) {
+  size_t packed = 0;
+  backend.PrepareWeights(model.tok_embd);
+  for (MatrixView* w : model.Matrices()) {
+    const size_t bytes = backend.PackedWeightBytes(*w);
+    if (bytes > 0 && w->packed == nullptr) {
+      uint8_t* dst = model.AllocateWeightLayout(bytes);
+      backend.PackWeights(*w, dst);
+      w->packed = dst;
+      packed += bytes;
+    }
+    backend.PrepareWeights(*w);
+  }
+  // Only now: a tied output matrix is the embedding table, whose rows stay read in place.
+  for (MatrixView* w : model.Matrices()) {
+    if (w->packed != nullptr && w->data != model.tok_embd.data) model.ReleaseFilePages(*w);
+  }
+  PS_RETURN_IF_ERROR(backend.Synchronize());
+  return packed;
 }
 
 }  // namespace ps

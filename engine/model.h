@@ -75,15 +75,29 @@ class Model {
   std::vector<float> output_norm;  // [n_embd]
   std::vector<LayerWeights> layers;
 
+  // Every weight matrix of the forward pass (output, then each layer's q, k, v, o, gate,
+  // up, down); tok_embd, read only by row lookups, is not among them.
+  std::vector<MatrixView*> Matrices();
+  // Storage of `bytes` for a backend's layout of the weights, freed with the model.
+  uint8_t* AllocateWeightLayout(size_t bytes);
+  // Lets the pages of w's mapped file go once another layout serves w (they come back
+  // if read); nothing for weights not mapped from a file.
+  void ReleaseFilePages(const MatrixView& w) const;
+
  private:
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<void> keep_alive_;
+  const GgufFile* gguf_ = nullptr;  // the file the weights are mapped from, if any
+  std::vector<std::unique_ptr<uint8_t[]>> weight_layouts_;
 };
 
-// Makes the backend's copies of every weight matrix now (a GPU's mirrors; nothing on
-// the CPU) and waits for them: start-up holds the weights before sizing the KV tiers.
-absl::Status PrepareWeights(const Model& model, Backend& backend);
+// Readies the weights for `backend` once, at start-up: each matrix the backend keeps in
+// a layout of its own (the CPU's int8 kernels: kernels/cpu/packed.h) is repacked into
+// storage owned by the model, and the file's pages of the original are let go; a GPU's
+// copies are made and waited for, so that start-up holds the weights before sizing the
+// KV tiers. Returns the bytes repacked.
+absl::StatusOr<size_t> PrepareWeights(Model& model, Backend& backend);
 
 // Reads the model configuration from GGUF metadata (and the rope_freqs tensor).
 absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& file);

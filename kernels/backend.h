@@ -52,6 +52,12 @@ class Backend {
   // sized from what is left. Nothing to do where weights are used in place (the CPU).
   // Errors show at the next Synchronize().
   virtual void PrepareWeights(const MatrixView& /*w*/) {}
+  // Bytes of w in the layout this backend's products read it in, when that is not w's own
+  // (the CPU's int8 kernels: kernels/cpu/packed.h); 0 when w is used as it is.
+  virtual size_t PackedWeightBytes(const MatrixView& /*w*/) const { return 0; }
+  // Writes that layout of w to dst (PackedWeightBytes(w) bytes); MatMul then reads it
+  // through w.packed.
+  virtual void PackWeights(const MatrixView& /*w*/, uint8_t* /*dst*/) {}
   // Bytes of device memory free now; Unimplemented where the device tier is host
   // memory (the CPU).
   virtual absl::StatusOr<int64_t> FreeDeviceBytes() {
@@ -103,11 +109,23 @@ class Backend {
 };
 
 struct CpuBackendOptions {
-  // Quantise activations to int8 blocks for dot products with quantised weights, at
-  // every batch size (llama.cpp's numerics). Default: F32 activations, which keeps
-  // models with outlier activations (SmolLM2) equal to their F32-dequantised selves.
-  bool int8_activations = false;
+  // Products with quantised weights quantise the activations to int8 blocks
+  // (llama.cpp's numerics; the packed int8 kernels). false: F32 activations, exact
+  // products of the quantised weights, slower (`--activations f32`); models with outlier
+  // activations (SmolLM2) stay equal to their F32-dequantised selves.
+  bool int8_activations = true;
 };
+
+// `--activations int8|f32` as CpuBackendOptions::int8_activations.
+absl::StatusOr<bool> ParseActivations(std::string_view name);
+
+// The CPU kernels' instruction level, chosen once from the CPU's features
+// (kernels/cpu/cpu_isa.h). `--cpu-isa` caps it: scalar | avx2 | avx512 | avx512_bf16 (a
+// level this CPU lacks is an error). CpuKernelLevel is the active level's name;
+// DescribeCpuKernels says it with the CPU's best and its features, for logs and --help.
+absl::Status CapCpuKernels(std::string_view level);
+std::string CpuKernelLevel();
+std::string DescribeCpuKernels();
 
 // The backend for `--device`: "cpu", "cuda" (an error when this machine or build has
 // no usable CUDA device, or the CUDA backend is incomplete) or "auto" (cuda when

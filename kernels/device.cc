@@ -1,7 +1,9 @@
 // CreateBackend: `--device cpu|cuda|auto` to a Backend.
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
+#include "base/status.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/plugin.h"
 
@@ -27,6 +29,20 @@ absl::StatusOr<std::unique_ptr<Backend>> CudaBackend() {
 constexpr bool kCudaVerifiedOnAGpu = false;
 
 }  // namespace
+
+absl::StatusOr<bool> ParseActivations(std::string_view name) {
+  if (name == "int8") return true;
+  if (name == "f32") return false;
+  return absl::InvalidArgumentError(absl::StrCat("--activations must be int8 or f32, not '", std::string(name), "'"));
+}
+
+absl::Status CapCpuKernels(std::string_view level) {
+  PS_ASSIGN_OR_RETURN(const CpuIsa isa, ParseCpuIsa(level));
+  return SetCpuIsa(isa);
+}
+
+std::string CpuKernelLevel() { return std::string(CpuIsaName(ActiveCpuIsa())); }
+std::string DescribeCpuKernels() { return DescribeCpuIsa(); }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device, ThreadPool& pool,
                                                        const CpuBackendOptions& cpu, std::string* note) {

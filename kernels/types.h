@@ -21,6 +21,9 @@ struct MatrixView {
   const uint8_t* data = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
+  // The same matrix in the CPU's packed layout for int8 products (kernels/cpu/packed.h),
+  // made once at start-up (PrepareWeights), or null. `data` stays valid either way.
+  const uint8_t* packed = nullptr;
   size_t row_bytes() const { return RowBytes(type, cols); }
   const uint8_t* Row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes(); }
 };

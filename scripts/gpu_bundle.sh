@@ -5,8 +5,8 @@
 # libraries they load apart from glibc's (ldd; libstdc++ and libgcc_s apart, used only
 # when the machine's own are too old) and stories260K; .gpu/run.sh (scripts/gpu_checks.sh)
 # unpacks it there. cuBLAS (570 MB with cuBLASLt) stays behind: run.sh takes the
-# machine's. The whole must stay under the device tool's 64 MiB (about 28 MB: OpenBLAS
-# is 36 MB of the 75 unpacked).
+# machine's. The whole must stay under the device tool's 64 MiB (about 30 MB packed: oneDNN
+# is 40 MB of the ~80 unpacked).
 # Usage: scripts/gpu_bundle.sh [BUILD_DIR]   (default: build, a Release build with nvcc)
 # Then, with the device tool: run(command="bash .gpu/run.sh parity", carry=[".gpu"]),
 # then "sanitize", then "bench" (run.sh --help).

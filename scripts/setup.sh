@@ -9,7 +9,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 python3-pip python3-venv clang libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libopenblas-dev libcpp-httplib-dev
+  nlohmann-json3-dev libdnnl-dev libcpp-httplib-dev
   python3-grpcio python3-prometheus-client python3-yaml python3-matplotlib
   prometheus curl
 )

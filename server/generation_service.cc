@@ -284,6 +284,9 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
     if (id != tok->eos_id()) add("eog", id);
   }
   out->set_chat_template(std::string(ChatFormatName(DetectChatTemplate(tok->chat_template()).format)));
+  out->set_device(b->device);
+  out->set_cpu_isa(b->cpu_isa);
+  out->set_activations(b->activations);
   for (const StrategyInfo* s : Strategies()) {
     out->add_strategies(s->name);
     out->add_strategy_summaries(s->summary);

@@ -25,6 +25,8 @@ struct ServiceState {
   // its request is cancelled (RESOURCE_EXHAUSTED): memory per stream is bounded.
   size_t max_stream_backlog = 4096;
   RequestDefaults defaults;
+  // GetModelInfo's device, cpu_isa and activations.
+  std::string device, cpu_isa, activations;
 };
 
 class GenerationService final : public pb::Generation::CallbackService {

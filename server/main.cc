@@ -34,7 +34,8 @@ namespace {
 
 struct Options {
   std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap", kv_dtype = "f32",
-                     device = "auto", pod_groups, tls_cert, tls_key, tls_client_ca, api_key_file;
+                     device = "auto", pod_groups, tls_cert, tls_key, tls_client_ca, api_key_file,
+                     activations = "int8", cpu_isa;
   std::vector<std::string> strategy_args, served_model_names, inject_faults;
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64, max_batch_tokens = 2048,
           prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,
@@ -43,7 +44,6 @@ struct Options {
           max_streams_per_client = 0, max_stream_backlog = 4096;
   double drain_timeout = 30.0, default_temperature = 1.0, default_top_p = 1.0, kv_device_fraction = 0,
          kv_host_fraction = 0;
-  bool int8_activations = false;
 };
 
 void AddFlags(ps::FlagParser& f, Options& o) {
@@ -105,7 +105,14 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddFloat("default-temperature", &o.default_temperature, "temperature when a request sets none");
   f.AddFloat("default-top-p", &o.default_top_p, "top_p when a request sets none");
   f.AddFloat("drain-timeout", &o.drain_timeout, "seconds in-flight requests may take to finish on SIGTERM");
-  f.AddBool("int8-activations", &o.int8_activations, "int8 activations for quantised weights (faster decode)");
+  f.AddString("activations", &o.activations,
+              "int8 | f32: activations of products with quantised (GGUF) weights. int8: llama.cpp's numerics, "
+              "weights repacked once at start-up for the int8 kernels; f32: exact products of the quantised "
+              "weights, slower");
+  f.AddString("cpu-isa", &o.cpu_isa,
+              absl::StrCat("scalar | avx2 | avx512 | avx512_bf16: cap the CPU kernels' instruction level (also "
+                           "$PS_CPU_ISA; default: the best of this CPU, now ",
+                           ps::DescribeCpuKernels(), ")"));
   f.AddStringList("inject-fault", &o.inject_faults,
                   "TESTING ONLY: POINT=N makes the next N hits of a fault point fail (swap_copy, host_tier_full, "
                   "kv_append, strategy)");
@@ -192,6 +199,11 @@ int main(int argc, char** argv) {
   if (o.kv_device_fraction < 0 || o.kv_host_fraction < 0 || o.kv_device_fraction > 0.9 || o.kv_host_fraction > 0.9) {
     return Fail("--kv-device-fraction and --kv-host-fraction must be between 0 and 0.9");
   }
+  const absl::StatusOr<bool> int8_activations = ParseActivations(o.activations);
+  if (!int8_activations.ok()) return Fail(std::string(int8_activations.status().message()));
+  if (!o.cpu_isa.empty()) {
+    if (absl::Status s = CapCpuKernels(o.cpu_isa); !s.ok()) return Fail(absl::StrCat("--cpu-isa: ", s.message()));
+  }
   if (o.preemption != "swap" && o.preemption != "recompute") {
     return Fail("--preemption must be swap or recompute, not '" + o.preemption + "'");
   }
@@ -214,9 +226,11 @@ int main(int argc, char** argv) {
   ThreadPool pool(static_cast<int>(o.threads));
   std::string device_note;
   absl::StatusOr<std::unique_ptr<Backend>> backend =
-      CreateBackend(o.device, pool, CpuBackendOptions{.int8_activations = o.int8_activations}, &device_note);
+      CreateBackend(o.device, pool, CpuBackendOptions{.int8_activations = *int8_activations}, &device_note);
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   spdlog::info("device: {}", device_note);
+  const bool cpu = (*backend)->kind() == DeviceKind::kCpu;
+  if (cpu) spdlog::info("CPU kernels: {}; {} activations", DescribeCpuKernels(), o.activations);
   // The KV tiers from fractions of free memory: the host tier's of host memory; the
   // device tier's of device memory on a GPU (once the weights are there, below), of
   // host memory on the CPU, where the two tiers share it.
@@ -304,20 +318,27 @@ int main(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& c = (*model)->config();
-  if (device_memory) {  // the weights' device copies first, then the device tier from what is left
+  {  // the weights in the backend's layouts (a GPU's copies), then the device tier from what is left
     const auto w0 = std::chrono::steady_clock::now();
-    const absl::Status s = PrepareWeights(**model, **backend);
-    const absl::StatusOr<int64_t> free = s.ok() ? (*backend)->FreeDeviceBytes() : s;
+    const absl::StatusOr<size_t> packed = PrepareWeights(**model, **backend);
+    const absl::StatusOr<int64_t> free =
+        !packed.ok() ? packed.status() : device_memory ? (*backend)->FreeDeviceBytes() : int64_t{0};
     if (!free.ok()) {
-      spdlog::error("copying the weights to the device: {}", std::string(free.status().message()));
+      spdlog::error("preparing the weights: {}", std::string(free.status().message()));
       grpc_server->Shutdown();
       return 1;
     }
-    spdlog::info("weights on the device in {:.1f} s; {:.0f} MiB of device memory free",
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count(), *free / 1048576.0);
-    if (o.kv_device_fraction > 0) {
-      o.kv_device_bytes = static_cast<int64_t>(*free * o.kv_device_fraction);
-      spdlog::info("KV device tier from --kv-device-fraction: {:.0f} MiB", o.kv_device_bytes / 1048576.0);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+    if (*packed > 0) {
+      spdlog::info("weights repacked for the int8 kernels in {:.1f} s ({:.0f} MiB)", seconds, *packed / 1048576.0);
+    }
+    if (device_memory) {
+      spdlog::info("weights on the device in {:.1f} s; {:.0f} MiB of device memory free", seconds,
+                   *free / 1048576.0);
+      if (o.kv_device_fraction > 0) {
+        o.kv_device_bytes = static_cast<int64_t>(*free * o.kv_device_fraction);
+        spdlog::info("KV device tier from --kv-device-fraction: {:.0f} MiB", o.kv_device_bytes / 1048576.0);
+      }
     }
   }
   const KvGeometry geometry{.n_layers = c.n_layers,
@@ -389,6 +410,9 @@ int main(int argc, char** argv) {
                    : "");
   EngineLoop& loop = (*serving)->loop();
   state.loop = &loop;
+  state.device = std::string((*backend)->name());
+  state.cpu_isa = cpu ? CpuKernelLevel() : "";
+  state.activations = cpu ? o.activations : "";
   state.defaults.sampling.temperature = static_cast<float>(o.default_temperature);
   state.defaults.sampling.top_p = static_cast<float>(o.default_top_p);
   state.defaults.max_new_tokens = static_cast<int>(o.default_max_new_tokens);
@@ -408,7 +432,7 @@ int main(int argc, char** argv) {
       "serving {} ({}, {} layers, context {}, vocab {}) from {}; {} compute threads, {} activations; "
       "up to {} running and {} queued requests; loaded in {:.2f} s, resident memory {:.0f} MiB",
       c.name, c.arch_name, c.n_layers, c.n_ctx, c.n_vocab, o.model, pool.num_threads(),
-      o.int8_activations ? "int8" : "F32", o.max_running, o.max_queue,
+      cpu ? o.activations : "device", o.max_running, o.max_queue,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ru.ru_maxrss / 1024.0);
 
   int sig = 0;

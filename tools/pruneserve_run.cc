@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> stops;
   int64_t max_new = 128, top_k = 0, seed = 0, threads = 0, logprobs = 0, min_new = 0;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, rep = 1.0, presence = 0.0, frequency = 0.0;
-  bool int8_act = false;
+  std::string activations = "int8";
   bool print_ids = false, chat = false, tokenize = false, ignore_eos = false, stats = false, no_special = false;
   FlagParser flags("pruneserve-run", "Generate text from a model offline (no server). Text goes to stdout.");
   flags.AddString("model", &model_path, "GGUF file or Hugging Face folder (required)");
@@ -54,8 +54,9 @@ int main(int argc, char** argv) {
   flags.AddBool("no-special", &no_special, "do not add BOS/EOS and do not parse special tokens in the prompt");
   flags.AddInt("threads", &threads, "compute threads (0 = number of cores)");
   flags.AddBool("stats", &stats, "print timings to stderr");
-  flags.AddBool("int8-activations", &int8_act,
-                "quantise activations to int8 for quantised weights (faster decode, llama.cpp's numerics)");
+  flags.AddString("activations", &activations,
+                  "int8 | f32: activations of products with quantised weights (int8: llama.cpp's numerics, the "
+                  "packed int8 kernels; f32: exact, slower)");
   std::string strategy_help = "token pruning strategy:";
   for (const StrategyInfo* s : Strategies()) absl::StrAppend(&strategy_help, "\n      ", s->name, ": ", s->summary);
   flags.AddString("strategy", &strategy, strategy_help);
@@ -117,8 +118,13 @@ int main(int argc, char** argv) {
   const absl::StatusOr<PruningParams> pruning = defaults->WithArgs(strategy, strategy_args, "--strategy-arg");
   if (!pruning.ok()) return Fail(std::string(pruning.status().message()));
   const std::unique_ptr<PruningStrategy> pruner = pruning->Make((*model)->config());
+  const absl::StatusOr<bool> int8 = ParseActivations(activations);
+  if (!int8.ok()) return Fail(std::string(int8.status().message()));
   ThreadPool pool(static_cast<int>(threads));
-  CpuBackend backend(pool, CpuBackendOptions{.int8_activations = int8_act});
+  CpuBackend backend(pool, CpuBackendOptions{.int8_activations = *int8});
+  if (const absl::StatusOr<size_t> packed = PrepareWeights(**model, backend); !packed.ok()) {
+    return Fail(std::string(packed.status().message()));
+  }
   Generator gen(**model, backend);
   auto result = gen.Generate(
       ids, sp, sc,

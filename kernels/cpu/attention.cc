@@ -1,6 +1,5 @@
 #include "kernels/cpu/attention.h"
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +11,7 @@
 #include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/cpu/vec.h"
 
 namespace ps {
@@ -241,9 +241,8 @@ class SegmentAttention {
           if (nq == 1) {
             KeyDots(kv_, q_of(h), p.j0, p.nb, kvh * hd, hd, scores + h * tile_scores + col);
           } else {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(nq), static_cast<int>(nt), hd, 1.0f,
-                        q_of(h), static_cast<int>(a_.q_stride), static_cast<const float*>(kv_.k(p.j0, kvh * hd)),
-                        static_cast<int>(kv_.stride), 0.0f, scores + h * tile_scores, static_cast<int>(nt));
+            Sgemm(true, nq, nt, hd, 1.0f, q_of(h), a_.q_stride, static_cast<const float*>(kv_.k(p.j0, kvh * hd)),
+                  kv_.stride, 0.0f, scores + h * tile_scores, nt);
           }
         }
       }
@@ -290,10 +289,8 @@ class SegmentAttention {
           if (nq == 1) {
             ValueAxpys(kv_, scores + h * tile_scores + col, p.j0, p.nb, kvh * hd, hd, out_of(h));
           } else {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(nq), hd, static_cast<int>(nt), 1.0f,
-                        scores + h * tile_scores, static_cast<int>(nt),
-                        static_cast<const float*>(kv_.v(p.j0, kvh * hd)), static_cast<int>(kv_.stride), 1.0f, out_of(h),
-                        static_cast<int>(out_stride));
+            Sgemm(false, nq, hd, nt, 1.0f, scores + h * tile_scores, nt, static_cast<const float*>(kv_.v(p.j0, kvh * hd)),
+                  kv_.stride, 1.0f, out_of(h), out_stride);
           }
         }
       }

@@ -8,6 +8,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/vec.h"
@@ -47,6 +48,12 @@ void CpuBackend::GatherRows(const float* src, std::span<const int32_t> rows, int
     if (rows[i] >= 0) std::memcpy(dst + i * width, src + rows[i] * width, width * sizeof(float));
   }
 }
+
+size_t CpuBackend::PackedWeightBytes(const MatrixView& w) const {
+  return options_.int8_activations && Packable(w.type) ? PackedBytes(w.type, w.rows, w.cols) : 0;
+}
+
+void CpuBackend::PackWeights(const MatrixView& w, uint8_t* dst) { PackMatrix(w, dst, pool_); }
 
 void CpuBackend::MatMul(const MatrixView& w, const float* x, int64_t m, float* y) {
   ps::MatMul(w, x, m, y, pool_, options_.int8_activations);

@@ -1,5 +1,5 @@
-// The CPU backend: the kernels of kernels/cpu/ (AVX-512 / AVX2 dispatch, OpenBLAS
-// sgemm) run on a thread pool. Host memory everywhere, so every pointer the
+// The CPU backend: the kernels of kernels/cpu/ (dispatched on the CPU's level,
+// kernels/cpu/cpu_isa.h; oneDNN's sgemm) run on a thread pool. Host memory everywhere, so every pointer the
 // forward pass holds is directly usable.
 #pragma once
 
@@ -21,6 +21,8 @@ class CpuBackend final : public Backend {
   void CopyFromHost(const void* src, void* dst, size_t bytes) override;
   void GatherRows(const float* src, std::span<const int32_t> rows, int64_t width, float* dst) override;
 
+  size_t PackedWeightBytes(const MatrixView& w) const override;
+  void PackWeights(const MatrixView& w, uint8_t* dst) override;
   void MatMul(const MatrixView& w, const float* x, int64_t m, float* y) override;
   void Embed(const MatrixView& table, std::span<const int32_t> tokens, float* x) override;
   void RmsNorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) override;

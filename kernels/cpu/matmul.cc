@@ -1,13 +1,12 @@
 #include "kernels/cpu/matmul.h"
 
-#include <cblas.h>
-
 #include <algorithm>
-#include <mutex>
 #include <vector>
 
 #include "base/status.h"
 #include "kernels/cpu/half_rows.h"
+#include "kernels/cpu/packed.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/vec.h"
 
@@ -77,15 +76,13 @@ void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
   const int64_t k = w.cols;
   if (w.type == DType::kF32) {
     pool.ParallelFor(w.rows, 64, [&](int64_t r0, int64_t r1) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(r1 - r0),
-                  static_cast<int>(k), 1.0f, x, static_cast<int>(k), reinterpret_cast<const float*>(w.Row(r0)),
-                  static_cast<int>(k), 0.0f, y + r0, static_cast<int>(w.rows));
+      Sgemm(true, m, r1 - r0, k, 1.0f, x, k, reinterpret_cast<const float*>(w.Row(r0)), k, 0.0f, y + r0, w.rows);
     });
     return;
   }
   // Each thread dequantises its share of the weight rows into F32 panels of at most
   // kPanelFloats and multiplies each panel with all m rows in one sgemm, so that
-  // OpenBLAS packs the activations once per panel (not once per small tile: slicing
+  // sgemm packs the activations once per panel (not once per small tile: slicing
   // spent ~40% of a 0.5B model's prefill in sgemm's packing routines).
   // Few rows (batched decode): panels of 256 KiB that stay in L2 between being written
   // and read, where packing the few activation rows again per panel costs little.
@@ -99,9 +96,7 @@ void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
     for (int64_t t0 = r0; t0 < r1; t0 += panel) {
       const int64_t t1 = std::min(r1, t0 + panel);
       for (int64_t r = t0; r < t1; ++r) DequantizeRow(w.type, w.Row(r), wf + (r - t0) * k, k);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(t1 - t0),
-                  static_cast<int>(k), 1.0f, x, static_cast<int>(k), wf, static_cast<int>(k), 0.0f, y + t0,
-                  static_cast<int>(w.rows));
+      Sgemm(true, m, t1 - t0, k, 1.0f, x, k, wf, k, 0.0f, y + t0, w.rows);
     }
   });
 }
@@ -112,16 +107,10 @@ int64_t GemvMaxRows(DType type) {
   return type == DType::kF32 || (avx512::Available() && avx512::Supports(type)) ? 1 : kGemvMaxRows;
 }
 
-void InitBlas() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
-
 void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool, MatMulPath path,
                     bool int8_activations) {
   PS_CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "empty matrix";
   if (m <= 0) return;
-  InitBlas();
   if (path == MatMulPath::kAuto) path = m <= GemvMaxRows(w.type) ? MatMulPath::kGemv : MatMulPath::kGemm;
   if (path == MatMulPath::kGemv) {
     Gemv(w, x, m, y, pool, int8_activations);
@@ -131,6 +120,12 @@ void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, Th
 }
 
 void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool, bool int8_activations) {
+  // int8 products on the packed layout: always when the weights were packed at start-up;
+  // otherwise packed on the fly, which pays from a few rows up.
+  if (int8_activations && Packable(w.type) && (w.packed != nullptr || m > GemvMaxRows(w.type))) {
+    PackedMatMul(w, w.packed, x, m, y, pool);
+    return;
+  }
   MatMulWithPath(w, x, m, y, pool, int8_activations ? MatMulPath::kGemv : MatMulPath::kAuto, int8_activations);
 }
 

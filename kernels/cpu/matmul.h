@@ -18,15 +18,13 @@ int64_t GemvMaxRows(DType type);
 
 // y[m, w.rows] = x[m, w.cols] * w^T. x and y are dense row-major. Runs on `pool`.
 // int8_activations: quantise activations to int8 blocks for dot products with quantised
-// weights, at every batch size (llama.cpp's numerics).
+// weights, at every batch size (llama.cpp's numerics): the packed kernels
+// (kernels/cpu/packed.h) for the formats they know, else per-row dot products.
 void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool, bool int8_activations = false);
 
 // The same with an explicit choice of path (tests and benchmarks compare them).
 enum class MatMulPath { kAuto, kGemv, kGemm };
 void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool, MatMulPath path,
                     bool int8_activations = false);
-
-// Disables OpenBLAS's own threading: parallelism comes from our pool.
-void InitBlas();
 
 }  // namespace ps

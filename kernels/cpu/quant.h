@@ -121,7 +121,7 @@ float DotF32Act(DType type, const void* row, const float* x, int64_t n);
 }  // namespace reference
 
 namespace avx2 {
-bool Available();
+bool Available();  // ActiveCpuIsa() >= kAvx2 (kernels/cpu/cpu_isa.h)
 bool Supports(DType type);  // types with AVX2 dot products and dequantisation
 float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n);
 void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n);
@@ -134,7 +134,7 @@ void DotQ8Rows(DType type, const void* row, const BlockQ8* x, int64_t x_step, in
 }  // namespace avx2
 
 namespace avx512 {
-bool Available();
+bool Available();  // ActiveCpuIsa() >= kAvx512
 bool Supports(DType type);  // types with an AVX-512 DotF32Act and DequantizeRow
 float DotF32Act(DType type, const void* row, const float* x, const float* block_sums, int64_t n);
 void DequantizeRow(DType type, const void* row, float* out, int64_t n);

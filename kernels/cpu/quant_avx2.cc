@@ -9,6 +9,7 @@
 
 #include "base/fp16.h"
 #include "base/status.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/quant.h"
 
 namespace ps::avx2 {
@@ -533,11 +534,7 @@ float DotF32Act(DType type, const void* row, const float* x, const float* sums, 
   return 0;
 }
 
-bool Available() {
-  // Every CPU with AVX2 and FMA also has F16C (clang cannot query "f16c" here).
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
+bool Available() { return ActiveCpuIsa() >= CpuIsa::kAvx2; }
 
 float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n) {
   switch (type) {

@@ -7,6 +7,7 @@
 #endif
 #include <immintrin.h>
 
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/quant.h"
 
 namespace ps::avx512 {
@@ -93,11 +94,7 @@ void DequantizeRow(DType type, const void* row, float* out, int64_t n) {
   }
 }
 
-bool Available() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-  return ok;
-}
+bool Available() { return ActiveCpuIsa() >= CpuIsa::kAvx512; }
 
 bool Supports(DType type) { return type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ8_0; }
 

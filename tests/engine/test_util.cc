@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "base/mapped_file.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace ps::testing {
 
@@ -56,7 +57,12 @@ std::vector<std::vector<std::string>> ReadTsv(const std::string& path) {
 std::unique_ptr<Model> LoadOrDie(const std::string& path) {
   auto m = Model::Load(path);
   EXPECT_TRUE(m.ok()) << m.status();
-  return m.ok() ? std::move(*m) : nullptr;
+  if (!m.ok()) return nullptr;
+  ThreadPool pool(2);
+  CpuBackend cpu(pool);
+  const absl::StatusOr<size_t> packed = PrepareWeights(**m, cpu);
+  EXPECT_TRUE(packed.ok()) << packed.status();
+  return std::move(*m);
 }
 
 std::vector<int32_t> Greedy(const Model& m, Backend& backend, const std::vector<int32_t>& prompt, int n) {

@@ -23,6 +23,8 @@ std::vector<float> ParseFloats(const std::string& space_separated);
 // Data rows of a tab-separated file (lines starting with '#' and the header row skipped).
 std::vector<std::vector<std::string>> ReadTsv(const std::string& path);
 
+// Loads a model as the server serves it: weights prepared for the CPU backend (repacked
+// for the int8 kernels; backends with F32 activations read the originals).
 std::unique_ptr<Model> LoadOrDie(const std::string& path);
 
 // Undoes the escaping of the golden files: \n, \t and \\.

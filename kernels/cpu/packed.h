@@ -1,0 +1,79 @@
+// Quantised weight matrices repacked for int8 matrix products, and those products.
+//
+// The packed layout: rows in groups of 8; for each 32-column block the 8 rows' quants
+// are stored together so that one 32-byte vector holds 4 consecutive quants of each of
+// the 8 rows (row r in bytes 4r..4r+3). A u8 x s8 dot-product instruction (AVX2
+// vpmaddubsw, AVX-512 VNNI vpdpbusd) multiplies that vector with 4 activation bytes
+// broadcast to every row and accumulates the 8 rows' sums side by side: no horizontal
+// sums, and one activation load serves 8 rows. The bits are GGUF's, rearranged, so a
+// packed matrix is the size of the original (+3% for Q4_K / Q5_K, whose 6-bit
+// sub-block scales are stored as bytes). llama.cpp's CPU "repack" buffers follow the
+// same idea.
+//
+// Activations are quantised per 32 elements to int8 with an fp16-representable scale
+// (llama.cpp's Q8_0 activations: its numerics for quantised weights).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/thread_pool.h"
+#include "kernels/types.h"
+
+namespace ps {
+
+// Types with a packed layout: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
+bool Packable(DType type);
+// Bytes of w's packed layout (rows rounded up to a multiple of 8).
+size_t PackedBytes(DType type, int64_t rows, int64_t cols);
+// Writes rows 8g..8g+7 of w (rows past w.rows as zeros) in the packed layout:
+// PackedBytes(w.type, 8, w.cols) bytes.
+void PackGroup(const MatrixView& w, int64_t g, uint8_t* dst);
+// Writes all of w; dst holds PackedBytes(w.type, w.rows, w.cols) bytes.
+void PackMatrix(const MatrixView& w, uint8_t* dst, ThreadPool& pool);
+// Row r of a packed matrix of `cols` columns, dequantised: equal to DequantizeRow of
+// the original row up to float rounding (tests; and embedding lookups).
+void UnpackRow(DType type, const uint8_t* packed, int64_t cols, int64_t r, float* out);
+
+// One activation block: 32 int8 quants q with scale d (x ~ d * q), their sums over
+// elements 0..15 and 16..31, and d * (sum_lo + sum_hi).
+struct ActBlock {
+  float d;
+  int32_t sum_lo, sum_hi;
+  float s;
+  int8_t qs[32];
+};
+static_assert(sizeof(ActBlock) == 48);
+// Quantises n floats (n % 32 == 0) to n / 32 blocks.
+void QuantizeActivations(const float* x, int64_t n, ActBlock* out);
+
+// y[m, w.rows] = x[m, w.cols] · wᵀ with int8 activations. `packed` is w's packed layout
+// (PackMatrix), or null: then w is packed a few groups at a time as the product runs
+// (worth it from a few rows up; one-row products want the packed layout made once).
+// Runs on `pool` at ActiveCpuIsa()'s level.
+void PackedMatMul(const MatrixView& w, const uint8_t* packed, const float* x, int64_t m, float* y, ThreadPool& pool);
+
+namespace packed_internal {
+
+// What the kernels of every level need to know of one group of a packed matrix.
+struct GroupArgs {
+  DType type = DType::kQ4_0;
+  const uint8_t* group = nullptr;  // PackedBytes(type, 8, cols) bytes
+  int64_t blocks = 0;              // cols / 32
+};
+// y[i * y_stride + r] = row 8g + r of the group · activation row i, for r < 8, i < rows
+// (1..4); x[i] are the rows' blocks.
+void GroupDotScalar(const GroupArgs& g, const ActBlock* const* x, int rows, float* y, int64_t y_stride);
+
+namespace avx2 {
+// The AVX2 kernel reads activations broadcast: each 4 quants of a block repeated 8 times
+// (256 bytes a block), made once per row for every group it meets.
+constexpr int64_t kBroadcastBytesPerBlock = 256;
+void Quantize(const float* x, int64_t n, ActBlock* out);  // QuantizeActivations, bit for bit
+void Broadcast(const ActBlock* x, int64_t blocks, uint8_t* out);
+void GroupDot(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const* xb, int rows, float* y,
+              int64_t y_stride);
+}  // namespace avx2
+
+}  // namespace packed_internal
+}  // namespace ps
