@@ -299,9 +299,8 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     }
 
     backend_.RmsNorm(x_.data(), w.attn_norm.data(), xn_.data(), n_rows, d, c.rms_eps);
-    backend_.MatMul(w.wq, xn_.data(), n_rows, q_.data());
-    backend_.MatMul(w.wk, xn_.data(), n_rows, k_.data());
-    backend_.MatMul(w.wv, xn_.data(), n_rows, v_.data());
+    const MatMulOutput qkv[] = {{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}};
+    backend_.MatMuls(qkv, xn_.data(), n_rows);
     const QkvBias bias = w.bq.empty() ? QkvBias{} : QkvBias{.q = w.bq.data(), .k = w.bk.data(), .v = w.bv.data()};
     backend_.BiasRope(c.rope, std::span<const int32_t>(positions_.data(), n_rows), bias, q_.data(), k_.data(),
                       v_.data(), c.n_heads, c.n_kv_heads, c.head_dim);
@@ -312,8 +311,8 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     if (prefix && l == last_layer) break;
     backend_.MatMul(w.wo, att_.data(), n_rows, tmp_.data());
     backend_.AddRmsNorm(tmp_.data(), x_.data(), w.ffn_norm.data(), xn_.data(), n_rows, d, c.rms_eps);
-    backend_.MatMul(w.w_gate, xn_.data(), n_rows, gate_.data());
-    backend_.MatMul(w.w_up, xn_.data(), n_rows, up_.data());
+    const MatMulOutput gate_up[] = {{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}};
+    backend_.MatMuls(gate_up, xn_.data(), n_rows);
     backend_.SiluMul(gate_.data(), up_.data(), n_rows, c.n_ff);
     backend_.MatMul(w.w_down, gate_.data(), n_rows, tmp_.data());
     backend_.Add(tmp_.data(), x_.data(), n_rows, d);

@@ -76,6 +76,11 @@ class Backend {
 
   // y[m, w.rows] = x[m, w.cols] · wᵀ
   virtual void MatMul(const MatrixView& w, const float* x, int64_t m, float* y) = 0;
+  // Several products of the same x (matrices of as many columns: a layer's q, k and v),
+  // which a backend may run as one.
+  virtual void MatMuls(std::span<const MatMulOutput> outs, const float* x, int64_t m) {
+    for (const MatMulOutput& o : outs) MatMul(*o.w, x, m, o.y);
+  }
   // x[r] = row tokens[r] of `table`, as F32 ([tokens.size(), table.cols]).
   virtual void Embed(const MatrixView& table, std::span<const int32_t> tokens, float* x) = 0;
   // out[r] = x[r] / rms(x[r]) * w for `rows` rows of n.

@@ -28,6 +28,12 @@ struct MatrixView {
   const uint8_t* Row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes(); }
 };
 
+// One of several products of the same activations (Backend::MatMuls): y[m, w->rows].
+struct MatMulOutput {
+  const MatrixView* w = nullptr;
+  float* y = nullptr;
+};
+
 struct RopeParams {
   int n_dims = 0;  // rotated dimensions per head (<= head_dim)
   float freq_base = 10000.0f;

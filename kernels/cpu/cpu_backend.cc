@@ -59,6 +59,10 @@ void CpuBackend::MatMul(const MatrixView& w, const float* x, int64_t m, float* y
   ps::MatMul(w, x, m, y, pool_, options_.int8_activations);
 }
 
+void CpuBackend::MatMuls(std::span<const MatMulOutput> outs, const float* x, int64_t m) {
+  ps::MatMuls(outs, x, m, pool_, options_.int8_activations);
+}
+
 void CpuBackend::Embed(const MatrixView& table, std::span<const int32_t> tokens, float* x) {
   const int64_t d = table.cols;
   pool_.ParallelFor(static_cast<int64_t>(tokens.size()), 8, [&](int64_t r0, int64_t r1) {

@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   size_t PackedWeightBytes(const MatrixView& w) const override;
   void PackWeights(const MatrixView& w, uint8_t* dst) override;
   void MatMul(const MatrixView& w, const float* x, int64_t m, float* y) override;
+  void MatMuls(std::span<const MatMulOutput> outs, const float* x, int64_t m) override;
   void Embed(const MatrixView& table, std::span<const int32_t> tokens, float* x) override;
   void RmsNorm(const float* x, const float* w, float* out, int64_t rows, int64_t n, float eps) override;
   void AddRmsNorm(const float* delta, float* x, const float* w, float* out, int64_t rows, int64_t n,

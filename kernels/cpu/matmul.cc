@@ -119,14 +119,31 @@ void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, Th
   }
 }
 
+namespace {
+// int8 products on the packed layout: always when the weights were packed at start-up;
+// otherwise packed on the fly, which pays from a few rows up.
+bool TakesPackedKernels(const MatrixView& w, int64_t m, bool int8_activations) {
+  return int8_activations && Packable(w.type) && (w.packed != nullptr || m > GemvMaxRows(w.type));
+}
+}  // namespace
+
 void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool, bool int8_activations) {
-  // int8 products on the packed layout: always when the weights were packed at start-up;
-  // otherwise packed on the fly, which pays from a few rows up.
-  if (int8_activations && Packable(w.type) && (w.packed != nullptr || m > GemvMaxRows(w.type))) {
-    PackedMatMul(w, w.packed, x, m, y, pool);
-    return;
+  const MatMulOutput out{.w = &w, .y = y};
+  MatMuls({&out, 1}, x, m, pool, int8_activations);
+}
+
+void MatMuls(std::span<const MatMulOutput> outs, const float* x, int64_t m, ThreadPool& pool, bool int8_activations) {
+  static thread_local std::vector<PackedProduct> packed;  // the caller's; grows once
+  packed.clear();
+  for (const MatMulOutput& o : outs) {
+    if (TakesPackedKernels(*o.w, m, int8_activations)) {
+      packed.push_back({.w = *o.w, .packed = o.w->packed, .y = o.y});
+    } else {
+      MatMulWithPath(*o.w, x, m, o.y, pool, int8_activations ? MatMulPath::kGemv : MatMulPath::kAuto,
+                     int8_activations);
+    }
   }
-  MatMulWithPath(w, x, m, y, pool, int8_activations ? MatMulPath::kGemv : MatMulPath::kAuto, int8_activations);
+  PackedMatMuls(packed, x, m, pool);
 }
 
 }  // namespace ps

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "base/thread_pool.h"
 #include "kernels/types.h"
@@ -21,6 +22,10 @@ int64_t GemvMaxRows(DType type);
 // weights, at every batch size (llama.cpp's numerics): the packed kernels
 // (kernels/cpu/packed.h) for the formats they know, else per-row dot products.
 void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool, bool int8_activations = false);
+
+// Several products of the same x (as Backend::MatMuls): the packed int8 ones in one
+// parallel region (PackedMatMuls), the others one after another.
+void MatMuls(std::span<const MatMulOutput> outs, const float* x, int64_t m, ThreadPool& pool, bool int8_activations);
 
 // The same with an explicit choice of path (tests and benchmarks compare them).
 enum class MatMulPath { kAuto, kGemv, kGemm };

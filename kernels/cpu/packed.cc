@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "base/fp16.h"
@@ -194,7 +195,7 @@ T* Grow(std::vector<T>& v, size_t n) {
 // stay in L2 while it runs every activation tile against them, and the broadcast
 // activations of one pass (shared by the threads) fit in L3.
 constexpr size_t kGroupsBytes = 192 << 10;
-constexpr size_t kBroadcastBytes = 256 << 10;
+constexpr size_t kBroadcastBytes = 1 << 20;
 constexpr int kTileRows = 4;
 
 }  // namespace
@@ -293,10 +294,24 @@ void GroupDotScalar(const GroupArgs& g, const ActBlock* const* x, int rows, floa
 }  // namespace packed_internal
 
 void PackedMatMul(const MatrixView& w, const uint8_t* packed, const float* x, int64_t m, float* y, ThreadPool& pool) {
-  PS_CHECK(Packable(w.type) && w.cols % 32 == 0) << "no packed kernels for " << DTypeName(w.type);
-  if (m <= 0) return;
-  const int64_t k = w.cols, blocks = k / 32, n = w.rows, groups = (n + 7) / 8;
-  const size_t group_bytes = PackedBytes(w.type, 8, k);
+  const PackedProduct p{.w = w, .packed = packed, .y = y};
+  PackedMatMuls({&p, 1}, x, m, pool);
+}
+
+void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int64_t m, ThreadPool& pool) {
+  if (m <= 0 || products.empty()) return;
+  const int64_t k = products[0].w.cols, blocks = k / 32;
+  // The products' groups in one index space: matrix p's group g is first[p] + g.
+  std::vector<int64_t> first(products.size() + 1, 0);
+  int64_t grain = std::numeric_limits<int64_t>::max();
+  for (size_t p = 0; p < products.size(); ++p) {
+    const MatrixView& w = products[p].w;
+    PS_CHECK(Packable(w.type) && w.cols == k) << "no packed kernels for " << DTypeName(w.type) << " x " << w.cols;
+    first[p + 1] = first[p] + (w.rows + 7) / 8;
+    grain = std::min<int64_t>(grain, std::max<size_t>(1, kGroupsBytes / PackedBytes(w.type, 8, k)));
+  }
+  const int64_t groups = first.back();
+  grain = std::max<int64_t>(1, std::min(grain, groups / (4 * pool.num_threads())));
   const bool simd = ActiveCpuIsa() >= CpuIsa::kAvx2;
   ActBlock* xq = Grow(act_scratch, static_cast<size_t>(m * blocks));
   pool.ParallelFor(m, 4, [&](int64_t r0, int64_t r1) {
@@ -307,9 +322,50 @@ void PackedMatMul(const MatrixView& w, const uint8_t* packed, const float* x, in
       simd ? std::max<int64_t>(kTileRows, static_cast<int64_t>(kBroadcastBytes) / (blocks * kBcast) / kTileRows *
                                               kTileRows)
            : m;
-  const int64_t groups_per_chunk = std::max<int64_t>(1, static_cast<int64_t>(kGroupsBytes / group_bytes));
-  const int64_t grain = std::max<int64_t>(1, std::min(groups_per_chunk, groups / (4 * pool.num_threads())));
   uint8_t* xb = simd ? Grow(bcast_scratch, static_cast<size_t>(std::min(m, pass_rows) * blocks * kBcast)) : nullptr;
+  // Groups [g0, g1) of one product against activation rows [m0, m1).
+  auto run = [&](const PackedProduct& pp, int64_t g0, int64_t g1, int64_t m0, int64_t m1) {
+    const MatrixView& w = pp.w;
+    const int64_t n = w.rows;
+    const size_t group_bytes = PackedBytes(w.type, 8, k);
+    const int64_t per_chunk = std::max<int64_t>(1, static_cast<int64_t>(kGroupsBytes / group_bytes));
+    for (int64_t c0 = g0; c0 < g1; c0 += per_chunk) {
+      const int64_t c1 = std::min(g1, c0 + per_chunk);
+      const uint8_t* chunk = pp.packed != nullptr ? pp.packed + c0 * group_bytes : nullptr;
+      if (chunk == nullptr) {
+        uint8_t* buf = Grow(pack_scratch, static_cast<size_t>(c1 - c0) * group_bytes);
+        for (int64_t g = c0; g < c1; ++g) PackGroup(w, g, buf + (g - c0) * group_bytes);
+        chunk = buf;
+      }
+      for (int64_t i0 = m0; i0 < m1; i0 += kTileRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kTileRows, m1 - i0));
+        const ActBlock* xr[kTileRows];
+        const uint8_t* xbr[kTileRows];
+        for (int i = 0; i < rows; ++i) {
+          xr[i] = xq + (i0 + i) * blocks;
+          xbr[i] = simd ? xb + (i0 + i - m0) * blocks * kBcast : nullptr;
+        }
+        for (int64_t g = c0; g < c1; ++g) {
+          const packed_internal::GroupArgs args{
+              .type = w.type, .group = chunk + (g - c0) * group_bytes, .blocks = blocks};
+          // The last group of a matrix whose rows are not a multiple of 8 writes its
+          // 8 columns to a side buffer first.
+          float side[kTileRows * 8];
+          const bool whole = 8 * g + 8 <= n;
+          float* out = whole ? pp.y + i0 * n + 8 * g : side;
+          const int64_t stride = whole ? n : 8;
+          if (simd) {
+            packed_internal::avx2::GroupDot(args, xr, xbr, rows, out, stride);
+          } else {
+            packed_internal::GroupDotScalar(args, xr, rows, out, stride);
+          }
+          for (int i = 0; !whole && i < rows; ++i) {
+            std::memcpy(pp.y + (i0 + i) * n + 8 * g, side + 8 * i, (n - 8 * g) * sizeof(float));
+          }
+        }
+      }
+    }
+  };
   for (int64_t m0 = 0; m0 < m; m0 += pass_rows) {
     const int64_t m1 = std::min(m, m0 + pass_rows);
     if (simd) {
@@ -320,41 +376,9 @@ void PackedMatMul(const MatrixView& w, const uint8_t* packed, const float* x, in
       });
     }
     pool.ParallelFor(groups, grain, [&](int64_t g0, int64_t g1) {
-      for (int64_t c0 = g0; c0 < g1; c0 += groups_per_chunk) {
-        const int64_t c1 = std::min(g1, c0 + groups_per_chunk);
-        const uint8_t* chunk = packed != nullptr ? packed + c0 * group_bytes : nullptr;
-        if (chunk == nullptr) {
-          uint8_t* buf = Grow(pack_scratch, static_cast<size_t>(c1 - c0) * group_bytes);
-          for (int64_t g = c0; g < c1; ++g) PackGroup(w, g, buf + (g - c0) * group_bytes);
-          chunk = buf;
-        }
-        for (int64_t i0 = m0; i0 < m1; i0 += kTileRows) {
-          const int rows = static_cast<int>(std::min<int64_t>(kTileRows, m1 - i0));
-          const ActBlock* xr[kTileRows];
-          const uint8_t* xbr[kTileRows];
-          for (int i = 0; i < rows; ++i) {
-            xr[i] = xq + (i0 + i) * blocks;
-            xbr[i] = simd ? xb + (i0 + i - m0) * blocks * kBcast : nullptr;
-          }
-          for (int64_t g = c0; g < c1; ++g) {
-            const packed_internal::GroupArgs args{
-                .type = w.type, .group = chunk + (g - c0) * group_bytes, .blocks = blocks};
-            // The last group of a matrix whose rows are not a multiple of 8 writes its
-            // 8 columns to a side buffer first.
-            float side[kTileRows * 8];
-            const bool whole = 8 * g + 8 <= n;
-            float* out = whole ? y + i0 * n + 8 * g : side;
-            const int64_t stride = whole ? n : 8;
-            if (simd) {
-              packed_internal::avx2::GroupDot(args, xr, xbr, rows, out, stride);
-            } else {
-              packed_internal::GroupDotScalar(args, xr, rows, out, stride);
-            }
-            for (int i = 0; !whole && i < rows; ++i) {
-              std::memcpy(y + (i0 + i) * n + 8 * g, side + 8 * i, (n - 8 * g) * sizeof(float));
-            }
-          }
-        }
+      for (size_t p = 0; p < products.size(); ++p) {
+        const int64_t a = std::max(g0, first[p]), b = std::min(g1, first[p + 1]);
+        if (a < b) run(products[p], a - first[p], b - first[p], m0, m1);
       }
     });
   }

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "base/thread_pool.h"
 #include "kernels/types.h"
@@ -52,6 +53,14 @@ void QuantizeActivations(const float* x, int64_t n, ActBlock* out);
 // (worth it from a few rows up; one-row products want the packed layout made once).
 // Runs on `pool` at ActiveCpuIsa()'s level.
 void PackedMatMul(const MatrixView& w, const uint8_t* packed, const float* x, int64_t m, float* y, ThreadPool& pool);
+// Several such products of the same activations (a layer's q, k and v; its gate and up:
+// matrices of as many columns) in one parallel region, the activations quantised once.
+struct PackedProduct {
+  MatrixView w;
+  const uint8_t* packed = nullptr;  // as PackedMatMul's
+  float* y = nullptr;               // [m, w.rows]
+};
+void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int64_t m, ThreadPool& pool);
 
 namespace packed_internal {
 

@@ -163,6 +163,31 @@ INSTANTIATE_TEST_SUITE_P(All, PackedTypes,
                                            DType::kQ4_K, DType::kQ5_K, DType::kQ6_K),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
+TEST(Packed, SeveralProductsOfOneInputEqualEachOnItsOwn) {
+  // A layer's q, k and v of different formats and sizes (Qwen2's Q5_0 / Q8_0 mix),
+  // one packed at start-up, one not, in one parallel region.
+  ThreadPool pool(2);
+  const int64_t cols = 256;
+  Matrix q(DType::kQ5_0, 40, cols, 1), k(DType::kQ8_0, 13, cols, 2), v(DType::kQ4_K, 16, cols, 3);
+  for (int64_t m : {1, 3, 9}) {
+    const std::vector<float> x = testing::Randn(m * cols, static_cast<uint32_t>(m));
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      ScopedCpuIsa level(isa);
+      std::vector<float> yq(m * 40), yk(m * 13), yv(m * 16), want_q(m * 40), want_k(m * 13), want_v(m * 16);
+      PackedMatMul(q.view, q.packed.data(), x.data(), m, want_q.data(), pool);
+      PackedMatMul(k.view, nullptr, x.data(), m, want_k.data(), pool);
+      PackedMatMul(v.view, v.packed.data(), x.data(), m, want_v.data(), pool);
+      const PackedProduct products[] = {{.w = q.view, .packed = q.packed.data(), .y = yq.data()},
+                                        {.w = k.view, .packed = nullptr, .y = yk.data()},
+                                        {.w = v.view, .packed = v.packed.data(), .y = yv.data()}};
+      PackedMatMuls(products, x.data(), m, pool);
+      EXPECT_EQ(yq, want_q) << CpuIsaName(isa) << " m=" << m;
+      EXPECT_EQ(yk, want_k) << CpuIsaName(isa) << " m=" << m;
+      EXPECT_EQ(yv, want_v) << CpuIsaName(isa) << " m=" << m;
+    }
+  }
+}
+
 TEST(Packed, OnlyBlockFormatsWithALayoutArePackable) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ2_K, DType::kQ3_K}) {
     EXPECT_FALSE(Packable(t)) << DTypeName(t);
