@@ -12,14 +12,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <cstdlib>
+#include <map>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "base/flags.h"
 #include "base/fp16.h"
 #include "base/mapped_file.h"
@@ -160,10 +160,34 @@ std::map<std::string, double> LlamaBench(const std::string& args) {
                depth = std::atol(row["n_depth"].c_str());
     const double ts = std::atof(row["avg_ts"].c_str());
     if (prompt > 0 && gen == 0) out["prefill_" + std::to_string(prompt) + "_tok_per_s"] = ts;
-    if (gen > 0 && prompt == 0) out[depth == 0 ? "decode_tok_per_s" : "decode_at_" + std::to_string(depth) + "_tok_per_s"] = ts;
+    if (gen > 0 && prompt == 0)
+      out[depth == 0 ? "decode_tok_per_s" : "decode_at_" + std::to_string(depth) + "_tok_per_s"] = ts;
   }
   pclose(p);
   return out;
+}
+
+// Runs bench/vllm.sh (vLLM's CPU backend on the same weights, a BF16 folder) with `args`
+// and returns its `vllm NAME VALUE` lines by name.
+std::map<std::string, double> VllmBench(const std::string& args) {
+  std::map<std::string, double> out;
+  FILE* p = popen(("bench/vllm.sh " + args).c_str(), "r");
+  if (p == nullptr) return out;
+  char line[1024], name[256];
+  double v = 0;
+  while (fgets(line, sizeof(line), p) != nullptr) {
+    if (std::sscanf(line, "vllm %255s %lf", name, &v) == 2) out[name] = v;
+  }
+  pclose(p);
+  return out;
+}
+
+// One peer's figures next to ours, with the ratios.
+void PrintPeer(const char* peer, const std::map<std::string, double>& theirs, std::map<std::string, double>& ours) {
+  for (const auto& [name, v] : theirs) {
+    const double o = ours.count(name) ? ours[name] : 0;
+    std::printf("%s %s %.1f   ours/%s %.2fx\n", peer, name.c_str(), v, peer, o / v);
+  }
 }
 
 // The KV caches the benchmark makes: --kv-block-size tokens per block of --kv-dtype.
@@ -217,7 +241,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> prefill_list = {512, 2048};
   std::vector<int64_t> depth_list = {0};
   int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16, streams = 16;
-  bool llamacpp = false, peak = true;
+  bool llamacpp = false, vllm = false, peak = true;
   std::string strategy, sweep, device = "cpu", synthetic, kv_dtype = "f32", activations = "int8", cpu_isa;
   std::vector<std::string> strategy_args;
   FlagParser flags("ps_bench_engine",
@@ -249,6 +273,9 @@ int main(int argc, char** argv) {
   flags.AddBool("llamacpp", &llamacpp,
                 "also run llama.cpp's llama-bench on the same file and threads (bench/llamacpp.sh builds it from "
                 "PyPI's llama-cpp-python sources on first use) and print ratios");
+  flags.AddBool("vllm", &vllm,
+                "also run vLLM's CPU backend on the same weights as a BF16 folder (bench/vllm.sh installs it on first "
+                "use, several GB; a GGUF --model is converted once to models/NAME-bf16) and print ratios");
   flags.AddString("device", &device, "cpu | cuda: the backend (cuda: libps_cuda.so next to this program)");
   flags.AddString("synthetic", &synthetic,
                   "llama3-8b: LLaMA-3-8B's shape with random BF16 weights built in memory, instead of --model "
@@ -262,7 +289,7 @@ int main(int argc, char** argv) {
   const absl::StatusOr<DType> parsed_kv_dtype = ParseKvDType(kv_dtype);
   if (!parsed_kv_dtype.ok()) return Fail(std::string(parsed_kv_dtype.status().message()));
   const KvChoice kv_choice{.block_tokens = static_cast<int>(block_tokens), .dtype = *parsed_kv_dtype};
-  if (!synthetic.empty() && llamacpp) return Fail("--llamacpp needs a model file, not --synthetic");
+  if (!synthetic.empty() && (llamacpp || vllm)) return Fail("--llamacpp and --vllm need a model, not --synthetic");
   const absl::StatusOr<bool> int8 = ParseActivations(activations);
   if (!int8.ok()) return Fail(std::string(int8.status().message()));
   if (!cpu_isa.empty()) {
@@ -343,9 +370,8 @@ int main(int argc, char** argv) {
   bench::MachinePeak ceiling;
   if (peak && !gpu) {
     ceiling = bench::MeasureMachinePeak(static_cast<int>(threads));
-    std::printf("machine (%lld threads, %s): FP32 FMA %.1f GFLOP/s, int8 dot products %.1f GOP/s", 
-                static_cast<long long>(threads), ceiling.isa.c_str(), ceiling.fp32_flops / 1e9,
-                ceiling.int8_ops / 1e9);
+    std::printf("machine (%lld threads, %s): FP32 FMA %.1f GFLOP/s, int8 dot products %.1f GOP/s",
+                static_cast<long long>(threads), ceiling.isa.c_str(), ceiling.fp32_flops / 1e9, ceiling.int8_ops / 1e9);
     if (ceiling.bf16_flops > 0) std::printf(", BF16 dot products %.1f GFLOP/s", ceiling.bf16_flops / 1e9);
     std::printf(", streaming read %.1f GB/s\n", ceiling.read_bytes_per_s / 1e9);
   }
@@ -361,8 +387,8 @@ int main(int argc, char** argv) {
       // Time the peak rates would take; achieved share = that / measured.
       const double ideal = mm / (int8_mm ? ceiling.int8_ops : ceiling.fp32_flops) + att / ceiling.fp32_flops;
       std::printf("ours prefill_%lld %.1f GFLOP/s (%.0f%% attention): %.0f%% of the machine's peak (%s products)\n",
-                  static_cast<long long>(n), (mm + att) / seconds / 1e9, 100 * att / (mm + att),
-                  100 * ideal / seconds, int8_mm ? "int8" : "FP32");
+                  static_cast<long long>(n), (mm + att) / seconds / 1e9, 100 * att / (mm + att), 100 * ideal / seconds,
+                  int8_mm ? "int8" : "FP32");
     }
   };
   auto decode_share = [&](const std::string& what, int64_t depth, int streams, double tok_per_s) {
@@ -436,18 +462,21 @@ int main(int argc, char** argv) {
   if (llamacpp) {
     // Its defaults otherwise (F16 KV cache, flash attention where it chooses): llama.cpp as
     // a user runs it. Prompts of the same lengths; generation from depth 0 or the same depths.
-    const std::string common =
-        absl::StrCat("-m ", model_path, " -t ", threads, " -r ", std::max<int64_t>(repeats, 2));
+    const std::string common = absl::StrCat("-m ", model_path, " -t ", threads, " -r ", std::max<int64_t>(repeats, 2));
     std::map<std::string, double> theirs =
         LlamaBench(absl::StrCat(common, " -n 0 -p ", absl::StrJoin(prefill_list, ",")));
     std::map<std::string, double> gen =
         LlamaBench(absl::StrCat(common, " -p 0 -n ", decode, " -d ", absl::StrJoin(depth_list, ",")));
     theirs.insert(gen.begin(), gen.end());
     if (theirs.empty()) std::printf("llama-bench gave no figures (bench/llamacpp.sh; see its output above)\n");
-    for (const auto& [name, v] : theirs) {
-      const double o = ours.count(name) ? ours[name] : 0;
-      std::printf("llamacpp %s %.1f   ours/llamacpp %.2fx\n", name.c_str(), v, o / v);
-    }
+    PrintPeer("llamacpp", theirs, ours);
+  }
+  if (vllm) {
+    const std::map<std::string, double> theirs = VllmBench(absl::StrCat(
+        "--model ", model_path, " --text ", text_path, " --threads ", threads, " --decode ", decode, " --streams ",
+        streams, " --repeats ", std::max<int64_t>(repeats, 2), " --prefill ", absl::StrJoin(prefill_list, " ")));
+    if (theirs.empty()) std::printf("vLLM gave no figures (bench/vllm.sh; see its output above)\n");
+    PrintPeer("vllm", theirs, ours);
   }
   return 0;
 }

@@ -41,7 +41,9 @@ __attribute__((target("avx2,fma"), noinline)) float Fp32Avx2() {
 #define PS_SUM(i) s = _mm256_add_ps(s, a##i);
   const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
   PS_TWELVE(PS_DECL)
-  for (int64_t i = 0; i < kIters; ++i) { PS_TWELVE(PS_STEP) }
+  for (int64_t i = 0; i < kIters; ++i) {
+    PS_TWELVE(PS_STEP)
+  }
   __m256 s = _mm256_setzero_ps();
   PS_TWELVE(PS_SUM)
   return _mm256_cvtss_f32(s);
@@ -56,7 +58,9 @@ __attribute__((target("avx512f"), noinline)) float Fp32Avx512() {
 #define PS_SUM(i) s = _mm512_add_ps(s, a##i);
   const __m512 b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
   PS_TWELVE(PS_DECL)
-  for (int64_t i = 0; i < kIters; ++i) { PS_TWELVE(PS_STEP) }
+  for (int64_t i = 0; i < kIters; ++i) {
+    PS_TWELVE(PS_STEP)
+  }
   __m512 s = _mm512_setzero_ps();
   PS_TWELVE(PS_SUM)
   float lanes[16];
@@ -185,7 +189,8 @@ MachinePeak MeasureMachinePeak(int threads) {
   } else if (isa >= CpuIsa::kAvx2) {
     p.fp32_flops = n * 8 * 2 / Seconds(threads, [&](int t) { sink_f[t] = Fp32Avx2(); });
   } else {
-    p.fp32_flops = static_cast<double>(kIters) * 4 * threads * 2 / Seconds(threads, [&](int t) { sink_f[t] = Fp32Scalar(); });
+    p.fp32_flops =
+        static_cast<double>(kIters) * 4 * threads * 2 / Seconds(threads, [&](int t) { sink_f[t] = Fp32Scalar(); });
   }
   // The packed kernels run their AVX2 code at every level above it (kernels/cpu/packed.h);
   // a wider int8 ceiling is printed for what AVX-512 kernels could reach.

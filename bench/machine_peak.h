@@ -9,11 +9,11 @@
 namespace ps::bench {
 
 struct MachinePeak {
-  std::string isa;                // the CPU level the loops ran at (kernels/cpu/cpu_isa.h)
-  double fp32_flops = 0;          // FP32 fused multiply-adds, 2 FLOP each
-  double int8_ops = 0;            // u8 x s8 products summed as the packed kernels do, 2 OP each
-  double bf16_flops = 0;          // BF16 dot products (0 where the CPU has none)
-  double read_bytes_per_s = 0;    // streaming read of a buffer far larger than the caches
+  std::string isa;              // the CPU level the loops ran at (kernels/cpu/cpu_isa.h)
+  double fp32_flops = 0;        // FP32 fused multiply-adds, 2 FLOP each
+  double int8_ops = 0;          // u8 x s8 products summed as the packed kernels do, 2 OP each
+  double bf16_flops = 0;        // BF16 dot products (0 where the CPU has none)
+  double read_bytes_per_s = 0;  // streaming read of a buffer far larger than the caches
 };
 
 MachinePeak MeasureMachinePeak(int threads);

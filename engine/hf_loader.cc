@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "engine/model.h"
@@ -45,6 +47,14 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
   PS_ASSIGN_OR_RETURN(ModelConfig config, ConfigFromHfJson(config_text));
   PS_ASSIGN_OR_RETURN(std::string tok_text, ReadFileToString(dir + "/tokenizer.json"));
   std::string tok_config = ReadFileToString(dir + "/tokenizer_config.json").value_or("");
+  // transformers 5 saves the chat template beside tokenizer_config.json, as a file.
+  if (absl::StatusOr<std::string> jinja = ReadFileToString(dir + "/chat_template.jinja"); jinja.ok()) {
+    nlohmann::json cfg = nlohmann::json::parse(tok_config.empty() ? "{}" : tok_config, nullptr, false);
+    if (cfg.is_object() && !cfg.contains("chat_template")) {
+      cfg["chat_template"] = *jinja;
+      tok_config = cfg.dump();
+    }
+  }
   PS_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromHfJson(tok_text, tok_config));
 
   std::vector<std::string> files;

@@ -123,13 +123,18 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text) {
     c.rms_eps = j.value("rms_norm_eps", 1e-6f);
     c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? j["head_dim"].get<int>()
                                                                     : (c.n_heads > 0 ? c.n_embd / c.n_heads : 0);
-    c.rope.freq_base = j.value("rope_theta", 10000.0f);
+    // transformers 5 writes the rope settings as one object, rope_parameters (its
+    // rope_theta and, where scaled, rope_type and the scaling fields); before, as
+    // rope_theta and rope_scaling at the top level.
+    const bool v5 = j.contains("rope_parameters") && j["rope_parameters"].is_object();
+    const nlohmann::json& rope = v5 ? j["rope_parameters"] : j;
+    c.rope.freq_base = rope.value("rope_theta", j.value("rope_theta", 10000.0f));
     c.rope.n_dims = c.head_dim;
     // HF checkpoints keep q/k unpermuted: rotate_half pairs (i, i + d/2) for every arch.
     c.rope.neox = true;
     c.qkv_bias = c.arch == Arch::kQwen2 || j.value("attention_bias", false);
-    if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
-      const auto& rs = j["rope_scaling"];
+    if (v5 || (j.contains("rope_scaling") && j["rope_scaling"].is_object())) {
+      const auto& rs = v5 ? rope : j["rope_scaling"];
       const std::string rt = rs.value("rope_type", rs.value("type", ""));
       const float factor = rs.value("factor", 1.0f);
       if (rt == "linear") {

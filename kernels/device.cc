@@ -1,7 +1,7 @@
 // CreateBackend: `--device cpu|cuda|auto` to a Backend.
 #include "absl/strings/str_cat.h"
-#include "kernels/backend.h"
 #include "base/status.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/quant.h"

@@ -34,8 +34,8 @@ namespace {
 
 struct Options {
   std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap", kv_dtype = "f32",
-                     device = "auto", pod_groups, tls_cert, tls_key, tls_client_ca, api_key_file,
-                     activations = "int8", cpu_isa;
+                     device = "auto", pod_groups, tls_cert, tls_key, tls_client_ca, api_key_file, activations = "int8",
+                     cpu_isa;
   std::vector<std::string> strategy_args, served_model_names, inject_faults;
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64, max_batch_tokens = 2048,
           prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,
@@ -321,8 +321,9 @@ int main(int argc, char** argv) {
   {  // the weights in the backend's layouts (a GPU's copies), then the device tier from what is left
     const auto w0 = std::chrono::steady_clock::now();
     const absl::StatusOr<size_t> packed = PrepareWeights(**model, **backend);
-    const absl::StatusOr<int64_t> free =
-        !packed.ok() ? packed.status() : device_memory ? (*backend)->FreeDeviceBytes() : int64_t{0};
+    const absl::StatusOr<int64_t> free = !packed.ok()    ? packed.status()
+                                         : device_memory ? (*backend)->FreeDeviceBytes()
+                                                         : int64_t{0};
     if (!free.ok()) {
       spdlog::error("preparing the weights: {}", std::string(free.status().message()));
       grpc_server->Shutdown();
@@ -333,8 +334,7 @@ int main(int argc, char** argv) {
       spdlog::info("weights repacked for the int8 kernels in {:.1f} s ({:.0f} MiB)", seconds, *packed / 1048576.0);
     }
     if (device_memory) {
-      spdlog::info("weights on the device in {:.1f} s; {:.0f} MiB of device memory free", seconds,
-                   *free / 1048576.0);
+      spdlog::info("weights on the device in {:.1f} s; {:.0f} MiB of device memory free", seconds, *free / 1048576.0);
       if (o.kv_device_fraction > 0) {
         o.kv_device_bytes = static_cast<int64_t>(*free * o.kv_device_fraction);
         spdlog::info("KV device tier from --kv-device-fraction: {:.0f} MiB", o.kv_device_bytes / 1048576.0);
@@ -431,9 +431,9 @@ int main(int argc, char** argv) {
   spdlog::info(
       "serving {} ({}, {} layers, context {}, vocab {}) from {}; {} compute threads, {} activations; "
       "up to {} running and {} queued requests; loaded in {:.2f} s, resident memory {:.0f} MiB",
-      c.name, c.arch_name, c.n_layers, c.n_ctx, c.n_vocab, o.model, pool.num_threads(),
-      cpu ? o.activations : "device", o.max_running, o.max_queue,
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), ru.ru_maxrss / 1024.0);
+      c.name, c.arch_name, c.n_layers, c.n_ctx, c.n_vocab, o.model, pool.num_threads(), cpu ? o.activations : "device",
+      o.max_running, o.max_queue, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+      ru.ru_maxrss / 1024.0);
 
   int sig = 0;
   sigwait(&stop_signals, &sig);

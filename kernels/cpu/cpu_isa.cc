@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -120,12 +120,19 @@ CpuIsa DetectedCpuIsa() { return BestOf(CpuFeatures()); }
 
 std::string CpuFeatureNames() {
   const Features& f = CpuFeatures();
-  const std::pair<bool, const char*> names[] = {
-      {f.avx2, "avx2"},           {f.fma, "fma"},           {f.f16c, "f16c"},
-      {f.avx512f, "avx512f"},     {f.avx512bw, "avx512bw"}, {f.avx512vl, "avx512vl"},
-      {f.avx512dq, "avx512dq"},   {f.avx512_vnni, "avx512_vnni"}, {f.avx512_bf16, "avx512_bf16"},
-      {f.avx_vnni, "avx_vnni"},   {f.amx_tile, "amx_tile"}, {f.amx_int8, "amx_int8"},
-      {f.amx_bf16, "amx_bf16"}};
+  const std::pair<bool, const char*> names[] = {{f.avx2, "avx2"},
+                                                {f.fma, "fma"},
+                                                {f.f16c, "f16c"},
+                                                {f.avx512f, "avx512f"},
+                                                {f.avx512bw, "avx512bw"},
+                                                {f.avx512vl, "avx512vl"},
+                                                {f.avx512dq, "avx512dq"},
+                                                {f.avx512_vnni, "avx512_vnni"},
+                                                {f.avx512_bf16, "avx512_bf16"},
+                                                {f.avx_vnni, "avx_vnni"},
+                                                {f.amx_tile, "amx_tile"},
+                                                {f.amx_int8, "amx_int8"},
+                                                {f.amx_bf16, "amx_bf16"}};
   std::string out;
   for (const auto& [has, name] : names) {
     if (has) absl::StrAppend(&out, out.empty() ? "" : " ", name);
@@ -152,8 +159,9 @@ absl::Status SetCpuIsa(CpuIsa isa) {
 }
 
 std::string DescribeCpuIsa() {
-  return absl::StrCat(std::string(CpuIsaName(ActiveCpuIsa())), " (this CPU: ",
-                      std::string(CpuIsaName(DetectedCpuIsa())), "; features: ", CpuFeatureNames(), ")");
+  return absl::StrCat(std::string(CpuIsaName(ActiveCpuIsa())),
+                      " (this CPU: ", std::string(CpuIsaName(DetectedCpuIsa())), "; features: ", CpuFeatureNames(),
+                      ")");
 }
 
 ScopedCpuIsa::ScopedCpuIsa(CpuIsa isa) : previous_(ActiveCpuIsa()) {

@@ -70,20 +70,83 @@ PS_AVX512 void AxpyHalfAvx512(DType t, float a, const uint16_t* x, float* y, int
   for (; i < n; ++i) y[i] += a * ToF32(t, x[i]);
 }
 
+// The same eight at a time (AVX2 + F16C). BF16 rounding as Store16's, without masks.
+#define PS_AVX2 __attribute__((target("avx2,f16c,fma")))
+
+PS_AVX2 inline __m256 Load8(DType t, const uint16_t* x) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  if (t == DType::kF16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+PS_AVX2 inline void Store8(DType t, __m256 v, uint16_t* out) {
+  __m128i h;
+  if (t == DType::kF16) {
+    h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  } else {
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    const __m256i nan =
+        _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40)), nan);
+    h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  }
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), h);
+}
+
+PS_AVX2 void HalfToF32Avx2(DType t, const uint16_t* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, Load8(t, x + i));
+  for (; i < n; ++i) out[i] = ToF32(t, x[i]);
+}
+
+PS_AVX2 void F32ToHalfAvx2(DType t, const float* x, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) Store8(t, _mm256_loadu_ps(x + i), out + i);
+  for (; i < n; ++i) out[i] = FromF32(t, x[i]);
+}
+
+PS_AVX2 float DotHalfAvx2(DType t, const uint16_t* x, const float* y, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(Load8(t, x + i), _mm256_loadu_ps(y + i), acc0);
+    acc1 = _mm256_fmadd_ps(Load8(t, x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+  }
+  for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(Load8(t, x + i), _mm256_loadu_ps(y + i), acc0);
+  const __m256 acc = _mm256_add_ps(acc0, acc1);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  float s = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
+  for (; i < n; ++i) s += ToF32(t, x[i]) * y[i];
+  return s;
+}
+
+PS_AVX2 void AxpyHalfAvx2(DType t, float a, const uint16_t* x, float* y, int64_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, Load8(t, x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * ToF32(t, x[i]);
+}
+
 }  // namespace
 
 void HalfToF32(DType t, const uint16_t* x, float* out, int64_t n) {
   if (avx512::Available()) return HalfToF32Avx512(t, x, out, n);
+  if (avx2::Available()) return HalfToF32Avx2(t, x, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = ToF32(t, x[i]);
 }
 
 void F32ToHalf(DType t, const float* x, uint16_t* out, int64_t n) {
   if (avx512::Available()) return F32ToHalfAvx512(t, x, out, n);
+  if (avx2::Available()) return F32ToHalfAvx2(t, x, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = FromF32(t, x[i]);
 }
 
 float DotHalf(DType t, const uint16_t* x, const float* y, int64_t n) {
   if (avx512::Available()) return DotHalfAvx512(t, x, y, n);
+  if (avx2::Available()) return DotHalfAvx2(t, x, y, n);
   float s = 0;
   for (int64_t i = 0; i < n; ++i) s += ToF32(t, x[i]) * y[i];
   return s;
@@ -91,6 +154,7 @@ float DotHalf(DType t, const uint16_t* x, const float* y, int64_t n) {
 
 void AxpyHalf(DType t, float a, const uint16_t* x, float* y, int64_t n) {
   if (avx512::Available()) return AxpyHalfAvx512(t, a, x, y, n);
+  if (avx2::Available()) return AxpyHalfAvx2(t, a, x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] += a * ToF32(t, x[i]);
 }
 

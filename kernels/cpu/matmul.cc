@@ -6,8 +6,8 @@
 #include "base/status.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/packed.h"
-#include "kernels/cpu/sgemm.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/cpu/vec.h"
 
 namespace ps {
@@ -139,8 +139,7 @@ void MatMuls(std::span<const MatMulOutput> outs, const float* x, int64_t m, Thre
     if (TakesPackedKernels(*o.w, m, int8_activations)) {
       packed.push_back({.w = *o.w, .packed = o.w->packed, .y = o.y});
     } else {
-      MatMulWithPath(*o.w, x, m, o.y, pool, int8_activations ? MatMulPath::kGemv : MatMulPath::kAuto,
-                     int8_activations);
+      MatMulWithPath(*o.w, x, m, o.y, pool, int8_activations ? MatMulPath::kGemv : MatMulPath::kAuto, int8_activations);
     }
   }
   PackedMatMuls(packed, x, m, pool);

@@ -25,9 +25,9 @@ using packed_internal::LayoutFor;
 // and scale fields as stored.
 struct RawBlock {
   uint8_t q[32];
-  uint16_t d = 0, m = 0;       // fp16: d and m (Q4_1/Q5_1), or the super-block's d and dmin (K formats)
-  uint8_t sc[2] = {0, 0};      // K formats: the sub-block scale (Q6_K: one per 16 columns, signed)
-  uint8_t mn = 0;              // Q4_K / Q5_K: the sub-block minimum
+  uint16_t d = 0, m = 0;   // fp16: d and m (Q4_1/Q5_1), or the super-block's d and dmin (K formats)
+  uint8_t sc[2] = {0, 0};  // K formats: the sub-block scale (Q6_K: one per 16 columns, signed)
+  uint8_t mn = 0;          // Q4_K / Q5_K: the sub-block minimum
 };
 
 void Q5Quants(const uint8_t* qh_bytes, const uint8_t* qs, uint8_t* q) {
@@ -181,9 +181,9 @@ void RowScales(const Layout& l, const uint8_t* group, int64_t b, int r, int h, f
   *mw = -(Fp16ToFp32(Get16(hdr + l.m, r)) * static_cast<float>(blk[l.sc + 8 + r]));
 }
 
-thread_local std::vector<ActBlock> act_scratch;    // the calling thread's quantised activations
-thread_local std::vector<uint8_t> bcast_scratch;   // ... and their broadcast form
-thread_local std::vector<uint8_t> pack_scratch;    // a worker's groups packed on the fly
+thread_local std::vector<ActBlock> act_scratch;   // the calling thread's quantised activations
+thread_local std::vector<uint8_t> bcast_scratch;  // ... and their broadcast form
+thread_local std::vector<uint8_t> pack_scratch;   // a worker's groups packed on the fly
 
 template <typename T>
 T* Grow(std::vector<T>& v, size_t n) {
@@ -318,10 +318,9 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
     for (int64_t r = r0; r < r1; ++r) QuantizeActivations(x + r * k, k, xq + r * blocks);
   });
   constexpr int64_t kBcast = packed_internal::avx2::kBroadcastBytesPerBlock;
-  const int64_t pass_rows =
-      simd ? std::max<int64_t>(kTileRows, static_cast<int64_t>(kBroadcastBytes) / (blocks * kBcast) / kTileRows *
-                                              kTileRows)
-           : m;
+  const int64_t pass_rows = simd ? std::max<int64_t>(kTileRows, static_cast<int64_t>(kBroadcastBytes) /
+                                                                    (blocks * kBcast) / kTileRows * kTileRows)
+                                 : m;
   uint8_t* xb = simd ? Grow(bcast_scratch, static_cast<size_t>(std::min(m, pass_rows) * blocks * kBcast)) : nullptr;
   // Groups [g0, g1) of one product against activation rows [m0, m1).
   auto run = [&](const PackedProduct& pp, int64_t g0, int64_t g1, int64_t m0, int64_t m1) {

@@ -196,9 +196,9 @@ void Quantize(const float* x, int64_t n, ActBlock* out) {
     ActBlock& a = out[b];
     a.sum_lo = HorizontalSum(_mm256_add_epi32(q[0], q[1]));
     a.sum_hi = HorizontalSum(_mm256_add_epi32(q[2], q[3]));
-    const __m256i bytes = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
-        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i bytes =
+        _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
+                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.qs), bytes);
     a.d = Fp16ToFp32(Fp32ToFp16(max / 127.0f));
     a.s = a.d * static_cast<float>(a.sum_lo + a.sum_hi);

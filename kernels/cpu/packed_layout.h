@@ -33,9 +33,9 @@ struct Layout {
   // in the block: u16 d[8], u16 m[8]; K formats: u8 sc[8], mn[8] (Q6_K: i8 sc[16], half h
   // of row r at 8h + r); the quant planes.
   int d = 0, m = -1, sc = -1, qh = -1, qs = -1;
-  int offset = 0;      // subtracted from every raw quant (the formats with mw = -offset dw)
+  int offset = 0;          // subtracted from every raw quant (the formats with mw = -offset dw)
   bool is_signed = false;  // Q8_0: raw quants are signed bytes
-  int bits = 4;        // 4, 5, 6 or 8
+  int bits = 4;            // 4, 5, 6 or 8
 };
 
 // The layout of a packable type (kernels/cpu/packed.h's list); block == 0 for the others.

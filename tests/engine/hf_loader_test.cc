@@ -146,6 +146,16 @@ std::vector<float> Logits(const Model& m, const std::vector<int32_t>& tokens) {
   return out.logits;
 }
 
+TEST_F(HfLoaderTest, ReadsTheChatTemplateFileOfTransformers5) {
+  const std::string chatml =
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+      "'<|im_end|>' + '\\n'}}{% endfor %}";
+  std::ofstream(dir_ / "chat_template.jinja") << chatml;
+  auto hf = Model::Load(dir_.string());
+  ASSERT_TRUE(hf.ok()) << hf.status();
+  EXPECT_EQ((*hf)->tokenizer()->chat_template(), chatml);
+}
+
 TEST_F(HfLoaderTest, LoadsAndMatchesGgufLayout) {
   auto hf = Model::Load(dir_.string());
   ASSERT_TRUE(hf.ok()) << hf.status();
@@ -226,6 +236,27 @@ TEST(HfConfig, WrongTypesAndZeroSizesAreErrors) {
           "num_attention_heads": 0, "num_key_value_heads": 4, "intermediate_size": 172})");
   ASSERT_TRUE(zero_heads.ok()) << zero_heads.status();
   EXPECT_EQ(ValidateConfig(*zero_heads).message(), "model config: sizes must be positive");
+}
+
+// transformers 5 writes rope_theta and the scaling inside rope_parameters
+// (SmolLM2's 100000; LLaMA-3.1's llama3 scaling); older files at the top level.
+TEST(HfConfig, RopeParametersOfTransformers5) {
+  const std::string sizes = R"("model_type": "llama", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 8, "intermediate_size": 172, )";
+  const absl::StatusOr<ModelConfig> v5 =
+      ConfigFromHfJson("{" + sizes + R"("rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}})");
+  ASSERT_TRUE(v5.ok()) << v5.status();
+  EXPECT_EQ(v5->rope.freq_base, 100000.0f);
+  EXPECT_TRUE(v5->rope.freq_factors.empty());
+  const absl::StatusOr<ModelConfig> scaled = ConfigFromHfJson(
+      "{" + sizes + R"("rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
+          "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})");
+  ASSERT_TRUE(scaled.ok()) << scaled.status();
+  EXPECT_EQ(scaled->rope.freq_base, 500000.0f);
+  EXPECT_EQ(scaled->rope.freq_factors, Llama3FreqFactors(8, 500000.0f, 8.0f, 1.0f, 4.0f, 8192));
+  const absl::StatusOr<ModelConfig> v4 = ConfigFromHfJson("{" + sizes + R"("rope_theta": 250000.0})");
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ(v4->rope.freq_base, 250000.0f);
 }
 
 // Found by fuzz_hf_config and fuzz_pod_groups (UBSan): a float too large for the

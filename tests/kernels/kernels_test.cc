@@ -16,6 +16,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/vec.h"
+#include "tests/kernels/cpu_levels.h"
 #include "tests/kernels/random.h"
 
 namespace ps {
@@ -68,7 +69,7 @@ TEST(Vec, ElementwiseKernelsMatchScalarMath) {
 
 // Both matmul paths on F32, F16 and quantised weights against a double product
 // with the same (dequantised) weights.
-TEST(MatMul, PathsAgreeWithReference) {
+void CheckMatMulPaths() {
   ThreadPool pool(2);
   std::mt19937 rng(5);
   for (DType type :
@@ -116,6 +117,8 @@ TEST(MatMul, PathsAgreeWithReference) {
     }
   }
 }
+
+TEST(MatMul, PathsAgreeWithReference) { testing::AtEveryCpuLevel(CheckMatMulPaths); }
 
 // x stored as halves of `dtype` (unused zeros for F32); x itself rounded to what they hold,
 // so that the reference sees the values the kernel reads.
@@ -165,7 +168,7 @@ std::vector<double> NaiveAttention(const AttentionShape& s, const std::vector<fl
 // with the cache contiguous (one block) and paged (blocks of 16 and of 7 rows), in
 // F32, F16 and BF16 (the reference uses the same rounded keys and values). A head
 // of 24 elements covers both the vector loops and their tails.
-TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
+void CheckAttentionAgainstNaive() {
   ThreadPool pool(2);
   constexpr int kHd = 24, kHeads = 6, kKvHeads = 2, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
   const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.2f};
@@ -219,6 +222,8 @@ TEST(Attention, MatchesNaiveWithCausalMaskByPosition) {
         EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
       }
 }
+
+TEST(Attention, MatchesNaiveWithCausalMaskByPosition) { testing::AtEveryCpuLevel(CheckAttentionAgainstNaive); }
 
 // Attention over a KV selection (segments of query rows, each with its row ranges)
 // against a direct computation that masks everything else out: F32 and F16 caches,
@@ -572,7 +577,7 @@ TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
 }
 
 // Half conversions equal the scalar base/fp16.h ones bit for bit (vector loops and
-// tails, subnormals, infinities and NaN included).
+// tails, subnormals, infinities and NaN included), at every CPU level.
 TEST(HalfRows, ConversionsEqualScalar) {
   std::vector<float> x = Randn(37, 9);
   for (float special : {0.0f, -0.0f, 1e-6f, -3e-8f, 65504.0f, 70000.0f, 1e30f, -1e-40f,
@@ -580,28 +585,30 @@ TEST(HalfRows, ConversionsEqualScalar) {
     x.push_back(special);
   }
   const int64_t n = static_cast<int64_t>(x.size());
-  for (DType t : {DType::kF16, DType::kBF16}) {
-    std::vector<uint16_t> h(n);
-    std::vector<float> back(n);
-    F32ToHalf(t, x.data(), h.data(), n);
-    HalfToF32(t, h.data(), back.data(), n);
-    for (int64_t i = 0; i < n; ++i) {
-      const uint16_t want = t == DType::kF16 ? Fp32ToFp16(x[i]) : Fp32ToBf16(x[i]);
-      ASSERT_EQ(h[i], want) << DTypeName(t) << " " << x[i];
-      const float wf = t == DType::kF16 ? Fp16ToFp32(want) : Bf16ToFp32(want);
-      ASSERT_EQ(std::memcmp(&back[i], &wf, 4), 0) << DTypeName(t) << " " << x[i];
+  testing::AtEveryCpuLevel([&] {
+    for (DType t : {DType::kF16, DType::kBF16}) {
+      std::vector<uint16_t> h(n);
+      std::vector<float> back(n);
+      F32ToHalf(t, x.data(), h.data(), n);
+      HalfToF32(t, h.data(), back.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t want = t == DType::kF16 ? Fp32ToFp16(x[i]) : Fp32ToBf16(x[i]);
+        ASSERT_EQ(h[i], want) << DTypeName(t) << " " << x[i];
+        const float wf = t == DType::kF16 ? Fp16ToFp32(want) : Bf16ToFp32(want);
+        ASSERT_EQ(std::memcmp(&back[i], &wf, 4), 0) << DTypeName(t) << " " << x[i];
+      }
+      const int64_t finite = 37;  // dot and axpy over the random values only
+      std::vector<float> y = Randn(finite, 10), y2 = y;
+      double dot = 0;
+      for (int64_t i = 0; i < finite; ++i) {
+        dot += double(back[i]) * y[i];
+        y2[i] += 0.5f * back[i];
+      }
+      EXPECT_NEAR(DotHalf(t, h.data(), y.data(), finite), dot, 1e-5 * (1 + std::fabs(dot)));
+      AxpyHalf(t, 0.5f, h.data(), y.data(), finite);
+      for (int64_t i = 0; i < finite; ++i) ASSERT_NEAR(y[i], y2[i], 1e-6f * (1 + std::fabs(y2[i]))) << i;
     }
-    const int64_t finite = 37;  // dot and axpy over the random values only
-    std::vector<float> y = Randn(finite, 10), y2 = y;
-    double dot = 0;
-    for (int64_t i = 0; i < finite; ++i) {
-      dot += double(back[i]) * y[i];
-      y2[i] += 0.5f * back[i];
-    }
-    EXPECT_NEAR(DotHalf(t, h.data(), y.data(), finite), dot, 1e-5 * (1 + std::fabs(dot)));
-    AxpyHalf(t, 0.5f, h.data(), y.data(), finite);
-    for (int64_t i = 0; i < finite; ++i) ASSERT_NEAR(y[i], y2[i], 1e-6f * (1 + std::fabs(y2[i]))) << i;
-  }
+  });
 }
 
 }  // namespace

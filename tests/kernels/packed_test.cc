@@ -192,7 +192,7 @@ TEST(Packed, OnlyBlockFormatsWithALayoutArePackable) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ2_K, DType::kQ3_K}) {
     EXPECT_FALSE(Packable(t)) << DTypeName(t);
   }
-  EXPECT_EQ(PackedBytes(DType::kQ4_1, 8, 64), 2 * 8 * sizeof(BlockQ4_1));  // the original's size
+  EXPECT_EQ(PackedBytes(DType::kQ4_1, 8, 64), 2 * 8 * sizeof(BlockQ4_1));   // the original's size
   EXPECT_EQ(PackedBytes(DType::kQ6_K, 9, 256), 2 * 8 * sizeof(BlockQ6_K));  // rows rounded up to 8
 }
 

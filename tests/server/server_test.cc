@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "tests/command.h"
 #include "tests/engine/test_calibration.h"
 #include "tests/server/server_process.h"
@@ -289,6 +290,44 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   // 10/32 and 20/32 of 5 layers (30/32 would be the last, which has no layer after it).
   EXPECT_EQ(absl::StrJoin(info.strategy_defaults(4).sliminfer().layers(), ","), "2,3");
   EXPECT_EQ(absl::StrJoin(info.strategy_defaults(4).sliminfer().budgets(), ","), "512,256");  // a 2048-token context
+  EXPECT_EQ(info.device(), "cpu");
+  EXPECT_EQ(info.cpu_isa(), CpuIsaName(DetectedCpuIsa()));  // the best this CPU has, by default
+  EXPECT_EQ(info.activations(), "int8");
+}
+
+// --cpu-isa and --activations: a lower level and F32 activations run and are reported;
+// a level this CPU lacks and an unknown value are refused at start-up, naming the flag.
+TEST(ServerKernels, FlagsChooseTheCpuLevelAndActivations) {
+  ServerProcess server({"--model", kDefaultModel, "--threads", "2", "--cpu-isa", "scalar", "--activations", "f32"});
+  auto stub = server.Stub();
+  grpc::ClientContext ctx;
+  pb::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.cpu_isa(), "scalar");
+  EXPECT_EQ(info.activations(), "f32");
+  StreamResult r = RunStream(*stub, GreedyRequest(PromptOf(0), 8));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens.size(), 8u);
+  auto refused = [](const std::string& flags) {
+    return RunCommand(std::string(PS_BINARY_DIR) + "/pruneserve --model " + kStories + " " + flags +
+                      " --port 0 --metrics-port -1 2>&1");
+  };
+  const CommandResult bad_name = refused("--activations int4");
+  EXPECT_NE(bad_name.exit_code, 0);
+  EXPECT_THAT(bad_name.output, ::testing::HasSubstr("--activations must be int8 or f32"));
+  const CommandResult bad_level = refused("--cpu-isa avx1024");
+  EXPECT_NE(bad_level.exit_code, 0);
+  EXPECT_THAT(bad_level.output, ::testing::HasSubstr("--cpu-isa: unknown CPU level 'avx1024'"));
+  // --help names the level in use: the CPU's best, or what $PS_CPU_ISA asks for.
+  const std::string help = std::string(PS_BINARY_DIR) + "/pruneserve --help";
+  EXPECT_THAT(RunCommand(help).output,
+              ::testing::HasSubstr("now " + std::string(CpuIsaName(DetectedCpuIsa())) + " (this CPU: "));
+  EXPECT_THAT(RunCommand("PS_CPU_ISA=scalar " + help).output, ::testing::HasSubstr("now scalar (this CPU: "));
+  if (DetectedCpuIsa() < CpuIsa::kAvx512Bf16) {
+    const CommandResult too_high = refused("--cpu-isa avx512_bf16");
+    EXPECT_NE(too_high.exit_code, 0);
+    EXPECT_THAT(too_high.output, ::testing::HasSubstr("this CPU cannot run avx512_bf16 kernels"));
+  }
 }
 
 // A strategy per request over the wire: bad parameters are INVALID_ARGUMENT naming
