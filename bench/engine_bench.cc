@@ -134,7 +134,8 @@ double DecodeBytesPerToken(ps::Model& m, int64_t depth, ps::DType kv_dtype) {
   double bytes = 0;
   for (const ps::MatrixView* w : m.Matrices()) bytes += static_cast<double>(w->row_bytes()) * w->rows;
   const ps::ModelConfig& c = m.config();
-  return bytes + 2.0 * c.n_layers * c.kv_dim() * static_cast<double>(depth) * (kv_dtype == ps::DType::kF32 ? 4 : 2);
+  return bytes +
+         2.0 * c.n_layers * static_cast<double>(ps::RowBytes(kv_dtype, c.kv_dim())) * static_cast<double>(depth);
 }
 
 // Runs llama.cpp's llama-bench (bench/llamacpp.sh builds it) with `args` and returns
@@ -242,7 +243,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> depth_list = {0};
   int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16, streams = 16;
   bool llamacpp = false, vllm = false, peak = true;
-  std::string strategy, sweep, device = "cpu", synthetic, kv_dtype = "f32", activations = "int8", cpu_isa;
+  std::string strategy, sweep, device = "cpu", synthetic, kv_dtype = kDefaultKvDTypeName, activations = "int8", cpu_isa;
   std::vector<std::string> strategy_args;
   FlagParser flags("ps_bench_engine",
                    "Prefill and decode throughput of the engine: one sequence at given prompt lengths and decode\n"
@@ -258,8 +259,8 @@ int main(int argc, char** argv) {
   flags.AddInt("repeats", &repeats, "best of this many runs");
   flags.AddInt("kv-block-size", &block_tokens, "tokens per KV block (the server's default: 16)");
   flags.AddString("kv-dtype", &kv_dtype,
-                  "f32 | f16 | bf16: the KV cache's element type (16-bit KV takes the GPU's "
-                  "tensor-core attention)");
+                  "f32 | f16 | bf16 | q8_0: the KV cache's element type (16-bit KV takes the GPU's "
+                  "tensor-core attention; q8_0 is CPU only)");
   flags.AddString("activations", &activations,
                   "int8 | f32: activations of products with quantised weights (as the server's --activations)");
   flags.AddString("cpu-isa", &cpu_isa, "scalar | avx2 | avx512 | avx512_bf16: cap the CPU kernels' level");
@@ -360,9 +361,9 @@ int main(int argc, char** argv) {
     std::printf("ours %s %.1f\n", key.c_str(), v);
     std::fflush(stdout);
   };
-  std::printf("model %s (%s), %s, %lld threads, %s activations, %s KV; CPU kernels %s\n", c.name.c_str(),
-              synthetic.empty() ? model_path.c_str() : "in memory", note.c_str(), static_cast<long long>(threads),
-              activations.c_str(), kv_dtype.c_str(), DescribeCpuKernels().c_str());
+  std::printf("model %s (%s), %s, %lld threads, %s activations for quantised weights, %s KV; CPU kernels %s\n",
+              c.name.c_str(), synthetic.empty() ? model_path.c_str() : "in memory", note.c_str(),
+              static_cast<long long>(threads), activations.c_str(), kv_dtype.c_str(), DescribeCpuKernels().c_str());
   if (*packed > 0) {
     std::printf("weights repacked for the int8 kernels: %.0f MiB in %.2f s\n", *packed / 1048576.0,
                 Seconds(w0, Clock::now()));
@@ -392,18 +393,19 @@ int main(int argc, char** argv) {
     }
   };
   auto decode_share = [&](const std::string& what, int64_t depth, int streams, double tok_per_s) {
-    if (gpu) {  // a decode step reads every weight once (BF16 copies: 2 bytes each), the KV aside
+    if (gpu) {  // a step of `streams` streams reads every weight once (BF16 copies: 2 bytes each), the KV aside
       const double bytes = 2.0 * (c.n_layers * (2.0 * c.q_dim() + 2.0 * c.kv_dim() + 3.0 * c.n_ff) * c.n_embd +
                                   static_cast<double>(c.n_vocab) * c.n_embd);
-      std::printf("ours %s %.0f GB/s of weights, %.1f%% of %.2f TB/s\n", what.c_str(), bytes * tok_per_s / 1e9,
-                  100 * bytes * tok_per_s / kPeakBytesPerS, kPeakBytesPerS / 1e12);
+      const double rate = bytes * tok_per_s / streams;
+      std::printf("ours %s %.0f GB/s of weights, %.1f%% of %.2f TB/s\n", what.c_str(), rate / 1e9,
+                  100 * rate / kPeakBytesPerS, kPeakBytesPerS / 1e12);
     } else if (ceiling.read_bytes_per_s > 0) {
       // A step of `streams` streams reads the weights once and each stream's KV.
       const double weights = DecodeBytesPerToken(**model, 0, kv_choice.dtype);
       const double step = weights + streams * (DecodeBytesPerToken(**model, depth, kv_choice.dtype) - weights);
       const double rate = step * tok_per_s / streams;
-      std::printf("ours %s reads %.1f GB/s: %.0f%% of the streaming-read bandwidth\n", what.c_str(), rate / 1e9,
-                  100 * rate / ceiling.read_bytes_per_s);
+      std::printf("ours %s reads %.1f GB/s (weights and %s KV): %.0f%% of the streaming-read bandwidth\n", what.c_str(),
+                  rate / 1e9, kv_dtype.c_str(), 100 * rate / ceiling.read_bytes_per_s);
     }
   };
   for (int64_t prefill : prefill_list) {
@@ -472,9 +474,9 @@ int main(int argc, char** argv) {
     PrintPeer("llamacpp", theirs, ours);
   }
   if (vllm) {
-    const std::map<std::string, double> theirs = VllmBench(absl::StrCat(
-        "--model ", model_path, " --text ", text_path, " --threads ", threads, " --decode ", decode, " --streams ",
-        streams, " --repeats ", std::max<int64_t>(repeats, 2), " --prefill ", absl::StrJoin(prefill_list, " ")));
+    const std::map<std::string, double> theirs = VllmBench(
+        absl::StrCat("--model ", model_path, " --text ", text_path, " --threads ", threads, " --decode ", decode,
+                     " --streams ", streams, " --repeats ", repeats, " --prefill ", absl::StrJoin(prefill_list, " ")));
     if (theirs.empty()) std::printf("vLLM gave no figures (bench/vllm.sh; see its output above)\n");
     PrintPeer("vllm", theirs, ours);
   }

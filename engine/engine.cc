@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, Backe
                     .aux_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float),
                     .metered = true,
                     .copy = o.swap_copy};
+  PS_RETURN_IF_ERROR(kv.geometry.Validate());
   kv.device_blocks = o.kv_device_blocks > 0 ? o.kv_device_blocks : DefaultDeviceBlocks(kv.geometry, c.n_ctx);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, KvCache::Create(kv, backend));
   return std::unique_ptr<Engine>(new Engine(model, backend, std::move(cache)));

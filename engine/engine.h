@@ -15,12 +15,13 @@
 #include "engine/step.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
+#include "memory/kv_geometry.h"
 
 namespace ps {
 
 struct EngineOptions {
-  int kv_block_tokens = 16;      // tokens per KV page (memory/kv_geometry.h)
-  DType kv_dtype = DType::kF32;  // KV element type: F32, F16 or BF16
+  int kv_block_tokens = 16;          // tokens per KV page (memory/kv_geometry.h)
+  DType kv_dtype = kDefaultKvDType;  // KV element type: F32, F16, BF16 or Q8_0 (CPU)
   // KV blocks of the device tier; 0 = enough for 64 full-context sequences, up to 1 GiB.
   int64_t kv_device_blocks = 0;
   int64_t kv_host_blocks = 0;       // host tier (swap space, Aux Cache); 0 = none

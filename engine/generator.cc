@@ -29,7 +29,8 @@ absl::StatusOr<GenerationResult> Generator::Generate(std::span<const int32_t> pr
   const ModelConfig& c = model_.config();
   PS_RETURN_IF_ERROR(ValidateGeneration(c, prompt.size(), sampling, stop));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KvCache> kv,
-                      OfflineKvCache(model_, backend_, static_cast<int64_t>(prompt.size()) + stop.max_new_tokens));
+                      OfflineKvCache(model_, backend_, static_cast<int64_t>(prompt.size()) + stop.max_new_tokens,
+                                     /*block_tokens=*/16, kv_dtype_));
   constexpr int64_t kSeq = 1;
   SequenceDecoder decoder(model_.tokenizer(), sampling, stop, prompt);
   GenerationResult result;

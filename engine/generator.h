@@ -14,6 +14,7 @@
 #include "engine/forward.h"
 #include "engine/sequence.h"
 #include "memory/kv_cache.h"
+#include "memory/kv_geometry.h"
 
 namespace ps {
 
@@ -33,13 +34,15 @@ using TokenCallback = std::function<bool(const SampledToken&, std::string_view t
 
 // A KV cache for one sequence of up to max_tokens tokens of `model` (prefix passes,
 // revivals, the Aux Cache and moves to the host tier included), allocating on
-// demand (unmetered), in 16-token F32 blocks unless told otherwise.
+// demand (unmetered), in 16-token blocks of the default KV type unless told otherwise.
 absl::StatusOr<std::unique_ptr<KvCache>> OfflineKvCache(const Model& model, Backend& backend, int64_t max_tokens,
-                                                        int block_tokens = 16, DType dtype = DType::kF32);
+                                                        int block_tokens = 16, DType dtype = kDefaultKvDType);
 
 class Generator {
  public:
-  Generator(const Model& model, Backend& backend) : model_(model), backend_(backend), transformer_(model, backend) {}
+  // `kv_dtype`: the KV cache's element type (the served default unless told otherwise).
+  Generator(const Model& model, Backend& backend, DType kv_dtype = kDefaultKvDType)
+      : model_(model), backend_(backend), kv_dtype_(kv_dtype), transformer_(model, backend) {}
   // `strategy` (null: full) serves this one generation.
   absl::StatusOr<GenerationResult> Generate(std::span<const int32_t> prompt, const SamplingParams& sampling,
                                             const StopCriteria& stop, const TokenCallback& on_token = nullptr,
@@ -48,6 +51,7 @@ class Generator {
  private:
   const Model& model_;
   Backend& backend_;
+  DType kv_dtype_;
   Transformer transformer_;
 };
 

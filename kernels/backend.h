@@ -52,6 +52,10 @@ class Backend {
   // sized from what is left. Nothing to do where weights are used in place (the CPU).
   // Errors show at the next Synchronize().
   virtual void PrepareWeights(const MatrixView& /*w*/) {}
+  // The weights handed to this backend from now on are the model `model_id`'s
+  // (Model::id(), unique in the process): copies a backend keeps of another model's
+  // weights are dropped (kernels/weight_mirrors.h).
+  virtual void UseWeightsOf(uint64_t /*model_id*/) {}
   // Bytes of w in the layout this backend's products read it in, when that is not w's own
   // (the CPU's int8 kernels: kernels/cpu/packed.h); 0 when w is used as it is.
   virtual size_t PackedWeightBytes(const MatrixView& /*w*/) const { return 0; }
@@ -104,6 +108,11 @@ class Backend {
   // log-sum-exps [n, heads] lse_stride apart).
   virtual void MergeByGate(int64_t n, int heads, int hd, float* o_p, int64_t p_stride, const float* o_d,
                            int64_t d_stride, const float* lse_p, const float* lse_d, int64_t lse_stride) = 0;
+  // Whether StoreKv and Attention take a KV cache of `dtype`: F32, F16 and BF16
+  // everywhere; Q8_0 (blocks of 32 int8 values and an fp16 scale) on the CPU.
+  virtual bool StoresKv(DType dtype) const {
+    return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+  }
   // Writes n rows of K and V ([n, kv_dim] F32) into cache rows of `dtype`: row i to
   // k_dst[i] and v_dst[i].
   virtual void StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v, uint8_t* const* k_dst,

@@ -50,8 +50,9 @@ struct AttentionShape {
 };
 
 // Cached keys and values of one sequence at one layer: n rows of n_kv_heads*head_dim
-// elements of `dtype` (F32, F16 or BF16). Rows live in blocks of `block_rows` rows
-// (paged KV): row j's key starts `(j % block_rows) * stride` elements into
+// elements of `dtype` (F32, F16, BF16, or Q8_0: blocks of 32 int8 values with an fp16
+// scale, the heads' widths and `stride` multiples of 32). Rows live in blocks of
+// `block_rows` rows (paged KV): row j's key starts `(j % block_rows) * stride` elements into
 // k_blocks[j / block_rows], its value likewise in v_blocks. A contiguous cache is
 // one block. With head_cols > 0 the heads' columns are in blocks of their own: the
 // columns [h * head_cols, (h + 1) * head_cols) of row j start `(j % block_rows) *
@@ -71,7 +72,14 @@ struct KvRows {
   int64_t head_cols = 0;    // > 0: columns per head, each head in blocks of its own
   int64_t head_blocks = 0;  // then: pointers per head in k_blocks and v_blocks
 
-  size_t elem_bytes() const { return dtype == DType::kF32 ? 4 : 2; }
+  // Bytes of n elements (a whole number of Q8_0 blocks for that type).
+  int64_t bytes(int64_t n) const {
+    switch (dtype) {
+      case DType::kF32: return 4 * n;
+      case DType::kQ8_0: return n / 32 * 34;
+      default: return 2 * n;
+    }
+  }
   // Element `col` of row j's key / value.
   const void* k(int64_t j, int64_t col) const { return Elem(k_blocks, j, col); }
   const void* v(int64_t j, int64_t col) const { return Elem(v_blocks, j, col); }
@@ -83,7 +91,7 @@ struct KvRows {
       blocks += h * head_blocks;
       col -= h * head_cols;
     }
-    return static_cast<const uint8_t*>(blocks[j / block_rows]) + ((j % block_rows) * stride + col) * elem_bytes();
+    return static_cast<const uint8_t*>(blocks[j / block_rows]) + bytes((j % block_rows) * stride + col);
   }
 };
 

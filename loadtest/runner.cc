@@ -126,13 +126,14 @@ class Runner {
       {
         std::lock_guard<std::mutex> lock(mu_);
         calls_[id] = call;
+        ++alive_;
         ++sent_;
         if (cancel(rng_)) cancels_.push({After(cancel_at(rng_)), id, /*abort=*/false});
         if (aborted) cancels_.push({After(abort_at(rng_)), id, /*abort=*/true});
       }
       call->Start(stub_, dl);
     }
-    WaitUntil(Clock::time_point::max(), [&] { return calls_.empty(); });
+    WaitUntil(Clock::time_point::max(), [&] { return alive_ == 0; });
     if (o_.progress) {
       DrawProgress(Clock::now());
       std::fprintf(stderr, "\n");
@@ -157,8 +158,12 @@ class Runner {
       calls_.erase(call->id_);
       last_end_ = Clock::now();
     }
-    cv_.notify_all();
+    // The call's context goes before the run can end: once Go returns, the caller
+    // may drop the channel and exit while a gRPC thread still frees a call.
     delete call;
+    std::lock_guard<std::mutex> lock(mu_);
+    --alive_;
+    cv_.notify_all();  // under the lock: the runner outlives this notify
   }
 
  private:
@@ -234,6 +239,7 @@ class Runner {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, Call*> calls_;  // in flight
+  int alive_ = 0;                     // calls not yet deleted: in flight or ending
   struct Scheduled {
     Clock::time_point when;
     uint64_t call;

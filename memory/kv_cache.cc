@@ -36,11 +36,11 @@ absl::StatusOr<std::unique_ptr<SwapEngine>> MakeSwapEngine(Backend& backend, Blo
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o, Backend& backend) {
   const KvGeometry& g = o.geometry;
-  if (g.n_layers <= 0 || g.block_tokens <= 0 || g.kv_dim <= 0 || g.n_kv_heads <= 0 || g.kv_dim % g.n_kv_heads != 0) {
-    return absl::InvalidArgumentError("bad KV geometry");
-  }
-  if (g.dtype != DType::kF32 && g.dtype != DType::kF16 && g.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError("KV element type must be F32, F16 or BF16");
+  PS_RETURN_IF_ERROR(g.Validate());
+  if (!backend.StoresKv(g.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("the ", std::string(backend.name()), " backend keeps no ",
+                                                   std::string(DTypeName(g.dtype)), " KV cache (F32, F16 or BF16",
+                                                   g.dtype == DType::kQ8_0 ? "; Q8_0 on the CPU)" : ")"));
   }
   std::unique_ptr<KvCache> kv(new KvCache(g, backend));
   PS_ASSIGN_OR_RETURN(kv->device_, MakePool(backend, Tier::kDevice, o.device_blocks, g.block_bytes()));

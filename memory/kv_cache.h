@@ -4,7 +4,7 @@
 // views of a layer's rows for attention, whole-sequence swaps, per-page moves that a
 // later attention waits for, and keys dropped. A page of a layer (block_tokens
 // slots) is a block of K rows per KV head then a block of V rows per KV head:
-// [block_tokens, head_dim] each (memory/kv_geometry.h), in F32, F16 or BF16 (rounded
+// [block_tokens, head_dim] each (memory/kv_geometry.h), in F32, F16, BF16 or Q8_0 (rounded
 // on append; attention accumulates in F32). Engine thread only.
 #pragma once
 

@@ -1,6 +1,5 @@
 #include "kernels/cpu/attention.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -86,18 +85,51 @@ int64_t VisibleChunks(const KvRows& kv, std::span<const Chunk> chunks, int32_t m
   return total;
 }
 
+// n elements of a KV row of type t (F32, F16, BF16 or Q8_0) as F32.
+void KvToF32(DType t, const void* src, float* dst, int64_t n) {
+  if (t == DType::kF32) return static_cast<void>(std::memcpy(dst, src, n * sizeof(float)));
+  DequantizeRow(t, src, dst, n);
+}
+
+// One head's row of a Q8_0 cache as F32, in a per-thread buffer.
+const float* Q8Row(const void* src, int hd) {
+  static thread_local std::vector<float> row;
+  float* out = Scratch(row, hd);
+  DequantizeRow(DType::kQ8_0, src, out, hd);
+  return out;
+}
+
 // Scores of rows [j0, j0 + nb) (inside one block) of one key head against q.
 void KeyDots(const KvRows& kv, const float* q, int64_t j0, int64_t nb, int64_t col, int hd, float* out) {
   if (kv.dtype == DType::kF32) return DotRows(q, static_cast<const float*>(kv.k(j0, col)), kv.stride, nb, hd, out);
-  for (int64_t r = 0; r < nb; ++r) out[r] = DotHalf(kv.dtype, static_cast<const uint16_t*>(kv.k(j0 + r, col)), q, hd);
+  for (int64_t r = 0; r < nb; ++r) {
+    const void* k = kv.k(j0 + r, col);
+    out[r] = kv.dtype == DType::kQ8_0 ? DotF32(Q8Row(k, hd), q, hd)
+                                      : DotHalf(kv.dtype, static_cast<const uint16_t*>(k), q, hd);
+  }
 }
 
 // out += p[r] * value row j0 + r of one head, for the nb rows of one block.
 void ValueAxpys(const KvRows& kv, const float* p, int64_t j0, int64_t nb, int64_t col, int hd, float* out) {
   if (kv.dtype == DType::kF32) return AxpyRows(p, static_cast<const float*>(kv.v(j0, col)), kv.stride, nb, hd, out);
   for (int64_t r = 0; r < nb; ++r) {
-    if (p[r] != 0.0f) AxpyHalf(kv.dtype, p[r], static_cast<const uint16_t*>(kv.v(j0 + r, col)), out, hd);
+    if (p[r] == 0.0f) continue;
+    const void* v = kv.v(j0 + r, col);
+    if (kv.dtype == DType::kQ8_0) {
+      Axpy(p[r], Q8Row(v, hd), out, hd);
+    } else {
+      AxpyHalf(kv.dtype, p[r], static_cast<const uint16_t*>(v), out, hd);
+    }
   }
+}
+
+// Asks for rows [j0, j0 + nb) of one head (`first` is row j0's) to be brought into the
+// cache: a block is a few KB on a page of its own, too short for the hardware
+// prefetchers, which stop at page edges.
+void PrefetchRows(const KvRows& kv, const void* first, int64_t nb, int hd) {
+  const auto* p = static_cast<const char*>(first);
+  const int64_t bytes = kv.bytes((nb - 1) * kv.stride + hd);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
 }
 
 // x = exp(x - m), masked (-inf) entries exactly 0; returns the sum.
@@ -140,7 +172,11 @@ class SegmentAttention {
         hd_(s.head_dim),
         kvh0_(seg.kv_head >= 0 ? seg.kv_head : 0),
         n_kvh_(seg.kv_head >= 0 ? 1 : s.n_kv_heads),
-        group_simd_(avx2::Available() && kv_.dtype == DType::kF32 && s.head_dim % 8 == 0) {}
+        group_simd_(avx2::Available() && s.head_dim % 8 == 0),
+        elem_(kv_.dtype == DType::kF32    ? avx2::KvElem::kF32
+              : kv_.dtype == DType::kF16  ? avx2::KvElem::kF16
+              : kv_.dtype == DType::kQ8_0 ? avx2::KvElem::kQ8_0
+                                          : avx2::KvElem::kBF16) {}
 
   // Query tiles run from the last (the most keys under the causal mask) to the first,
   // so the largest units are claimed first. A single query row (decode) over many keys
@@ -178,8 +214,9 @@ class SegmentAttention {
   }
 
  private:
-  static constexpr int64_t kMinSplitKeys = 1024;   // keys per unit at least, when splitting
+  static constexpr int64_t kMinSplitKeys = 256;    // keys per unit at least, when splitting
   static constexpr int64_t kDecodeKeyTile = 2048;  // keys per score tile for a single query row
+  static constexpr size_t kPrefetchPieces = 1;     // how far ahead a single query row asks for blocks
 
   // Unnormalised output, m and l of rows [q0, q0 + nq) of kvh's heads over the visible
   // keys with ordinals [k_lo, k_hi): out rows out_stride apart, heads hd apart.
@@ -230,12 +267,27 @@ class SegmentAttention {
     const int hd = hd_;
     auto q_of = [&](int h) { return a_.q + q0 * a_.q_stride + (h0 + h) * hd; };
     auto out_of = [&](int h) { return out + h * hd; };
+    // A single query row reads the blocks in place (converting half-precision ones in
+    // registers) and asks for the next block ahead; its scores come scaled.
+    const bool grouped = nq == 1 && group_simd_;
+    // The tile's K pieces, then its V pieces, in the order they are read.
+    auto prefetch = [&](size_t i) {
+      const size_t n = pieces_.size();
+      if (i >= 2 * n) return;
+      const Chunk& c = pieces_[i % n];
+      PrefetchRows(kv_, i < n ? kv_.k(c.j0, kvh * hd) : kv_.v(c.j0, kvh * hd), c.nb, hd);
+    };
+    if (grouped) {
+      for (size_t i = 0; i < kPrefetchPieces; ++i) prefetch(i);
+    }
     // S = Q Kᵀ for the tile, every head of the group.
     int64_t col = 0;
-    for (const Chunk& p : pieces_) {
-      if (nq == 1 && group_simd_) {
-        avx2::GroupKeyDots(q_of(0), group_, static_cast<const float*>(kv_.k(p.j0, kvh * hd)), kv_.stride, p.nb, hd,
-                           scores + col, tile_scores);
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      const Chunk& p = pieces_[i];
+      if (grouped) {
+        prefetch(i + kPrefetchPieces);
+        avx2::GroupKeyDots(q_of(0), group_, elem_, kv_.k(p.j0, kvh * hd), kv_.stride, p.nb, hd, s_.scale, scores + col,
+                           tile_scores);
       } else {
         for (int h = 0; h < group_; ++h) {
           if (nq == 1) {
@@ -260,9 +312,11 @@ class SegmentAttention {
         float* dst = last_tile && i == nq - 1 ? seg_.last_logits + (h0 + h) * seg_.stats_n : nullptr;
         col = 0;
         for (const Chunk& p : pieces_) {
+          if (grouped && unmasked && dst == nullptr) break;  // scaled already, nothing to mask or record
           const int32_t* pos = kv_.positions + p.j0;
           for (int64_t r = 0; r < p.nb; ++r, ++col) {
-            row[col] = unmasked || a_.window.Sees(pos[r], qp) ? row[col] * s_.scale : neg_inf;
+            const float x = grouped ? row[col] : row[col] * s_.scale;
+            row[col] = unmasked || a_.window.Sees(pos[r], qp) ? x : neg_inf;
             if (dst != nullptr) dst[StatRow(p.j0 + r)] = row[col];
           }
         }
@@ -280,17 +334,19 @@ class SegmentAttention {
     }
     // O += P V for the tile.
     col = 0;
-    for (const Chunk& p : pieces_) {
-      if (nq == 1 && group_simd_) {
-        avx2::GroupValueAxpys(scores + col, tile_scores, group_, static_cast<const float*>(kv_.v(p.j0, kvh * hd)),
-                              kv_.stride, p.nb, hd, out_of(0));
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      const Chunk& p = pieces_[i];
+      if (grouped) {
+        prefetch(pieces_.size() + i + kPrefetchPieces);
+        avx2::GroupValueAxpys(scores + col, tile_scores, group_, elem_, kv_.v(p.j0, kvh * hd), kv_.stride, p.nb, hd,
+                              out_of(0));
       } else {
         for (int h = 0; h < group_; ++h) {
           if (nq == 1) {
             ValueAxpys(kv_, scores + h * tile_scores + col, p.j0, p.nb, kvh * hd, hd, out_of(h));
           } else {
-            Sgemm(false, nq, hd, nt, 1.0f, scores + h * tile_scores, nt, static_cast<const float*>(kv_.v(p.j0, kvh * hd)),
-                  kv_.stride, 1.0f, out_of(h), out_stride);
+            Sgemm(false, nq, hd, nt, 1.0f, scores + h * tile_scores, nt,
+                  static_cast<const float*>(kv_.v(p.j0, kvh * hd)), kv_.stride, 1.0f, out_of(h), out_stride);
           }
         }
       }
@@ -364,6 +420,7 @@ class SegmentAttention {
   const int group_, hd_;
   const int kvh0_, n_kvh_;  // the KV heads this segment serves
   const bool group_simd_;
+  const avx2::KvElem elem_;
   std::vector<Chunk> visible_;
   std::vector<float> partial_;
   static thread_local std::vector<Chunk> pieces_;  // of the key tile being attended
@@ -372,7 +429,7 @@ class SegmentAttention {
 thread_local std::vector<Chunk> SegmentAttention::pieces_;
 
 // The selected rows of a view as one contiguous F32 block (keys, values, positions
-// and the rows they came from), converted from half types as needed.
+// and the rows they came from), converted from half or Q8_0 types as needed.
 struct Gathered {
   std::vector<float> k, v;
   std::vector<int32_t> positions, rows;
@@ -399,15 +456,8 @@ void Gather(const KvRows& kv, std::span<const Chunk> chunks, int64_t width, Thre
       const int64_t j = g->rows[r];
       g->positions[r] = kv.positions[j];
       for (int64_t c = 0; c < width; c += span) {  // a head at a time where heads have blocks of their own
-        float* k = g->k.data() + r * width + c;
-        float* v = g->v.data() + r * width + c;
-        if (kv.dtype == DType::kF32) {
-          std::memcpy(k, kv.k(j, c), span * sizeof(float));
-          std::memcpy(v, kv.v(j, c), span * sizeof(float));
-        } else {
-          HalfToF32(kv.dtype, static_cast<const uint16_t*>(kv.k(j, c)), k, span);
-          HalfToF32(kv.dtype, static_cast<const uint16_t*>(kv.v(j, c)), v, span);
-        }
+        KvToF32(kv.dtype, kv.k(j, c), g->k.data() + r * width + c, span);
+        KvToF32(kv.dtype, kv.v(j, c), g->v.data() + r * width + c, span);
       }
     }
   });

@@ -4,6 +4,8 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
 #include <limits>
 
 namespace ps::avx2 {
@@ -43,53 +45,147 @@ inline __m256 Exp(__m256 v) {
   return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
 }
 
-}  // namespace
+// Eight elements of a row from element i (a multiple of 8) on, as F32.
+template <KvElem T>
+inline __m256 Load8(const void* row, int64_t i) {
+  if constexpr (T == KvElem::kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(row) + i);
+  } else if constexpr (T == KvElem::kQ8_0) {
+    const auto* block = static_cast<const uint8_t*>(row) + i / 32 * 34;  // fp16 scale, then 32 int8 values
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + i % 32));
+    int16_t scale;
+    std::memcpy(&scale, block, sizeof(scale));
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(scale));
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(row) + i));
+    if constexpr (T == KvElem::kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
 
-void GroupKeyDots(const float* q, int n_heads, const float* k, int64_t stride, int64_t rows, int hd, float* out,
+// Row r of rows `stride` elements apart.
+template <KvElem T>
+inline const void* Row(const void* base, int64_t r, int64_t stride) {
+  const int64_t bytes = T == KvElem::kF32 ? 4 * stride : T == KvElem::kQ8_0 ? stride / 32 * 34 : 2 * stride;
+  return static_cast<const uint8_t*>(base) + r * bytes;
+}
+
+// G heads (q: the first's) against the rows, four rows at a time: 4G accumulators,
+// G query vectors and one key vector in registers.
+template <KvElem T, int G>
+void KeyDotsHeads(const float* q, const void* k, int64_t stride, int64_t rows, int hd, float scale, float* out,
                   int64_t out_step) {
+  const __m256 vs = _mm256_set1_ps(scale);
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    const float* k0 = k + r * stride;
-    for (int h = 0; h < n_heads; ++h) {
-      const float* qh = q + h * hd;
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int d = 0; d < hd; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(qh + d);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + stride + d), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * stride + d), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * stride + d), a3);
+    __m256 acc[G][4];
+    for (int g = 0; g < G; ++g) {
+      for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
+    }
+    for (int d = 0; d < hd; d += 8) {
+      __m256 qv[G];
+      for (int g = 0; g < G; ++g) qv[g] = _mm256_loadu_ps(q + g * hd + d);
+      for (int i = 0; i < 4; ++i) {
+        const __m256 kv = Load8<T>(Row<T>(k, r + i, stride), d);
+        for (int g = 0; g < G; ++g) acc[g][i] = _mm256_fmadd_ps(qv[g], kv, acc[g][i]);
       }
-      _mm_storeu_ps(out + h * out_step + r, Sum4(a0, a1, a2, a3));
+    }
+    for (int g = 0; g < G; ++g) {
+      _mm_storeu_ps(out + g * out_step + r,
+                    _mm_mul_ps(Sum4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]), _mm256_castps256_ps128(vs)));
     }
   }
   for (; r < rows; ++r) {
-    const float* kr = k + r * stride;
-    for (int h = 0; h < n_heads; ++h) {
-      __m256 a = _mm256_setzero_ps();
-      for (int d = 0; d < hd; d += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + d), _mm256_loadu_ps(kr + d), a);
-      out[h * out_step + r] = Sum(a);
+    __m256 acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d += 8) {
+      const __m256 kv = Load8<T>(Row<T>(k, r, stride), d);
+      for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * hd + d), kv, acc[g]);
+    }
+    for (int g = 0; g < G; ++g) out[g * out_step + r] = Sum(acc[g]) * scale;
+  }
+}
+
+template <KvElem T>
+void KeyDots(const float* q, int n_heads, const void* k, int64_t stride, int64_t rows, int hd, float scale, float* out,
+             int64_t out_step) {
+  for (int h = 0; h < n_heads; h += 3) {
+    const float* qh = q + h * hd;
+    float* oh = out + h * out_step;
+    switch (n_heads - h) {
+      case 1: KeyDotsHeads<T, 1>(qh, k, stride, rows, hd, scale, oh, out_step); break;
+      case 2: KeyDotsHeads<T, 2>(qh, k, stride, rows, hd, scale, oh, out_step); break;
+      default: KeyDotsHeads<T, 3>(qh, k, stride, rows, hd, scale, oh, out_step); break;
     }
   }
 }
 
-void GroupValueAxpys(const float* p, int64_t p_step, int n_heads, const float* v, int64_t stride, int64_t rows, int hd,
+// G heads' outputs over W vectors (8W columns from d0) += p · the rows: GW
+// accumulators and W value vectors in registers, the weights broadcast one at a time.
+template <KvElem T, int G, int W>
+void ValueAxpysHeads(const float* p, int64_t p_step, const void* v, int64_t stride, int64_t rows, int hd, int d0,
                      float* out) {
-  for (int h = 0; h < n_heads; ++h) {
+  __m256 acc[G][W];
+  for (int g = 0; g < G; ++g) {
+    for (int j = 0; j < W; ++j) acc[g][j] = _mm256_loadu_ps(out + g * hd + d0 + 8 * j);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const void* vr = Row<T>(v, r, stride);
+    __m256 vv[W];
+    for (int j = 0; j < W; ++j) vv[j] = Load8<T>(vr, d0 + 8 * j);
+    for (int g = 0; g < G; ++g) {
+      const __m256 pg = _mm256_broadcast_ss(p + g * p_step + r);
+      for (int j = 0; j < W; ++j) acc[g][j] = _mm256_fmadd_ps(pg, vv[j], acc[g][j]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    for (int j = 0; j < W; ++j) _mm256_storeu_ps(out + g * hd + d0 + 8 * j, acc[g][j]);
+  }
+}
+
+template <KvElem T, int G>
+void ValueAxpysColumns(const float* p, int64_t p_step, const void* v, int64_t stride, int64_t rows, int hd,
+                       float* out) {
+  int d0 = 0;
+  for (; d0 + 16 <= hd; d0 += 16) ValueAxpysHeads<T, G, 2>(p, p_step, v, stride, rows, hd, d0, out);
+  for (; d0 < hd; d0 += 8) ValueAxpysHeads<T, G, 1>(p, p_step, v, stride, rows, hd, d0, out);
+}
+
+template <KvElem T>
+void ValueAxpys(const float* p, int64_t p_step, int n_heads, const void* v, int64_t stride, int64_t rows, int hd,
+                float* out) {
+  for (int h = 0; h < n_heads; h += 4) {
     const float* ph = p + h * p_step;
     float* oh = out + h * hd;
-    for (int d0 = 0; d0 < hd; d0 += 64) {  // up to eight accumulators stay in registers across the rows
-      const int w = hd - d0 < 64 ? hd - d0 : 64;
-      __m256 acc[8];
-      for (int j = 0; j < w / 8; ++j) acc[j] = _mm256_loadu_ps(oh + d0 + 8 * j);
-      for (int64_t r = 0; r < rows; ++r) {
-        if (ph[r] == 0.0f) continue;
-        const __m256 pr = _mm256_set1_ps(ph[r]);
-        const float* vr = v + r * stride + d0;
-        for (int j = 0; j < w / 8; ++j) acc[j] = _mm256_fmadd_ps(pr, _mm256_loadu_ps(vr + 8 * j), acc[j]);
-      }
-      for (int j = 0; j < w / 8; ++j) _mm256_storeu_ps(oh + d0 + 8 * j, acc[j]);
+    switch (n_heads - h) {
+      case 1: ValueAxpysColumns<T, 1>(ph, p_step, v, stride, rows, hd, oh); break;
+      case 2: ValueAxpysColumns<T, 2>(ph, p_step, v, stride, rows, hd, oh); break;
+      case 3: ValueAxpysColumns<T, 3>(ph, p_step, v, stride, rows, hd, oh); break;
+      default: ValueAxpysColumns<T, 4>(ph, p_step, v, stride, rows, hd, oh); break;
     }
+  }
+}
+
+}  // namespace
+
+void GroupKeyDots(const float* q, int n_heads, KvElem t, const void* k, int64_t stride, int64_t rows, int hd,
+                  float scale, float* out, int64_t out_step) {
+  switch (t) {
+    case KvElem::kF32: return KeyDots<KvElem::kF32>(q, n_heads, k, stride, rows, hd, scale, out, out_step);
+    case KvElem::kF16: return KeyDots<KvElem::kF16>(q, n_heads, k, stride, rows, hd, scale, out, out_step);
+    case KvElem::kBF16: return KeyDots<KvElem::kBF16>(q, n_heads, k, stride, rows, hd, scale, out, out_step);
+    case KvElem::kQ8_0: return KeyDots<KvElem::kQ8_0>(q, n_heads, k, stride, rows, hd, scale, out, out_step);
+  }
+}
+
+void GroupValueAxpys(const float* p, int64_t p_step, int n_heads, KvElem t, const void* v, int64_t stride, int64_t rows,
+                     int hd, float* out) {
+  switch (t) {
+    case KvElem::kF32: return ValueAxpys<KvElem::kF32>(p, p_step, n_heads, v, stride, rows, hd, out);
+    case KvElem::kF16: return ValueAxpys<KvElem::kF16>(p, p_step, n_heads, v, stride, rows, hd, out);
+    case KvElem::kBF16: return ValueAxpys<KvElem::kBF16>(p, p_step, n_heads, v, stride, rows, hd, out);
+    case KvElem::kQ8_0: return ValueAxpys<KvElem::kQ8_0>(p, p_step, n_heads, v, stride, rows, hd, out);
   }
 }
 

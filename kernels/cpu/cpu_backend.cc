@@ -134,6 +134,9 @@ void CpuBackend::StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k,
     if (dtype == DType::kF32) {
       std::memcpy(k_dst[i], k + i * kv_dim, kv_dim * sizeof(float));
       std::memcpy(v_dst[i], v + i * kv_dim, kv_dim * sizeof(float));
+    } else if (dtype == DType::kQ8_0) {
+      QuantizeRowQ8_0(k + i * kv_dim, reinterpret_cast<BlockQ8_0*>(k_dst[i]), kv_dim);
+      QuantizeRowQ8_0(v + i * kv_dim, reinterpret_cast<BlockQ8_0*>(v_dst[i]), kv_dim);
     } else {
       F32ToHalf(dtype, k + i * kv_dim, reinterpret_cast<uint16_t*>(k_dst[i]), kv_dim);
       F32ToHalf(dtype, v + i * kv_dim, reinterpret_cast<uint16_t*>(v_dst[i]), kv_dim);

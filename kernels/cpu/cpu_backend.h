@@ -17,6 +17,7 @@ class CpuBackend final : public Backend {
   absl::StatusOr<MemoryRegion> AllocateTier(bool device_tier, size_t bytes) override;
   absl::StatusOr<MemoryRegion> AllocateActivations(size_t bytes) override;
   bool host_addressable() const override { return true; }
+  bool StoresKv(DType dtype) const override { return dtype == DType::kQ8_0 || Backend::StoresKv(dtype); }
   void CopyToHost(const void* src, void* dst, size_t bytes) override;
   void CopyFromHost(const void* src, void* dst, size_t bytes) override;
   void GatherRows(const float* src, std::span<const int32_t> rows, int64_t width, float* dst) override;

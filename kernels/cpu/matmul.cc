@@ -139,7 +139,10 @@ void MatMuls(std::span<const MatMulOutput> outs, const float* x, int64_t m, Thre
     if (TakesPackedKernels(*o.w, m, int8_activations)) {
       packed.push_back({.w = *o.w, .packed = o.w->packed, .y = o.y});
     } else {
-      MatMulWithPath(*o.w, x, m, o.y, pool, int8_activations ? MatMulPath::kGemv : MatMulPath::kAuto, int8_activations);
+      // Quantized weights the packed kernels do not take keep int8 dot products at any m;
+      // float weights ignore int8_activations (F32 products, GEMM from a few rows up).
+      const bool int8_dots = int8_activations && !IsFloatType(o.w->type);
+      MatMulWithPath(*o.w, x, m, o.y, pool, int8_dots ? MatMulPath::kGemv : MatMulPath::kAuto, int8_activations);
     }
   }
   PackedMatMuls(packed, x, m, pool);

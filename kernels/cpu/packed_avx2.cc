@@ -19,6 +19,7 @@
 #include "base/status.h"
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/packed_layout.h"
+#include "kernels/cpu/quant_block_avx2.h"
 
 namespace ps::packed_internal::avx2 {
 namespace {
@@ -178,27 +179,14 @@ void Broadcast(const ActBlock* x, int64_t blocks, uint8_t* out) {
 }
 
 void Quantize(const float* x, int64_t n, ActBlock* out) {
-  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < n / 32; ++b, x += 32) {
     __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int k = 0; k < 4; ++k) {
-      v[k] = _mm256_loadu_ps(x + 8 * k);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[k]));
-    }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float max = _mm_cvtss_f32(m);
-    const __m256 id = _mm256_set1_ps(max != 0 ? 127.0f / max : 0.0f);
+    const float max = ps::avx2::LoadAbsMax32(x, v);
     __m256i q[4];
-    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));  // nearest, ties to even
+    const __m256i bytes = ps::avx2::QuantizeBytes32(v, max != 0 ? 127.0f / max : 0.0f, q);
     ActBlock& a = out[b];
     a.sum_lo = HorizontalSum(_mm256_add_epi32(q[0], q[1]));
     a.sum_hi = HorizontalSum(_mm256_add_epi32(q[2], q[3]));
-    const __m256i bytes =
-        _mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3])),
-                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.qs), bytes);
     a.d = Fp16ToFp32(Fp32ToFp16(max / 127.0f));
     a.s = a.d * static_cast<float>(a.sum_lo + a.sum_hi);

@@ -101,6 +101,11 @@ struct BlockQ8 {
 // Quantises n floats (n % 32 == 0) to n / 32 activation blocks.
 void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n);
 
+// Quantises n floats (n % 32 == 0) to n / 32 GGUF Q8_0 blocks (BlockQ8_0: an fp16
+// scale amax / 127, then the values rounded to int8), as llama.cpp's
+// quantize_row_q8_0 does: the Q8_0 KV cache's format.
+void QuantizeRowQ8_0(const float* x, BlockQ8_0* out, int64_t n);
+
 // Dequantises n elements of a row of `type` to floats.
 void DequantizeRow(DType type, const void* row, float* out, int64_t n);
 
@@ -121,7 +126,7 @@ float DotF32Act(DType type, const void* row, const float* x, int64_t n);
 }  // namespace reference
 
 namespace avx2 {
-bool Available();  // ActiveCpuIsa() >= kAvx2 (kernels/cpu/cpu_isa.h)
+bool Available();           // ActiveCpuIsa() >= kAvx2 (kernels/cpu/cpu_isa.h)
 bool Supports(DType type);  // types with AVX2 dot products and dequantisation
 float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n);
 void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n);
@@ -134,7 +139,7 @@ void DotQ8Rows(DType type, const void* row, const BlockQ8* x, int64_t x_step, in
 }  // namespace avx2
 
 namespace avx512 {
-bool Available();  // ActiveCpuIsa() >= kAvx512
+bool Available();           // ActiveCpuIsa() >= kAvx512
 bool Supports(DType type);  // types with an AVX-512 DotF32Act and DequantizeRow
 float DotF32Act(DType type, const void* row, const float* x, const float* block_sums, int64_t n);
 void DequantizeRow(DType type, const void* row, float* out, int64_t n);

@@ -11,6 +11,7 @@
 #include "base/status.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/quant_block_avx2.h"
 
 namespace ps::avx2 {
 namespace {
@@ -553,31 +554,14 @@ float DotQ8(DType type, const void* row, const BlockQ8* x, int64_t n) {
 }
 
 void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n) {
-  const __m256 sign_mask = _mm256_set1_ps(-0.0f);
   for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
     __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int k = 0; k < 4; ++k) {
-      v[k] = _mm256_loadu_ps(x + 8 * k);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign_mask, v[k]));
-    }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float d = _mm_cvtss_f32(m) / 127.0f;
-    const float id = d != 0 ? 127.0f / _mm_cvtss_f32(m) : 0.0f;  // llama.cpp divides by amax, not by d
-    const __m256 vid = _mm256_set1_ps(id);
+    const float amax = LoadAbsMax32(x, v);
+    const float d = amax / 127.0f;
     __m256i qi[4];
-    __m256i sum = _mm256_setzero_si256();
-    for (int k = 0; k < 4; ++k) {
-      qi[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid));  // round to nearest even
-      sum = _mm256_add_epi32(sum, qi[k]);
-    }
-    const __m256i p01 = _mm256_packs_epi32(qi[0], qi[1]);
-    const __m256i p23 = _mm256_packs_epi32(qi[2], qi[3]);
-    __m256i bytes = _mm256_packs_epi16(p01, p23);
-    bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i bytes = QuantizeBytes32(v, d != 0 ? 127.0f / amax : 0.0f, qi);  // llama.cpp divides by amax, not by d
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].qs), bytes);
+    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
     s = _mm_hadd_epi32(s, s);
     s = _mm_hadd_epi32(s, s);

@@ -342,6 +342,17 @@ void QuantizeRowQ8(const float* x, BlockQ8* out, int64_t n) {
   }
 }
 
+void QuantizeRowQ8_0(const float* x, BlockQ8_0* out, int64_t n) {
+  for (int64_t i = 0; i < n / kQK; ++i, x += kQK) {
+    float amax = 0;
+    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    for (int j = 0; j < kQK; ++j) out[i].qs[j] = static_cast<int8_t>(std::round(x[j] * id));
+    out[i].d = Fp32ToFp16(d);
+  }
+}
+
 void DequantizeRow(DType type, const void* row, float* out, int64_t n) {
   if (type == DType::kF16 || type == DType::kBF16) return HalfToF32(type, static_cast<const uint16_t*>(row), out, n);
   if (avx512::Available() && avx512::Supports(type)) return avx512::DequantizeRow(type, row, out, n);

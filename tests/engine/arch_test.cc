@@ -5,7 +5,9 @@
 #include <functional>
 #include <random>
 
+#include "engine/forward.h"
 #include "gtest/gtest.h"
+#include "tests/engine/guarded_backend.h"
 #include "tests/engine/test_util.h"
 #include "tests/engine/tiny_model.h"
 
@@ -114,7 +116,7 @@ void CheckAgainstReference(const ModelConfig& c) {
   for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
 
   // (a) whole prompt in one batch, logits at every position
-  std::unique_ptr<KvCache> kv = *OfflineKvCache(*t->model, backend, c.n_ctx);
+  std::unique_ptr<KvCache> kv = *OfflineKvCache(*t->model, backend, c.n_ctx, 16, DType::kF32);
   SeqInput in{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
   ForwardOutput batch;
   ASSERT_TRUE(tf.Forward({&in, 1}, *kv, &batch).ok());
@@ -129,7 +131,7 @@ void CheckAgainstReference(const ModelConfig& c) {
   EXPECT_LT(worst, 1e-4) << "relative logit error vs the double reference";
 
   // (b) one token at a time
-  std::unique_ptr<KvCache> kv2 = *OfflineKvCache(*t->model, backend, c.n_ctx);
+  std::unique_ptr<KvCache> kv2 = *OfflineKvCache(*t->model, backend, c.n_ctx, 16, DType::kF32);
   ForwardOutput step;
   for (size_t i = 0; i < prompt.size(); ++i) {
     SeqInput s{.seq_id = 2, .tokens = {&prompt[i], 1}, .positions = {&pos[i], 1}};
@@ -178,6 +180,36 @@ TEST(ArchTest, MissingOrMisshapenTensorsAreErrors) {
   EXPECT_NE(m.status().message().find("token_embd.weight"), std::string::npos) << m.status();
   c.n_kv_heads = 3;  // 4 heads are not a multiple of 3
   EXPECT_FALSE(Model::Build(c, tensors, nullptr, nullptr).ok());
+}
+
+// A backend that records the models whose weights it was told it gets.
+class ModelRecordingBackend final : public testing::GuardedBackend {
+ public:
+  using GuardedBackend::GuardedBackend;
+  void UseWeightsOf(uint64_t model_id) override {
+    models.push_back(model_id);
+    GuardedBackend::UseWeightsOf(model_id);
+  }
+  std::vector<uint64_t> models;
+};
+
+// Two models built alike, one freed before the other is built (so it may take the same
+// addresses), are told apart by the backend: a GPU's weight copies are not reused.
+TEST(ArchTest, EachModelHasItsOwnIdentityForTheBackend) {
+  ThreadPool pool(1);
+  CpuBackend cpu(pool);
+  ModelRecordingBackend backend(cpu);
+  uint64_t first_id = 0;
+  {
+    auto first = MakeTiny(BaseConfig());
+    first_id = first->model->id();
+    Transformer tf(*first->model, backend);
+  }
+  auto second = MakeTiny(BaseConfig());
+  EXPECT_NE(second->model->id(), first_id);
+  ASSERT_TRUE(PrepareWeights(*second->model, backend).ok());
+  Transformer tf(*second->model, backend);
+  EXPECT_EQ(backend.models, (std::vector<uint64_t>{first_id, second->model->id(), second->model->id()}));
 }
 
 }  // namespace

@@ -14,8 +14,9 @@
 namespace ps {
 namespace {
 
-// Greedy ties: llama.cpp multiplies with int8 activations (Q8_0 / Q8_K blocks), we
-// with F32 ones; the issue allows a divergence only where the top-2 margin is < 0.05.
+// Greedy ties: both sides multiply with int8 activations, llama.cpp in Q8_0 / Q8_K
+// blocks (of 32 / 256), we in blocks of 32 throughout; a divergence is allowed only where
+// the top-2 margin is < 0.05.
 constexpr float kNearTie = 0.05f;
 
 std::string Golden(const std::string& file) { return std::string(PS_SOURCE_DIR) + "/tests/golden/" + file; }

@@ -20,7 +20,7 @@
 
 namespace ps::testing {
 
-class GuardedBackend final : public Backend {
+class GuardedBackend : public Backend {
  public:
   explicit GuardedBackend(Backend& inner) : inner_(inner) {}
 
@@ -99,6 +99,8 @@ class GuardedBackend final : public Backend {
     Open open(*this);
     inner_.MergeByGate(n, heads, hd, o_p, p_stride, o_d, d_stride, lse_p, lse_d, lse_stride);
   }
+  bool StoresKv(DType dtype) const override { return inner_.StoresKv(dtype); }
+  void UseWeightsOf(uint64_t model_id) override { inner_.UseWeightsOf(model_id); }
   void StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v, uint8_t* const* k_dst,
                uint8_t* const* v_dst) override {
     Open open(*this);

@@ -66,7 +66,7 @@ std::unique_ptr<Model> LoadOrDie(const std::string& path) {
 }
 
 std::vector<int32_t> Greedy(const Model& m, Backend& backend, const std::vector<int32_t>& prompt, int n) {
-  Generator gen(m, backend);
+  Generator gen(m, backend, DType::kF32);
   auto r =
       gen.Generate(prompt, SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = n, .ignore_eos = true});
   EXPECT_TRUE(r.ok()) << r.status();
@@ -82,7 +82,7 @@ PruningParams Strategy(const ModelConfig& config, const std::string& name, const
 }
 
 std::unique_ptr<KvCache> KvFor(const Model& m, Backend& backend, int64_t max_tokens) {
-  auto kv = OfflineKvCache(m, backend, max_tokens);
+  auto kv = OfflineKvCache(m, backend, max_tokens, 16, DType::kF32);
   EXPECT_TRUE(kv.ok()) << kv.status();
   return kv.ok() ? std::move(*kv) : nullptr;
 }
@@ -109,7 +109,7 @@ void ExpectGreedyMatchesGolden(const Model& m, Backend& backend, const std::stri
     const auto want = ParseIds(row[2]);
     const auto margins = ParseFloats(row[3]);
     EXPECT_EQ(m.tokenizer()->Encode(Unescape(row[0]), false, true), prompt) << "tokenisation of " << row[0];
-    Generator gen(m, backend);
+    Generator gen(m, backend, DType::kF32);
     auto r = gen.Generate(prompt, SamplingParams{.temperature = 0, .top_logprobs = 2},
                           StopCriteria{.max_new_tokens = static_cast<int>(want.size()), .ignore_eos = true});
     ASSERT_TRUE(r.ok()) << r.status();

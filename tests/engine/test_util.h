@@ -35,13 +35,14 @@ std::string Unescape(const std::string& escaped);
 // step where both engines see a top-1/top-2 logit margin below near_tie (printed).
 void ExpectGreedyMatchesGolden(const Model& m, Backend& backend, const std::string& tsv_path, float near_tie);
 
-// Greedy continuation of `prompt` for n tokens, ignoring end-of-sequence.
+// Greedy continuation of `prompt` for n tokens, ignoring end-of-sequence, on an F32 KV
+// cache (the goldens' and references' numerics).
 std::vector<int32_t> Greedy(const Model& m, Backend& backend, const std::vector<int32_t>& prompt, int n);
 
 // `name` with the model's defaults and `args` (key=value) applied, validated.
 PruningParams Strategy(const ModelConfig& config, const std::string& name, const std::vector<std::string>& args = {});
 
-// An offline KV cache for up to max_tokens tokens of each of a few sequences.
+// An offline F32 KV cache for up to max_tokens tokens of each of a few sequences.
 std::unique_ptr<KvCache> KvFor(const Model& m, Backend& backend, int64_t max_tokens);
 
 }  // namespace ps::testing

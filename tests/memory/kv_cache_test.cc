@@ -175,5 +175,23 @@ TEST_F(KvCacheTest, HalfPrecisionKvStaysCloseToF32) {
   }
 }
 
+// A Q8_0 KV takes whole blocks of 32 values per head: stories260K's heads of 8 are
+// refused with the reason; heads of 32 are taken.
+TEST_F(KvCacheTest, Q8KvNeedsHeadsOfWholeBlocks) {
+  const ModelConfig& c = model_->config();
+  auto make = [&](int kv_dim, int n_kv_heads) {
+    return KvCache::Create(KvCacheOptions{.geometry = {.n_layers = c.n_layers,
+                                                       .kv_dim = kv_dim,
+                                                       .n_kv_heads = n_kv_heads,
+                                                       .dtype = DType::kQ8_0},
+                                          .device_blocks = 64},
+                           backend_);
+  };
+  const absl::Status refused = make(c.kv_dim(), c.n_kv_heads).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("multiple of 32"), std::string::npos) << refused;
+  EXPECT_TRUE(make(64, 2).ok());
+}
+
 }  // namespace
 }  // namespace ps

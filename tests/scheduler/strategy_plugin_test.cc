@@ -103,7 +103,7 @@ TEST_F(SchedulerTest, AStrategyRegisteredAtRunTimePrunesSelectsAndMovesBlocks) {
   EXPECT_GT(g_counters[2].load(), 0);
   // The strategy changes the tokens (else this test would prove nothing), and computes fewer rows.
   EXPECT_NE(offline[0], absl::StrJoin(Offline(LongPrompt(0), kTokens), " "));
-  Generator gen(*model_, *backend_);
+  Generator gen(*model_, *backend_, kTestKvDType);
   const std::unique_ptr<PruningStrategy> one = mover.Make(model_->config());
   auto r = gen.Generate(LongPrompt(0), SamplingParams{.temperature = 0}, StopCriteria{.max_new_tokens = 1}, nullptr,
                         one.get());
