@@ -54,7 +54,9 @@ struct ForwardOutput {
 
 class Transformer {
  public:
-  Transformer(const Model& model, Backend& backend) : model_(model), backend_(backend) {}
+  Transformer(const Model& model, Backend& backend) : model_(model), backend_(backend) {
+    backend_.UseWeightsOf(model_.id());
+  }
   // Runs one step. The returned status is the batch's (a device error); each
   // sequence's own is in out->status.
   absl::Status Forward(std::span<const SeqInput> batch, KvCache& kv, ForwardOutput* out);

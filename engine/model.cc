@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -100,6 +101,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(ModelConfig config, const Te
                                                     std::shared_ptr<void> keep_alive) {
   PS_RETURN_IF_ERROR(ValidateConfig(config));
   auto m = std::unique_ptr<Model>(new Model());
+  static std::atomic<uint64_t> last_id{0};
+  m->id_ = ++last_id;
   const ModelConfig& c = config;
   PS_ASSIGN_OR_RETURN(m->tok_embd, Matrix(t, "token_embd.weight", c.n_vocab, c.n_embd));
   if (t.count("output.weight") != 0) {
@@ -170,6 +173,7 @@ void Model::ReleaseFilePages(const MatrixView& w) const {
 
 absl::StatusOr<size_t> PrepareWeights(Model& model, Backend& backend) {
   size_t packed = 0;
+  backend.UseWeightsOf(model.id());
   backend.PrepareWeights(model.tok_embd);
   for (MatrixView* w : model.Matrices()) {
     const size_t bytes = backend.PackedWeightBytes(*w);

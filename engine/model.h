@@ -67,6 +67,8 @@ class Model {
                                                       std::shared_ptr<void> keep_alive);
 
   const ModelConfig& config() const { return config_; }
+  // Unique among the models of this process, never reused (Backend::UseWeightsOf).
+  uint64_t id() const { return id_; }
   // May be null for models built without a vocabulary.
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
 
@@ -89,6 +91,7 @@ class Model {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<void> keep_alive_;
   const GgufFile* gguf_ = nullptr;  // the file the weights are mapped from, if any
+  uint64_t id_ = 0;
   std::vector<std::unique_ptr<uint8_t[]>> weight_layouts_;
 };
 

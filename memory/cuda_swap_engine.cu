@@ -67,15 +67,27 @@ absl::Status CudaSwapEngine::Queue(const std::vector<BlockCopy>& copies, Pending
            copies[i + run].dst == c.dst + static_cast<int32_t>(run)) {
       ++run;
     }
-    PS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pool(c.dst_tier).data(c.dst), pool(c.src_tier).data(c.src), run * bb,
-                                            cudaMemcpyDefault, Stream(copy_stream_)));
+    if (const cudaError_t e = cudaMemcpyAsync(pool(c.dst_tier).data(c.dst), pool(c.src_tier).data(c.src), run * bb,
+                                              cudaMemcpyDefault, Stream(copy_stream_));
+        e != cudaSuccess) {
+      // The copies queued before this one still read and write the batch's blocks: the
+      // error returns (and the caller reuses the blocks) only once they are done.
+      cudaStreamSynchronize(Stream(copy_stream_));
+      return CudaError(e, "cudaMemcpyAsync");
+    }
     (c.dst_tier == Tier::kHost ? p.bytes_to_host : p.bytes_to_device) += run * bb;
     i += run;
   }
   cudaEvent_t done = nullptr;
-  PS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  p.done = done;
-  PS_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, Stream(copy_stream_)));
+  cudaError_t e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (e == cudaSuccess) {
+    p.done = done;
+    e = cudaEventRecord(done, Stream(copy_stream_));
+  }
+  if (e != cudaSuccess) {
+    cudaStreamSynchronize(Stream(copy_stream_));  // as above: no error while copies are in flight
+    return CudaError(e, "recording the end of a swap");
+  }
   return absl::OkStatus();
 }
 

@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# The CUDA backend's checks on the lent GPU machine (issue 14), run from the bundle
+# The CUDA backend's checks on the lent GPU machine (issues 14 and 34), run from the bundle
 # scripts/gpu_bundle.sh makes (this file is its run.sh; it unpacks bundle.tar.gz into
-# /tmp/ps-gpu first). Each phase fits the device tool's 10 minutes per command; logs
-# and a summary go to $OUT (else /tmp/gpu-out), and the exit status is the number of
-# failed steps.
-#   bash .gpu/run.sh smoke      the bundle loads here: libraries, the programs' help, the scheduler
-#                               tests on the CPU (no GPU needed; also the first step of parity)
-#   bash .gpu/run.sh parity     CUDA kernels = CPU kernels; stories260K = llama.cpp's golden; the
-#                               scheduler tests with PS_TEST_DEVICE=cuda; the server on --device cuda
-#                               streams an answer to pruneserve-cli
-#   bash .gpu/run.sh sanitize   compute-sanitizer memcheck and racecheck on the parity suite
+# /tmp/ps-gpu first). Every phase ends well inside the device tool's 10 minutes per command
+# (its steps' limits add up to under 9); logs and a summary line per step go to $OUT (else
+# /tmp/gpu-out), and the exit status is the number of failed steps.
+#   bash .gpu/run.sh smoke      the machine and the bundle: OS, driver, where libcuda and cuBLAS
+#                               were found (a step fails naming the path when one cannot be opened),
+#                               the programs' help, the scheduler tests on the CPU (no GPU needed)
+#   bash .gpu/run.sh parity     the GPU checks only: CUDA kernels = CPU kernels; stories260K =
+#                               llama.cpp's golden; the scheduler tests with PS_TEST_DEVICE=cuda;
+#                               the server on --device cuda streams an answer to pruneserve-cli
+#   bash .gpu/run.sh memcheck | racecheck | initcheck | synccheck
+#                               that compute-sanitizer tool on cuda_test and the forward test's
+#                               stories260K cases
 #   bash .gpu/run.sh bench [ARGS]   ps_bench_engine --device cuda --synthetic llama3-8b --kv-dtype bf16
 #                               (ARGS replace the default figures: prefill 4k/16k, decode at batch 1
 #                               and 32; e.g. --prefill 32768 --strategy lazyllm for a strategy's TTFT)
 set -uo pipefail
 case ${1:-} in
-  smoke | parity | sanitize | bench) ;;
+  smoke | parity | memcheck | racecheck | initcheck | synccheck | bench) ;;
   *) sed -n '2,/^set /{/^#/p}' "$0"; exit 2 ;;
 esac
 BUNDLE="$(cd "$(dirname "$0")" && pwd)/bundle.tar.gz"
@@ -31,16 +34,24 @@ LOG="$OUT/$PHASE.log"
 SUMMARY="$OUT/summary.txt"
 failed=0
 
-# The bundle's libraries; cuBLAS is the machine's (too large to carry), and libstdc++ too unless it is too old.
+# The bundle's libraries come first; the machine's own path is kept after them (its driver may
+# be visible only through it). cuBLAS is the machine's (too large to carry): the CUDA toolkit's,
+# or PyTorch's CUDA 13 wheels' (site-packages/nvidia/cu13/lib). libstdc++ too unless it is too old.
 cublas_dir=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
-  $(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null); do
+  $(python3 -c 'import nvidia, os; [print(os.path.join(p, s, "lib")) for p in nvidia.__path__ for s in ("cu13", "cublas")]' 2>/dev/null) \
+  $(find /usr/local /opt /usr/lib -name libcublas.so.13 -printf '%h\n' 2>/dev/null | head -1); do
   if [ -e "$d/libcublas.so.13" ]; then cublas_dir=$d; break; fi
 done
-export LD_LIBRARY_PATH="$HERE/bin:$HERE/lib${cublas_dir:+:$cublas_dir}"  # bin: libps_cuda.so
+driver_dir=""
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu; do
+  if [ -e "$d/libcuda.so.1" ]; then driver_dir=$d; break; fi
+done
+LD_LIBRARY_PATH="$HERE/bin:$HERE/lib${cublas_dir:+:$cublas_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}${driver_dir:+:$driver_dir}"
 if ldd "$HERE"/bin/* 2>&1 | grep -q 'GLIBCXX.*not found\|libstdc++.*not found'; then
   LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$HERE/lib-std"
 fi
+export LD_LIBRARY_PATH
 export PS_TESTDATA="$HERE/testdata" PS_CUDA_PLUGIN="$HERE/bin/libps_cuda.so"
 export BIN="$HERE/bin" STORIES="$HERE/testdata/stories260K/stories260K.gguf" OUT
 
@@ -72,12 +83,31 @@ step() {
   rm -f "$part"
 }
 
+# can_open LIB DIR: LIB loads with this LD_LIBRARY_PATH; else says which folder was searched.
+can_open() {
+  if python3 -c "import ctypes, sys; ctypes.CDLL(sys.argv[1])" "$1" 2>/dev/null; then
+    echo "$1 opens (found in ${2:-the default search path})"
+  else
+    echo "$1 cannot be opened: searched ${2:-nowhere that has it} and LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    return 1
+  fi
+}
+
+# What the machine is, and whether the driver and cuBLAS open.
+probe() {
+  { echo "bundle of $(cat "$HERE/commit" 2>/dev/null)"; uname -a; grep PRETTY_NAME /etc/os-release
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+    echo "libcuda.so.1 from ${driver_dir:-the default search path}; cuBLAS from ${cublas_dir:-nowhere (not found)}"
+  } | tee -a "$LOG"
+  step driver_libraries 30 bash -c "$(declare -f can_open); can_open libcuda.so.1 '$driver_dir' && can_open libcublas.so.13 '$cublas_dir'"
+}
+
 smoke() {
-  echo "bundle of $(cat "$HERE/commit" 2>/dev/null); cuBLAS from ${cublas_dir:-nowhere (not found)}" | tee -a "$LOG"
+  probe
   ldd "$BIN"/* | grep -v "$HERE" | awk '$2 == "=>" {print "  from the machine:", $1, $3}' | sort -u | tee -a "$LOG"
   step libraries 30 bash -c "! ldd $BIN/* | grep 'not found'"
   step programs 30 bash -c "for p in pruneserve pruneserve-cli ps_bench_engine; do $BIN/\$p --help > /dev/null || exit 1; done"
-  step scheduler_cpu 300 env PS_TEST_DEVICE=cpu "$BIN/scheduler_test"
+  step scheduler_cpu 240 env PS_TEST_DEVICE=cpu "$BIN/scheduler_test"
 }
 
 # The server on --device cuda streams a greedy answer to the CLI, then drains on SIGTERM.
@@ -103,27 +133,24 @@ server_streams() {
 
 case $PHASE in
   smoke) smoke ;;
-  parity)
-    nvidia-smi 2>&1 | head -15 | tee -a "$LOG"
-    smoke
-    step cuda_test 180 "$BIN/cuda_test"
-    step cuda_forward_test 240 "$BIN/cuda_forward_test"
+  parity)  # GPU steps only; the limits add up to 8.5 minutes
+    probe
+    step cuda_test 90 "$BIN/cuda_test"
+    step cuda_forward_test 120 "$BIN/cuda_forward_test"
     # FailingSwapsFallBackToRecompute injects through the CPU swap engine's copy hook
     # (it skips on cuda, and a skip fails a step here).
     for t in scheduler_test preemption_test pruning_scheduler_test; do
-      step "${t}_cuda" 150 env PS_TEST_DEVICE=cuda "$BIN/$t" --gtest_filter=-*FailingSwapsFallBackToRecompute
+      step "${t}_cuda" 90 env PS_TEST_DEVICE=cuda "$BIN/$t" --gtest_filter=-*FailingSwapsFallBackToRecompute
     done
-    step server_streams 60 server_streams
+    step server_streams 45 server_streams
     ;;
-  sanitize)
+  memcheck | racecheck | initcheck | synccheck)
     sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
       /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
-    [ -n "$sanitizer" ] || { echo "compute-sanitizer not found" | tee -a "$SUMMARY"; exit 1; }
-    for tool in memcheck racecheck; do
-      step "${tool}_cuda_test" 240 "$sanitizer" --tool $tool --error-exitcode 99 "$BIN/cuda_test"
-      step "${tool}_forward" 240 "$sanitizer" --tool $tool --error-exitcode 99 "$BIN/cuda_forward_test" \
-        --gtest_filter='*StoriesGreedy*:*Logits*'
-    done
+    [ -n "$sanitizer" ] || { echo "$PHASE: compute-sanitizer not found" | tee -a "$SUMMARY"; exit 1; }
+    step "${PHASE}_cuda_test" 240 "$sanitizer" --tool "$PHASE" --error-exitcode 99 "$BIN/cuda_test"
+    step "${PHASE}_forward" 240 "$sanitizer" --tool "$PHASE" --error-exitcode 99 "$BIN/cuda_forward_test" \
+      --gtest_filter='*StoriesGreedy*:*Logits*'
     ;;
   bench)
     args=("$@")

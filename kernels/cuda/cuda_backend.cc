@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <utility>
 #include <vector>
 
@@ -11,6 +10,7 @@
 #include "base/fp16.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_kernels.h"
+#include "kernels/weight_mirrors.h"
 
 namespace ps::cuda {
 namespace {
@@ -50,9 +50,6 @@ bool Aligned16(const void* const* blocks, int64_t n) {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(WeightRowDecoder decode) : decode_(decode) {}
-  ~CudaBackend() override {
-    for (auto& [key, region] : mirrors_) region.release(region.base);
-  }
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string_view name() const override { return "cuda"; }
   absl::StatusOr<MemoryRegion> AllocateTier(bool device_tier, size_t bytes) override {
@@ -76,6 +73,7 @@ class CudaBackend final : public Backend {
       MirrorBf16(w);
     }
   }
+  void UseWeightsOf(uint64_t model_id) override { mirrors_.UseModel(model_id); }
   absl::StatusOr<int64_t> FreeDeviceBytes() override { return cuda::FreeDeviceBytes(); }
 
   void MatMul(const MatrixView& w, const float* x, int64_t m, float* y) override {
@@ -242,8 +240,7 @@ class CudaBackend final : public Backend {
   // The device copy of n floats of host weights (uploaded on first use: weights never
   // change), or null with the error kept.
   const float* Mirror(const float* host, int64_t n) {
-    const std::pair<const void*, int64_t> key{host, n};
-    if (auto it = mirrors_.find(key); it != mirrors_.end()) return reinterpret_cast<const float*>(it->second.base);
+    if (uint8_t* copy = mirrors_.Find(host, n, kF32Copy); copy != nullptr) return reinterpret_cast<const float*>(copy);
     absl::StatusOr<MemoryRegion> r = AllocateDevice(static_cast<size_t>(n) * sizeof(float));
     if (!r.ok()) {
       Keep(r.status());
@@ -254,13 +251,14 @@ class CudaBackend final : public Backend {
       Keep(s);
       return nullptr;
     }
-    return reinterpret_cast<const float*>(mirrors_.emplace(key, std::move(*r)).first->second.base);
+    return reinterpret_cast<const float*>(mirrors_.Add(host, n, kF32Copy, std::move(*r)));
   }
   // The BF16 device copy of a weight matrix of another type, decoded row by row on
   // the host (first use only), or null with the error kept.
   const uint16_t* MirrorBf16(const MatrixView& w) {
-    const std::pair<const void*, int64_t> key{w.data, -(w.rows * w.cols)};  // apart from F32 mirrors of the data
-    if (auto it = mirrors_.find(key); it != mirrors_.end()) return reinterpret_cast<const uint16_t*>(it->second.base);
+    if (uint8_t* copy = mirrors_.Find(w.data, w.rows * w.cols, kBf16Copy); copy != nullptr) {
+      return reinterpret_cast<const uint16_t*>(copy);
+    }
     absl::StatusOr<MemoryRegion> r = AllocateDevice(static_cast<size_t>(w.rows * w.cols) * sizeof(uint16_t));
     if (!r.ok()) {
       Keep(r.status());
@@ -282,7 +280,7 @@ class CudaBackend final : public Backend {
         return nullptr;
       }
     }
-    return reinterpret_cast<const uint16_t*>(mirrors_.emplace(key, std::move(*r)).first->second.base);
+    return reinterpret_cast<const uint16_t*>(mirrors_.Add(w.data, w.rows * w.cols, kBf16Copy, std::move(*r)));
   }
   // Host index data copied into `scratch` for the next kernel (the copy is ordered
   // with the kernels, so the scratch is free again once the call returns), or null
@@ -302,8 +300,9 @@ class CudaBackend final : public Backend {
 
   WeightRowDecoder decode_;
   absl::Status error_;
-  // Weights by (host address, floats): F32 copies; BF16 copies under -(elements).
-  std::map<std::pair<const void*, int64_t>, MemoryRegion> mirrors_;
+  // Device copies of the current model's weights: F32 as they are, or decoded to BF16.
+  static constexpr int kF32Copy = 0, kBf16Copy = 1;
+  WeightMirrors mirrors_;
   Scratch index_, bf16_;
   // Attention's staged arguments and statistics.
   std::vector<AttentionSegment> segments_;

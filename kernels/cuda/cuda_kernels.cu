@@ -253,13 +253,13 @@ absl::Status DeviceAvailable() {
 
 absl::StatusOr<MemoryRegion> AllocateDevice(size_t bytes) {
   void* p = nullptr;
-  PS_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+  PS_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes > 0 ? bytes : 1));  // never null: an empty tier is still a tier
   return MemoryRegion{.base = static_cast<uint8_t*>(p), .release = [](uint8_t* q) { cudaFree(q); }};
 }
 
 absl::StatusOr<MemoryRegion> AllocatePinned(size_t bytes) {
   void* p = nullptr;
-  PS_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  PS_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes > 0 ? bytes : 1, cudaHostAllocDefault));
   return MemoryRegion{.base = static_cast<uint8_t*>(p), .release = [](uint8_t* q) { cudaFreeHost(q); }};
 }
 

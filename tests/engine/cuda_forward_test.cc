@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -105,57 +106,68 @@ TEST_F(CudaForwardTest, EveryStrategyGivesTheCpuTokens) {
 // Tiny random LLaMA (GQA, heads of 16) and Qwen2 (biases, NeoX RoPE, 7 query heads of
 // 32 on one KV head) with BF16 weights (cuBLAS's BF16 GEMM) and F16 or BF16 KV (the
 // tiled attention kernel): a 100-token prompt in chunks of 60 and 40, then 5 decode
-// steps; every logit row within 1e-2 of the CPU's, relative to the row's largest.
+// steps; every logit row close to the CPU's, relative to the row's largest. F32 weights
+// too (cuBLAS's F32 GEMM): there F16 KV leaves only the attention kernel's own error.
 TEST_F(CudaForwardTest, TinyRandomModelsMatchTheCpuLogits) {
   for (const ModelConfig& config : {testing::BaseConfig(), testing::Qwen2Config(7, 1, 32)}) {
     for (const DType kv_dtype : {DType::kF16, DType::kBF16}) {
-      SCOPED_TRACE(config.arch_name + (kv_dtype == DType::kF16 ? " f16 KV" : " bf16 KV"));
-      const auto tiny = testing::MakeTiny(config, DType::kBF16);
-      ASSERT_NE(tiny->model, nullptr);
-      const std::vector<int32_t> tokens = testing::Prompt(105, config.n_vocab);
-      // The logits of each step on one backend: prompt chunks [0, 60) and [60, 100),
-      // then tokens 100..104 one at a time.
-      auto run = [&](Backend& backend) {
-        Transformer tf(*tiny->model, backend);
-        auto kv = OfflineKvCache(*tiny->model, backend, config.n_ctx, 16, kv_dtype);
-        EXPECT_TRUE(kv.ok()) << kv.status();
-        std::vector<std::vector<float>> rows;
-        if (!kv.ok()) return rows;
-        for (const auto& [begin, end] : std::vector<std::pair<int, int>>{
-                 {0, 60}, {60, 100}, {100, 101}, {101, 102}, {102, 103}, {103, 104}, {104, 105}}) {
-          std::vector<int32_t> positions(end - begin);
-          for (int i = begin; i < end; ++i) positions[i - begin] = i;
-          SeqInput in{.seq_id = 1,
-                      .tokens = {tokens.data() + begin, static_cast<size_t>(end - begin)},
-                      .positions = positions,
-                      .all_logits = true};
-          ForwardOutput out;
-          const absl::Status s = tf.Forward({&in, 1}, **kv, &out);
-          EXPECT_TRUE(s.ok()) << s;
-          EXPECT_TRUE(out.status[0].ok()) << out.status[0];
-          if (!s.ok() || !out.status[0].ok()) return rows;
-          for (int i = 0; i < end - begin; ++i) {
-            const auto row = out.Row(0, i, config.n_vocab);
-            rows.emplace_back(row.begin(), row.end());
+      for (const DType weights : {DType::kF32, DType::kBF16}) {
+        const std::string what = config.arch_name + ", " + std::string(DTypeName(kv_dtype)) + " KV, " +
+                                 std::string(DTypeName(weights)) + " weights";
+        SCOPED_TRACE(what);
+        const auto tiny = testing::MakeTiny(config, weights);
+        ASSERT_NE(tiny->model, nullptr);
+        const std::vector<int32_t> tokens = testing::Prompt(105, config.n_vocab);
+        // The logits of each step on one backend: prompt chunks [0, 60) and [60, 100),
+        // then tokens 100..104 one at a time.
+        auto run = [&](Backend& backend) {
+          Transformer tf(*tiny->model, backend);
+          auto kv = OfflineKvCache(*tiny->model, backend, config.n_ctx, 16, kv_dtype);
+          EXPECT_TRUE(kv.ok()) << kv.status();
+          std::vector<std::vector<float>> rows;
+          if (!kv.ok()) return rows;
+          for (const auto& [begin, end] : std::vector<std::pair<int, int>>{
+                   {0, 60}, {60, 100}, {100, 101}, {101, 102}, {102, 103}, {103, 104}, {104, 105}}) {
+            std::vector<int32_t> positions(end - begin);
+            for (int i = begin; i < end; ++i) positions[i - begin] = i;
+            SeqInput in{.seq_id = 1,
+                        .tokens = {tokens.data() + begin, static_cast<size_t>(end - begin)},
+                        .positions = positions,
+                        .all_logits = true};
+            ForwardOutput out;
+            const absl::Status s = tf.Forward({&in, 1}, **kv, &out);
+            EXPECT_TRUE(s.ok()) << s;
+            EXPECT_TRUE(out.status[0].ok()) << out.status[0];
+            if (!s.ok() || !out.status[0].ok()) return rows;
+            for (int i = 0; i < end - begin; ++i) {
+              const auto row = out.Row(0, i, config.n_vocab);
+              rows.emplace_back(row.begin(), row.end());
+            }
           }
+          return rows;
+        };
+        const auto gpu = run(*gpu_), cpu = run(cpu_);
+        ASSERT_EQ(gpu.size(), tokens.size());
+        ASSERT_EQ(cpu.size(), tokens.size());
+        double worst = 0;
+        size_t worst_row = 0;
+        for (size_t p = 0; p < cpu.size(); ++p) {
+          double scale = 1e-6, err = 0;
+          for (int v = 0; v < config.n_vocab; ++v) {
+            scale = std::max(scale, std::fabs(double{cpu[p][v]}));
+            err = std::max(err, std::fabs(double{gpu[p][v]} - cpu[p][v]));
+          }
+          if (err / scale > worst) worst = err / scale, worst_row = p;
         }
-        return rows;
-      };
-      const auto gpu = run(*gpu_), cpu = run(cpu_);
-      ASSERT_EQ(gpu.size(), tokens.size());
-      ASSERT_EQ(cpu.size(), tokens.size());
-      double worst = 0;
-      for (size_t p = 0; p < cpu.size(); ++p) {
-        double scale = 1e-6, err = 0;
-        for (int v = 0; v < config.n_vocab; ++v) {
-          scale = std::max(scale, std::fabs(double{cpu[p][v]}));
-          err = std::max(err, std::fabs(double{gpu[p][v]} - cpu[p][v]));
-        }
-        worst = std::max(worst, err / scale);
+        // Measured on an H200: F32 weights with F16 KV 2.5e-3; anything rounded to BF16 (the
+        // GEMMs' activations with BF16 weights, Q and P with BF16 KV) 0.017-0.056, as much with
+        // the first attention kernel ($PS_CUDA_ATTENTION=naive) as with the tiled one: these
+        // random models amplify BF16's 2^-9 about tenfold. A wrong kernel is off by O(1).
+        const double tolerance = weights == DType::kF32 && kv_dtype == DType::kF16 ? 1e-2 : 0.1;
+        EXPECT_LT(worst, tolerance);
+        std::printf("%s: worst logit row error on cuda, relative to the row's largest: %.3g (row %zu)\n", what.c_str(),
+                    worst, worst_row);
       }
-      EXPECT_LT(worst, 1e-2);
-      std::printf("%s, %s KV: worst logit row error on cuda, relative to the row's largest: %.3g\n",
-                  config.arch_name.c_str(), kv_dtype == DType::kF16 ? "f16" : "bf16", worst);
     }
   }
 }
