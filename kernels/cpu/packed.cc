@@ -196,7 +196,7 @@ T* Grow(std::vector<T>& v, size_t n) {
 // activations of one pass (shared by the threads) fit in L3.
 constexpr size_t kGroupsBytes = 192 << 10;
 constexpr size_t kBroadcastBytes = 1 << 20;
-constexpr int kTileRows = 4;
+constexpr int kTileRows = 8;
 
 }  // namespace
 
@@ -312,16 +312,19 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
   }
   const int64_t groups = first.back();
   grain = std::max<int64_t>(1, std::min(grain, groups / (4 * pool.num_threads())));
-  const bool simd = ActiveCpuIsa() >= CpuIsa::kAvx2;
+  const bool simd = ActiveCpuIsa() >= CpuIsa::kAvx2, vnni = ActiveCpuIsa() >= CpuIsa::kAvx512Bf16;
   ActBlock* xq = Grow(act_scratch, static_cast<size_t>(m * blocks));
   pool.ParallelFor(m, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) QuantizeActivations(x + r * k, k, xq + r * blocks);
   });
+  // AVX2's kernel reads the activations from broadcast copies, made a pass of rows at a time.
+  const bool broadcast = simd && !vnni;
   constexpr int64_t kBcast = packed_internal::avx2::kBroadcastBytesPerBlock;
-  const int64_t pass_rows = simd ? std::max<int64_t>(kTileRows, static_cast<int64_t>(kBroadcastBytes) /
-                                                                    (blocks * kBcast) / kTileRows * kTileRows)
-                                 : m;
-  uint8_t* xb = simd ? Grow(bcast_scratch, static_cast<size_t>(std::min(m, pass_rows) * blocks * kBcast)) : nullptr;
+  const int64_t pass_rows = broadcast ? std::max<int64_t>(kTileRows, static_cast<int64_t>(kBroadcastBytes) /
+                                                                         (blocks * kBcast) / kTileRows * kTileRows)
+                                      : m;
+  uint8_t* xb =
+      broadcast ? Grow(bcast_scratch, static_cast<size_t>(std::min(m, pass_rows) * blocks * kBcast)) : nullptr;
   // Groups [g0, g1) of one product against activation rows [m0, m1).
   auto run = [&](const PackedProduct& pp, int64_t g0, int64_t g1, int64_t m0, int64_t m1) {
     const MatrixView& w = pp.w;
@@ -342,7 +345,7 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
         const uint8_t* xbr[kTileRows];
         for (int i = 0; i < rows; ++i) {
           xr[i] = xq + (i0 + i) * blocks;
-          xbr[i] = simd ? xb + (i0 + i - m0) * blocks * kBcast : nullptr;
+          xbr[i] = broadcast ? xb + (i0 + i - m0) * blocks * kBcast : nullptr;
         }
         for (int64_t g = c0; g < c1; ++g) {
           const packed_internal::GroupArgs args{
@@ -353,7 +356,9 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
           const bool whole = 8 * g + 8 <= n;
           float* out = whole ? pp.y + i0 * n + 8 * g : side;
           const int64_t stride = whole ? n : 8;
-          if (simd) {
+          if (vnni) {
+            packed_internal::avx512_vnni::GroupDot(args, xr, xbr, rows, out, stride);
+          } else if (simd) {
             packed_internal::avx2::GroupDot(args, xr, xbr, rows, out, stride);
           } else {
             packed_internal::GroupDotScalar(args, xr, rows, out, stride);
@@ -367,7 +372,7 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
   };
   for (int64_t m0 = 0; m0 < m; m0 += pass_rows) {
     const int64_t m1 = std::min(m, m0 + pass_rows);
-    if (simd) {
+    if (broadcast) {
       pool.ParallelFor(m1 - m0, 4, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
           packed_internal::avx2::Broadcast(xq + (m0 + r) * blocks, blocks, xb + r * blocks * kBcast);

@@ -71,7 +71,7 @@ struct GroupArgs {
   int64_t blocks = 0;              // cols / 32
 };
 // y[i * y_stride + r] = row 8g + r of the group · activation row i, for r < 8, i < rows
-// (1..4); x[i] are the rows' blocks.
+// (1..8); x[i] are the rows' blocks.
 void GroupDotScalar(const GroupArgs& g, const ActBlock* const* x, int rows, float* y, int64_t y_stride);
 
 namespace avx2 {
@@ -83,6 +83,13 @@ void Broadcast(const ActBlock* x, int64_t blocks, uint8_t* out);
 void GroupDot(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const* xb, int rows, float* y,
               int64_t y_stride);
 }  // namespace avx2
+
+namespace avx512_vnni {
+// avx2::GroupDot on AVX-512 VNNI (vpdpbusd), the same results; reads no broadcast copies
+// (xb may be null).
+void GroupDot(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const* xb, int rows, float* y,
+              int64_t y_stride);
+}  // namespace avx512_vnni
 
 }  // namespace packed_internal
 }  // namespace ps
