@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/quant.h"
@@ -80,8 +81,17 @@ void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
     });
     return;
   }
-  // Each thread dequantises its share of the weight rows into F32 panels of at most
-  // kPanelFloats and multiplies each panel with all m rows in one sgemm, so that
+  // BF16 weights as they are, on the CPU's BF16 dot products: the activations rounded to
+  // BF16 once, then each thread's share of the weight rows in one oneDNN matmul.
+  const bool bf16_products = w.type == DType::kBF16 && ActiveCpuIsa() >= CpuIsa::kAvx512Bf16;
+  static thread_local std::vector<uint16_t> xb_storage;
+  uint16_t* xb = bf16_products ? Scratch(xb_storage, static_cast<size_t>(m * k)) : nullptr;
+  if (bf16_products) {
+    pool.ParallelFor(m, 4,
+                     [&](int64_t i0, int64_t i1) { F32ToHalf(DType::kBF16, x + i0 * k, xb + i0 * k, (i1 - i0) * k); });
+  }
+  // Otherwise each thread dequantises its share of the weight rows into F32 panels of at
+  // most kPanelFloats and multiplies each panel with all m rows in one sgemm, so that
   // sgemm packs the activations once per panel (not once per small tile: slicing
   // spent ~40% of a 0.5B model's prefill in sgemm's packing routines).
   // Few rows (batched decode): panels of 256 KiB that stay in L2 between being written
@@ -91,6 +101,10 @@ void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
   const int64_t share = (w.rows + pool.num_threads() - 1) / pool.num_threads();
   const int64_t grain = std::min(panel, (share + 15) / 16 * 16);
   pool.ParallelFor(w.rows, grain, [&](int64_t r0, int64_t r1) {
+    if (bf16_products &&
+        GemmBf16(m, r1 - r0, k, xb, k, reinterpret_cast<const uint16_t*>(w.Row(r0)), k, y + r0, w.rows)) {
+      return;
+    }
     static thread_local std::vector<float> wf_storage;
     float* wf = Scratch(wf_storage, static_cast<size_t>(std::min(panel, r1 - r0) * k));
     for (int64_t t0 = r0; t0 < r1; t0 += panel) {

@@ -3,7 +3,11 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <array>
+#include <map>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 
 #include "base/status.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -21,16 +25,50 @@ dnnl_cpu_isa_t DnnlIsa(CpuIsa isa) {
   return dnnl_cpu_isa_all;
 }
 
+// oneDNN's ISA cap holds from its first kernel on: the level at the first product. Debian's
+// oneDNN runs on OpenMP: one thread per call, in this thread's own ICVs.
+void PrepareDnnl() {
+  static std::once_flag cap;
+  std::call_once(cap, [] { dnnl_set_max_cpu_isa(DnnlIsa(ActiveCpuIsa())); });
+  static thread_local const bool single = (omp_set_num_threads(1), true);
+  (void)single;
+}
+
 }  // namespace
+
+bool GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float* c,
+              int64_t ldc) {
+  PS_CHECK(ActiveCpuIsa() >= CpuIsa::kAvx512Bf16) << "BF16 products need AVX-512 BF16";
+  PrepareDnnl();
+  using dnnl::memory;
+  using Tag = memory::data_type;
+  static thread_local dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static thread_local dnnl::stream stream(engine);
+  const memory::desc a_md({m, k}, Tag::bf16, {lda, 1}), b_md({k, n}, Tag::bf16, {1, ldb}),
+      c_md({m, n}, Tag::f32, {ldc, 1});
+  // Per shape: the primitive, or none where oneDNN has no BF16 implementation for it.
+  static thread_local std::map<std::array<int64_t, 6>, std::optional<dnnl::matmul>> primitives;
+  const std::array<int64_t, 6> key{m, n, k, lda, ldb, ldc};
+  auto it = primitives.find(key);
+  if (it == primitives.end()) {
+    std::optional<dnnl::matmul> p;
+    try {
+      p.emplace(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
+    } catch (const dnnl::error&) {
+      p.reset();
+    }
+    it = primitives.emplace(key, std::move(p)).first;
+  }
+  if (!it->second.has_value()) return false;
+  memory am(a_md, engine, const_cast<uint16_t*>(a)), bm(b_md, engine, const_cast<uint16_t*>(b)), cm(c_md, engine, c);
+  it->second->execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  stream.wait();
+  return true;
+}
 
 void Sgemm(bool b_transposed, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
            int64_t ldb, float beta, float* c, int64_t ldc) {
-  // oneDNN's ISA cap holds from its first kernel on: the level at the first product.
-  static std::once_flag cap;
-  std::call_once(cap, [] { dnnl_set_max_cpu_isa(DnnlIsa(ActiveCpuIsa())); });
-  // Debian's oneDNN runs on OpenMP: one thread per call, in this thread's own ICVs.
-  static thread_local const bool single = (omp_set_num_threads(1), true);
-  (void)single;
+  PrepareDnnl();
   const dnnl_status_t s = dnnl_sgemm('N', b_transposed ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   PS_CHECK(s == dnnl_success) << "dnnl_sgemm failed (" << static_cast<int>(s) << ") for " << m << "x" << n << "x" << k;
 }

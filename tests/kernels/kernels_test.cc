@@ -1,4 +1,5 @@
 // CPU kernels against simple references at awkward sizes.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -126,6 +127,39 @@ void CheckMatMulPaths() {
 }
 
 TEST(MatMul, PathsAgreeWithReference) { testing::AtEveryCpuLevel(CheckMatMulPaths); }
+
+// On a CPU with BF16 dot products, BF16 weights from a few rows up multiply on them
+// (oneDNN's BF16 matmul) with the activations rounded to BF16: the result is the exact
+// product of the rounded activations, not of the F32 ones. (Its own test: oneDNN keeps
+// the instruction level of its first product, and the test above starts at scalar.)
+TEST(MatMul, Bf16WeightsTakeBf16DotProducts) {
+  const std::vector<CpuIsa> levels = SupportedCpuIsas();
+  if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16 dot products";
+  }
+  ScopedCpuIsa level(CpuIsa::kAvx512Bf16);
+  ThreadPool pool(2);
+  const int64_t rows = 300, cols = 96, m = 33;
+  const auto wf = Randn(rows * cols, 11), x = Randn(m * cols, 12);
+  std::vector<uint16_t> w16(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) w16[i] = Fp32ToBf16(wf[i]);
+  const MatrixView w{.type = DType::kBF16, .data = reinterpret_cast<const uint8_t*>(w16.data()), .rows = rows,
+                     .cols = cols};
+  std::vector<double> exact(m * rows, 0.0), rounded(m * rows, 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t k = 0; k < cols; ++k) {
+        const double wv = Bf16ToFp32(w16[r * cols + k]), xv = x[i * cols + k];
+        exact[i * rows + r] += xv * wv;
+        rounded[i * rows + r] += double{Bf16ToFp32(Fp32ToBf16(x[i * cols + k]))} * wv;
+      }
+    }
+  }
+  std::vector<float> y(m * rows);
+  MatMul(w, x.data(), m, y.data(), pool, /*int8_activations=*/false);
+  EXPECT_LT(MaxRelErr(y, rounded), 1e-5);
+  EXPECT_GT(MaxRelErr(y, exact), 1e-4);  // BF16's rounding of the activations shows
+}
 
 // The bytes of x stored as a KV cache of `dtype` (F32, F16, BF16 or Q8_0); x itself
 // rounded to what they hold, so that the reference sees the values the kernel reads.
