@@ -44,22 +44,25 @@ bool GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, c
   using Tag = memory::data_type;
   static thread_local dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   static thread_local dnnl::stream stream(engine);
-  const memory::desc a_md({m, k}, Tag::bf16, {lda, 1}), b_md({k, n}, Tag::bf16, {1, ldb}),
-      c_md({m, n}, Tag::f32, {ldc, 1});
-  // Per shape: the primitive, or none where oneDNN has no BF16 implementation for it.
-  static thread_local std::map<std::array<int64_t, 6>, std::optional<dnnl::matmul>> primitives;
-  const std::array<int64_t, 6> key{m, n, k, lda, ldb, ldc};
+  // One primitive per weight shape, its rows (m) and row strides given at each call.
+  static thread_local std::map<std::array<int64_t, 3>, std::optional<dnnl::matmul>> primitives;
+  const std::array<int64_t, 3> key{n, k, ldb};
+  const memory::desc b_md({k, n}, Tag::bf16, {1, ldb});
   auto it = primitives.find(key);
   if (it == primitives.end()) {
-    std::optional<dnnl::matmul> p;
+    constexpr memory::dim kAny = DNNL_RUNTIME_DIM_VAL;
+    std::optional<dnnl::matmul> p;  // none where oneDNN has no BF16 implementation
     try {
-      p.emplace(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
+      p.emplace(dnnl::matmul::primitive_desc(dnnl::matmul::desc(memory::desc({kAny, k}, Tag::bf16, {kAny, 1}), b_md,
+                                                                memory::desc({kAny, n}, Tag::f32, {kAny, 1})),
+                                             engine));
     } catch (const dnnl::error&) {
       p.reset();
     }
     it = primitives.emplace(key, std::move(p)).first;
   }
   if (!it->second.has_value()) return false;
+  const memory::desc a_md({m, k}, Tag::bf16, {lda, 1}), c_md({m, n}, Tag::f32, {ldc, 1});
   memory am(a_md, engine, const_cast<uint16_t*>(a)), bm(b_md, engine, const_cast<uint16_t*>(b)), cm(c_md, engine, c);
   it->second->execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   stream.wait();

@@ -14,7 +14,7 @@ void Sgemm(bool b_transposed, int64_t m, int64_t n, int64_t k, float alpha, cons
            int64_t ldb, float beta, float* c, int64_t ldc);
 
 // C[m, n] = A[m, k] · Bᵀ, A and B BF16 (B [n, k]), C F32: oneDNN's matmul primitive on the
-// CPU's BF16 dot products (one primitive per shape and thread, made on first use). Only
+// CPU's BF16 dot products (one primitive per weight shape and thread, made on first use). Only
 // at CpuIsa::kAvx512Bf16. lda, ldb, ldc: row strides in elements. False (C untouched)
 // for a shape oneDNN has no BF16 kernel for (it has none for a single row and column).
 [[nodiscard]] bool GemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b,
