@@ -377,7 +377,8 @@ int main(int argc, char** argv) {
     std::printf(", streaming read %.1f GB/s\n", ceiling.read_bytes_per_s / 1e9);
   }
   // Prefill arithmetic as a share of the ceilings: the matrices' products run on the
-  // int8 peak when the weights are packed, on the FP32 one otherwise; attention on FP32.
+  // int8 peak when the weights are packed, on the BF16 one for BF16 weights on a CPU with
+  // BF16 dot products, on the FP32 one otherwise; attention on FP32.
   auto prefill_share = [&](int64_t n, double seconds) {
     const double mm = n * MatmulFlopsPerToken(c), att = AttentionFlops(c, n);
     if (gpu) {
@@ -385,11 +386,13 @@ int main(int argc, char** argv) {
                   (mm + att) / seconds / 1e12, 100 * (mm + att) / seconds / kPeakBf16Flops, kPeakBf16Flops / 1e12);
     } else if (ceiling.fp32_flops > 0) {
       const bool int8_mm = *packed > 0 && ceiling.int8_ops > 0;
+      const bool bf16_mm = !int8_mm && (*model)->layers[0].wq.type == DType::kBF16 && ceiling.bf16_flops > 0;
+      const double mm_peak = int8_mm ? ceiling.int8_ops : bf16_mm ? ceiling.bf16_flops : ceiling.fp32_flops;
       // Time the peak rates would take; achieved share = that / measured.
-      const double ideal = mm / (int8_mm ? ceiling.int8_ops : ceiling.fp32_flops) + att / ceiling.fp32_flops;
+      const double ideal = mm / mm_peak + att / ceiling.fp32_flops;
       std::printf("ours prefill_%lld %.1f GFLOP/s (%.0f%% attention): %.0f%% of the machine's peak (%s products)\n",
                   static_cast<long long>(n), (mm + att) / seconds / 1e9, 100 * att / (mm + att), 100 * ideal / seconds,
-                  int8_mm ? "int8" : "FP32");
+                  int8_mm ? "int8" : bf16_mm ? "BF16" : "FP32");
     }
   };
   auto decode_share = [&](const std::string& what, int64_t depth, int streams, double tok_per_s) {

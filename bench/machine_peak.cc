@@ -193,8 +193,8 @@ MachinePeak MeasureMachinePeak(int threads) {
     p.fp32_flops =
         static_cast<double>(kIters) * 4 * threads * 2 / Seconds(threads, [&](int t) { sink_f[t] = Fp32Scalar(); });
   }
-  // The packed kernels run their AVX2 code at every level above it (kernels/cpu/packed.h);
-  // a wider int8 ceiling is printed for what AVX-512 kernels could reach.
+  // The packed kernels run VNNI (vpdpbusd) at avx512_bf16 and their AVX2 code at avx512
+  // (kernels/cpu/packed.h); the ceiling is what each level's widest int8 products reach.
   if (isa >= CpuIsa::kAvx512Bf16) {
     p.int8_ops = n * 64 * 2 / Seconds(threads, [&](int t) { sink_i[t] = Int8Vnni(); });
     p.bf16_flops = n * 32 * 2 / Seconds(threads, [&](int t) { sink_f[t] = Bf16Avx512(); });

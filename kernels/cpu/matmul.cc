@@ -99,7 +99,8 @@ void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
   const int64_t panel_floats = m <= kSmallBatchRows ? int64_t{64} << 10 : int64_t{4} << 20;
   const int64_t panel = std::max<int64_t>(16, panel_floats / k / 16 * 16);
   const int64_t share = (w.rows + pool.num_threads() - 1) / pool.num_threads();
-  const int64_t grain = std::min(panel, (share + 15) / 16 * 16);
+  // BF16 products take each thread's share in one call (no panels to keep in L2).
+  const int64_t grain = bf16_products ? (share + 15) / 16 * 16 : std::min(panel, (share + 15) / 16 * 16);
   pool.ParallelFor(w.rows, grain, [&](int64_t r0, int64_t r1) {
     if (bf16_products &&
         GemmBf16(m, r1 - r0, k, xb, k, reinterpret_cast<const uint16_t*>(w.Row(r0)), k, y + r0, w.rows)) {
