@@ -8,9 +8,7 @@
 #include <cstring>
 
 #include "base/fp16.h"
-#include "base/status.h"
 #include "kernels/cpu/packed.h"
-#include "kernels/cpu/packed_layout.h"
 #include "kernels/cpu/packed_x86.h"
 #include "kernels/cpu/quant_block_avx2.h"
 
