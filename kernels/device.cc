@@ -51,7 +51,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view device, 
     return std::unique_ptr<Backend>(new CpuBackend(pool, cpu));
   }
   if (device == "auto" && !kCudaVerifiedOnAGpu) {
-    *note = "cpu (--device auto: the CUDA backend has not run its checks on a GPU yet; --device cuda to try it)";
+    *note = "cpu (--device auto: the CUDA backend has not passed all its checks on a GPU yet; --device cuda to use it)";
     return std::unique_ptr<Backend>(new CpuBackend(pool, cpu));
   }
   if (device == "cuda" || device == "auto") {
