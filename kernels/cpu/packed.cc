@@ -196,6 +196,8 @@ T* Grow(std::vector<T>& v, size_t n) {
 // activations of one pass (shared by the threads) fit in L3.
 constexpr size_t kGroupsBytes = 192 << 10;
 constexpr size_t kBroadcastBytes = 1 << 20;
+// Activation rows per kernel call, at most: the VNNI kernel takes 8; AVX2's 4, whose
+// broadcast copies (18 KiB for 4 rows of 2048 columns) then stay in L1 across groups.
 constexpr int kTileRows = 8;
 
 }  // namespace
@@ -319,10 +321,10 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
   });
   // AVX2's kernel reads the activations from broadcast copies, made a pass of rows at a time.
   const bool broadcast = simd && !vnni;
+  const int64_t tile = vnni ? kTileRows : 4;
   constexpr int64_t kBcast = packed_internal::avx2::kBroadcastBytesPerBlock;
-  const int64_t pass_rows = broadcast ? std::max<int64_t>(kTileRows, static_cast<int64_t>(kBroadcastBytes) /
-                                                                         (blocks * kBcast) / kTileRows * kTileRows)
-                                      : m;
+  const int64_t pass_rows =
+      broadcast ? std::max<int64_t>(tile, static_cast<int64_t>(kBroadcastBytes) / (blocks * kBcast) / tile * tile) : m;
   uint8_t* xb =
       broadcast ? Grow(bcast_scratch, static_cast<size_t>(std::min(m, pass_rows) * blocks * kBcast)) : nullptr;
   // Groups [g0, g1) of one product against activation rows [m0, m1).
@@ -339,8 +341,8 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
         for (int64_t g = c0; g < c1; ++g) PackGroup(w, g, buf + (g - c0) * group_bytes);
         chunk = buf;
       }
-      for (int64_t i0 = m0; i0 < m1; i0 += kTileRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kTileRows, m1 - i0));
+      for (int64_t i0 = m0; i0 < m1; i0 += tile) {
+        const int rows = static_cast<int>(std::min<int64_t>(tile, m1 - i0));
         const ActBlock* xr[kTileRows];
         const uint8_t* xbr[kTileRows];
         for (int i = 0; i < rows; ++i) {

@@ -71,7 +71,7 @@ struct GroupArgs {
   int64_t blocks = 0;              // cols / 32
 };
 // y[i * y_stride + r] = row 8g + r of the group · activation row i, for r < 8, i < rows
-// (1..8); x[i] are the rows' blocks.
+// (1..8 for avx512_vnni::GroupDot, 1..4 for the others); x[i] are the rows' blocks.
 void GroupDotScalar(const GroupArgs& g, const ActBlock* const* x, int rows, float* y, int64_t y_stride);
 
 namespace avx2 {

@@ -161,17 +161,11 @@ void Kernel(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const* 
   for (int i = 0; i < R; ++i) _mm256_storeu_ps(y + i * y_stride, acc[i]);
 }
 
-// Up to 8 activation rows a call: AVX-512's 32 vector registers hold 8 rows' sums in one
-// pass over the weights; AVX2's 16 hold 4, so it makes two passes.
+// Up to 8 activation rows a call with VNNI (AVX-512's 32 vector registers hold 8 rows'
+// sums), up to 4 on AVX2 (16 registers; packed.cc's tiles).
 template <DType T>
 void KernelRows(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const* xb, int rows, float* y,
                 int64_t y_stride) {
-  if constexpr (!kVnni) {
-    if (rows > 4) {
-      Kernel<T, 4>(g, x, xb, y, y_stride);
-      return KernelRows<T>(g, x + 4, xb + 4, rows - 4, y + 4 * y_stride, y_stride);
-    }
-  }
   switch (rows) {
     case 1: return Kernel<T, 1>(g, x, xb, y, y_stride);
     case 2: return Kernel<T, 2>(g, x, xb, y, y_stride);
