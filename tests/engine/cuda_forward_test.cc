@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"

@@ -192,21 +192,15 @@ class CudaBackendTest : public CudaTest {
     for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
     return worst;
   }
-  // The CPU's attention outputs with keys [drop_begin, drop_end) left out.
-  std::vector<float> CpuOutputWithout(const AttentionShape& shape, const PagedKv& kv,
-                                      const std::vector<int32_t>& positions, const AttentionArgs& base,
-                                      const std::vector<float>& q, int32_t drop_begin, int32_t drop_end) {
-    KvSelection rest;
-    rest.segments.push_back({.q_begin = 0,
-                             .q_end = static_cast<int32_t>(base.n_q),
-                             .ranges = {{0, drop_begin}, {drop_end, static_cast<int32_t>(positions.size())}},
-                             .kv_head = -1});
+  // The CPU's attention outputs of `base`'s queries over `selection` (null: every key).
+  std::vector<float> CpuOutput(const AttentionShape& shape, const PagedKv& kv, const std::vector<int32_t>& positions,
+                               const AttentionArgs& base, const std::vector<float>& q, const KvSelection* selection) {
     std::vector<float> out(base.n_q * base.out_stride), lse(base.n_q * base.lse_stride);
     AttentionArgs args = base;
     args.q = q.data();
     args.out = out.data();
     args.lse = lse.data();
-    args.selection = &rest;
+    args.selection = selection;
     cpu_.Attention(shape, kv.View(false, positions), args);
     return out;
   }
@@ -457,14 +451,13 @@ TEST_F(CudaBackendTest, TiledAttentionMatchesCpuAcrossShapes) {
         // The tolerance must catch a kernel that skips one key tile (64 keys): the GPU is
         // several times closer to the CPU than the CPU is to itself without a tile.
         if (std::string(name) == "all" && sh.n >= 256) {
-          std::vector<float> out(sh.n_q * qd);
-          AttentionArgs cpu_args = base;
-          cpu_args.q = q.data();
-          cpu_args.out = out.data();
-          std::vector<float> lse(sh.n_q * sh.n_heads);
-          cpu_args.lse = lse.data();
-          cpu_.Attention(shape, kv.View(false, positions), cpu_args);
-          const float tile = MaxDifference(CpuOutputWithout(shape, kv, positions, base, q, 128, 192), out);
+          KvSelection without_tile;  // keys [128, 192) left out
+          without_tile.segments.push_back({.q_begin = 0,
+                                           .q_end = static_cast<int32_t>(sh.n_q),
+                                           .ranges = {{0, 128}, {192, static_cast<int32_t>(sh.n)}},
+                                           .kv_head = -1});
+          const float tile = MaxDifference(CpuOutput(shape, kv, positions, base, q, &without_tile),
+                                           CpuOutput(shape, kv, positions, base, q, nullptr));
           EXPECT_LT(error * 4, tile) << what << ": the GPU is off by " << error << ", a dropped tile by " << tile;
           std::printf("%s: GPU off by %.2e; a dropped key tile moves the output by %.2e\n", what.c_str(), error, tile);
         }

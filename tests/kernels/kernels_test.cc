@@ -36,7 +36,7 @@ double MaxRelErr(const std::vector<float>& got, const std::vector<double>& want)
 // (oneDNN's BF16 matmul) with the activations rounded to BF16: the result is the exact
 // product of the rounded activations, not of the F32 ones. First in this file: oneDNN
 // keeps the instruction level of its first product, and the tests below start at scalar
-// (ctest runs each test in a process of its own; so does the whole binary in this order).
+// (ctest runs each test in a process of its own; run whole, the binary passes in this order).
 TEST(MatMul, Bf16WeightsTakeBf16DotProducts) {
   const std::vector<CpuIsa> levels = SupportedCpuIsas();
   if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
