@@ -8,6 +8,8 @@
 
 #include "base/status.h"
 #include "kernels/cpu/attention_avx2.h"
+#include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/sgemm.h"
@@ -141,6 +143,13 @@ float ExpShifted(float* x, int64_t n, float m) {
 }
 float RowMax(const float* x, int64_t n) { return avx2::Available() ? avx2::MaxOf(x, n) : MaxOf(x, n); }
 
+// Several query rows over a BF16 cache multiply on BF16 dot products where the CPU has
+// them (kernels/cpu/attention_avx512.h), reading the paged rows in place.
+bool Bf16Tiles(const AttentionShape& s, DType kv_dtype) {
+  return ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && kv_dtype == DType::kBF16 &&
+         s.head_dim % avx512_bf16::kHeadAlign == 0;
+}
+
 // One query segment over the chunks of `kv`. For several query rows `kv` must be
 // F32 (the gathered copy) so that each tile is one sgemm operand. row_ids maps a
 // view row to the caller's row for the last-query statistics (null: the same).
@@ -173,6 +182,7 @@ class SegmentAttention {
         kvh0_(seg.kv_head >= 0 ? seg.kv_head : 0),
         n_kvh_(seg.kv_head >= 0 ? 1 : s.n_kv_heads),
         group_simd_(avx2::Available() && s.head_dim % 8 == 0),
+        bf16_tiles_(Bf16Tiles(s, kv_.dtype)),
         elem_(kv_.dtype == DType::kF32    ? avx2::KvElem::kF32
               : kv_.dtype == DType::kF16  ? avx2::KvElem::kF16
               : kv_.dtype == DType::kQ8_0 ? avx2::KvElem::kQ8_0
@@ -238,6 +248,16 @@ class SegmentAttention {
     const int64_t key_tile = nq == 1 ? kDecodeKeyTile : kKeyTile;
     const int64_t tile_scores = nq * key_tile;
     float* scores = Scratch(scores_storage, group_ * tile_scores);  // [group][nq, key_tile]
+    const bool bf16 = nq > 1 && bf16_tiles_;
+    if (bf16) {  // the group's query rows in BF16: [group][nq, hd]
+      if (static_cast<int64_t>(q16_.size()) < group_ * nq * hd_) q16_.resize(group_ * nq * hd_);
+      for (int h = 0; h < group_; ++h) {
+        for (int64_t i = 0; i < nq; ++i) {
+          F32ToHalf(DType::kBF16, a_.q + (q0 + i) * a_.q_stride + (kvh * group_ + h) * hd_,
+                    q16_.data() + (h * nq + i) * hd_, hd_);
+        }
+      }
+    }
     pieces_.clear();
     int64_t ordinal = 0, filled = 0;  // ordinal: of the chunk's first key among the visible ones
     auto flush = [&] {
@@ -253,7 +273,7 @@ class SegmentAttention {
         pieces_.push_back({t0, nt});
         filled += nt;
         t0 += nt;
-        if (filled == key_tile || nq > 1) flush();
+        if (filled == key_tile || (nq > 1 && !bf16)) flush();
       }
     }
     flush();
@@ -280,9 +300,17 @@ class SegmentAttention {
     if (grouped) {
       for (size_t i = 0; i < kPrefetchPieces; ++i) prefetch(i);
     }
-    // S = Q Kᵀ for the tile, every head of the group.
+    // S = scale Q Kᵀ for the tile, every head of the group.
+    const bool bf16 = nq > 1 && bf16_tiles_;
+    if (bf16) {
+      PackTile(kvh, nt);
+      for (int h = 0; h < group_; ++h) {
+        avx512_bf16::Scores(q16_.data() + h * nq * hd, hd, nq, keys16_.data(), nt, hd, s_.scale,
+                            scores + h * tile_scores, nt);
+      }
+    }
     int64_t col = 0;
-    for (size_t i = 0; i < pieces_.size(); ++i) {
+    for (size_t i = 0; i < pieces_.size() && !bf16; ++i) {
       const Chunk& p = pieces_[i];
       if (grouped) {
         prefetch(i + kPrefetchPieces);
@@ -291,9 +319,11 @@ class SegmentAttention {
       } else {
         for (int h = 0; h < group_; ++h) {
           if (nq == 1) {
-            KeyDots(kv_, q_of(h), p.j0, p.nb, kvh * hd, hd, scores + h * tile_scores + col);
+            float* s = scores + h * tile_scores + col;
+            KeyDots(kv_, q_of(h), p.j0, p.nb, kvh * hd, hd, s);
+            Scale(s_.scale, s, p.nb);
           } else {
-            Sgemm(true, nq, nt, hd, 1.0f, q_of(h), a_.q_stride, static_cast<const float*>(kv_.k(p.j0, kvh * hd)),
+            Sgemm(true, nq, nt, hd, s_.scale, q_of(h), a_.q_stride, static_cast<const float*>(kv_.k(p.j0, kvh * hd)),
                   kv_.stride, 0.0f, scores + h * tile_scores, nt);
           }
         }
@@ -312,11 +342,10 @@ class SegmentAttention {
         float* dst = last_tile && i == nq - 1 ? seg_.last_logits + (h0 + h) * seg_.stats_n : nullptr;
         col = 0;
         for (const Chunk& p : pieces_) {
-          if (grouped && unmasked && dst == nullptr) break;  // scaled already, nothing to mask or record
+          if (unmasked && dst == nullptr) break;  // nothing to mask or record
           const int32_t* pos = kv_.positions + p.j0;
           for (int64_t r = 0; r < p.nb; ++r, ++col) {
-            const float x = grouped ? row[col] : row[col] * s_.scale;
-            row[col] = unmasked || a_.window.Sees(pos[r], qp) ? x : neg_inf;
+            if (!unmasked && !a_.window.Sees(pos[r], qp)) row[col] = neg_inf;
             if (dst != nullptr) dst[StatRow(p.j0 + r)] = row[col];
           }
         }
@@ -333,8 +362,20 @@ class SegmentAttention {
       }
     }
     // O += P V for the tile.
+    if (bf16) {
+      const int64_t padded = avx512_bf16::PaddedKeys(nt);
+      if (static_cast<int64_t>(p16_.size()) < nq * padded) p16_.resize(nq * padded);
+      for (int h = 0; h < group_; ++h) {
+        for (int64_t i = 0; i < nq; ++i) {
+          uint16_t* p = p16_.data() + i * padded;
+          F32ToHalf(DType::kBF16, scores + h * tile_scores + i * nt, p, nt);
+          std::fill(p + nt, p + padded, uint16_t{0});
+        }
+        avx512_bf16::AddWeightedValues(p16_.data(), padded, nq, values16_.data(), nt, hd, out_of(h), out_stride);
+      }
+    }
     col = 0;
-    for (size_t i = 0; i < pieces_.size(); ++i) {
+    for (size_t i = 0; i < pieces_.size() && !bf16; ++i) {
       const Chunk& p = pieces_[i];
       if (grouped) {
         prefetch(pieces_.size() + i + kPrefetchPieces);
@@ -413,6 +454,25 @@ class SegmentAttention {
 
   int64_t StatRow(int64_t j) const { return seg_.row_ids != nullptr ? seg_.row_ids[j] : j; }
 
+  // The tile's (pieces_, nt rows) keys and values of KV head kvh, packed for the BF16 kernels.
+  void PackTile(int kvh, int64_t nt) const {
+    rows_.clear();
+    for (const Chunk& p : pieces_) {
+      for (int64_t r = 0; r < p.nb; ++r) rows_.push_back(static_cast<const uint16_t*>(kv_.k(p.j0 + r, kvh * hd_)));
+    }
+    const int64_t elems = avx512_bf16::PaddedKeys(nt) * hd_;
+    if (static_cast<int64_t>(keys16_.size()) < elems) {
+      keys16_.resize(elems);
+      values16_.resize(elems);
+    }
+    avx512_bf16::PackKeys(rows_.data(), nt, hd_, keys16_.data());
+    rows_.clear();
+    for (const Chunk& p : pieces_) {
+      for (int64_t r = 0; r < p.nb; ++r) rows_.push_back(static_cast<const uint16_t*>(kv_.v(p.j0 + r, kvh * hd_)));
+    }
+    avx512_bf16::PackValues(rows_.data(), nt, hd_, values16_.data());
+  }
+
   const AttentionShape& s_;
   const AttentionArgs& a_;
   const SegmentArgs& seg_;
@@ -420,13 +480,20 @@ class SegmentAttention {
   const int group_, hd_;
   const int kvh0_, n_kvh_;  // the KV heads this segment serves
   const bool group_simd_;
+  const bool bf16_tiles_;  // several query rows: BF16 tiles read in place (else one F32 piece a tile)
   const avx2::KvElem elem_;
   std::vector<Chunk> visible_;
   std::vector<float> partial_;
   static thread_local std::vector<Chunk> pieces_;  // of the key tile being attended
+  // The BF16 tiles' operands: query rows, the key tile's rows and packed keys and values, weights.
+  static thread_local std::vector<uint16_t> q16_, keys16_, values16_, p16_;
+  static thread_local std::vector<const uint16_t*> rows_;
 };
 
 thread_local std::vector<Chunk> SegmentAttention::pieces_;
+thread_local std::vector<uint16_t> SegmentAttention::q16_, SegmentAttention::keys16_, SegmentAttention::values16_,
+    SegmentAttention::p16_;
+thread_local std::vector<const uint16_t*> SegmentAttention::rows_;
 
 // The selected rows of a view as one contiguous F32 block (keys, values, positions
 // and the rows they came from), converted from half or Q8_0 types as needed.
@@ -521,7 +588,7 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       PS_CHECK(sel.kv_head >= -1 && sel.kv_head < s.n_kv_heads) << "selection names KV head " << sel.kv_head;
     }
     SplitAtBlocks(kv, ranges, &chunks);
-    if (seg.q_end - seg.q_begin >= 2) {
+    if (seg.q_end - seg.q_begin >= 2 && !Bf16Tiles(s, kv.dtype)) {
       // The keys some query row of the segment sees (the window's too: PoD's dropped
       // keys are not there to copy).
       const auto [min_pos, max_pos] = std::minmax_element(a.q_pos + seg.q_begin, a.q_pos + seg.q_end);

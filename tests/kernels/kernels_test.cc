@@ -13,6 +13,8 @@
 #include "base/fp16.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
@@ -190,8 +192,19 @@ const void* KvAt(const std::vector<uint8_t>& bytes, DType dtype, int64_t first) 
 }
 
 // The head size the attention tests take for `dtype`: Q8_0 caches need whole blocks of
-// 32 values; 24 covers the vector loops and their tails.
-int TestHeadDim(DType dtype) { return dtype == DType::kQ8_0 ? 32 : 24; }
+// 32 values, and BF16 caches take the BF16 tile kernels at multiples of 32; 24 covers
+// the vector loops and their tails.
+int TestHeadDim(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 24; }
+
+// What the attention tests allow against the direct computation: F32 arithmetic agrees to
+// 1e-5; a BF16 cache at several query rows multiplies on BF16 dot products on a CPU with
+// them (kernels/cpu/attention_avx512.h), its queries and softmax weights rounded to BF16
+// (8 significant bits: a relative error of 2^-9 each).
+double AttentionTolerance(DType dtype, int hd, int64_t nq) {
+  const bool bf16_tiles = ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && dtype == DType::kBF16 &&
+                          hd % avx512_bf16::kHeadAlign == 0 && nq > 1;
+  return bf16_tiles ? 1e-2 : 1e-5;
+}
 
 // Attention computed directly in doubles: query row i's heads of KV head kvh see key j
 // when visible(i, kvh, j);
@@ -279,8 +292,9 @@ void CheckAttentionAgainstNaive() {
             s, q, k, v, nq, nkv, [&](int64_t i, int, int64_t j) { return kv_pos[j] <= q_pos[i]; }, &want_probs,
             &want_logits);
         const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows);
-        EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
-        EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
+        const double tol = AttentionTolerance(dtype, kHd, nq);
+        EXPECT_LT(MaxRelErr(out, want), tol) << what;
+        EXPECT_LT(MaxRelErr(probs, want_probs), tol) << what;
       }
 }
 
@@ -367,13 +381,14 @@ TEST(Attention, ReadsExactlyTheSelection) {
                 &want_probs, &want_logits);
             const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows,
                                                   ascending ? " ascending" : " permuted", per_head ? " per head" : "");
-            EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
-            EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
+            const double tol = AttentionTolerance(dtype, kHd, nq);
+            EXPECT_LT(MaxRelErr(out, want), tol) << what;
+            EXPECT_LT(MaxRelErr(probs, want_probs), tol) << what;
             for (int64_t j = 0; j < nkv; ++j) {
               if (want_logits[j] < -1e299) {
                 EXPECT_TRUE(std::isinf(logits[j]) && logits[j] < 0) << what << " row " << j;
               } else {
-                EXPECT_NEAR(logits[j], want_logits[j], 1e-4 * (1 + std::fabs(want_logits[j]))) << what << " row " << j;
+                EXPECT_NEAR(logits[j], want_logits[j], 10 * tol * (1 + std::fabs(want_logits[j]))) << what << " row " << j;
               }
             }
           }
@@ -409,8 +424,9 @@ TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
   constexpr int64_t kBlock = 16;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
     for (auto [nq, nkv] : {std::pair<int64_t, int64_t>{1, 3000}, {1, 60}, {5, 60}, {40, 60}, {40, 200}}) {
-      const int kHd = dtype == DType::kQ8_0 ? 32 : 16, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
+      const int kHd = dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 16, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
       const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.25f};
+      const double tol = AttentionTolerance(dtype, kHd, nq);
       const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " nkv=", nkv);
       auto q = Randn(nq * kQd, 21), k = Randn(nkv * kKvd, 22), v = Randn(nkv * kKvd, 23);
       const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
@@ -457,7 +473,7 @@ TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
         const PositionWindow w{.part = part, .sinks = 4, .recent = 10};
         auto sees = [&](int64_t i, int, int64_t j) { return w.Sees(kv_pos[j], q_pos[i]); };
         std::vector<double> probs, logits;
-        EXPECT_LT(MaxRelErr(got->out, NaiveAttention(s, q, k, v, nq, nkv, sees, &probs, &logits)), 1e-5) << what;
+        EXPECT_LT(MaxRelErr(got->out, NaiveAttention(s, q, k, v, nq, nkv, sees, &probs, &logits)), tol) << what;
         std::vector<double> want_lse(nq * kHeads);
         for (int64_t i = 0; i < nq; ++i) {
           for (int h = 0; h < kHeads; ++h) {
@@ -475,7 +491,7 @@ TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
             want_lse[i * kHeads + h] = m + std::log(sum);
           }
         }
-        for (size_t x = 0; x < want_lse.size(); ++x) EXPECT_NEAR(got->lse[x], want_lse[x], 1e-4) << what;
+        for (size_t x = 0; x < want_lse.size(); ++x) EXPECT_NEAR(got->lse[x], want_lse[x], 10 * tol) << what;
       }
       // The gate g = 1 / (1 + exp(lse_D - lse_P)) merges the parts into the whole.
       std::vector<double> merged(nq * kQd);
@@ -490,7 +506,7 @@ TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
           }
         }
       }
-      EXPECT_LT(MaxRelErr(all.out, merged), 1e-5) << what;
+      EXPECT_LT(MaxRelErr(all.out, merged), tol) << what;
       // KV head 1 alone: its two query heads, the blocks offset to the head.
       std::vector<const void*> kp1(n_blocks), vp1(n_blocks);
       const size_t head_bytes = RowBytes(dtype, kHd);
@@ -633,9 +649,74 @@ TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
                   &want_probs, &want_logits);
               const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " hd=", hd, " heads=", kHeads,
                                                     " keys=", nkv, " queries=", nq, with_selection ? " selection" : "");
-              EXPECT_LT(MaxRelErr(out, want), 1e-5) << what;
-              EXPECT_LT(MaxRelErr(probs, want_probs), 1e-5) << what;
+              const double tol = AttentionTolerance(dtype, hd, nq);
+              EXPECT_LT(MaxRelErr(out, want), tol) << what;
+              EXPECT_LT(MaxRelErr(probs, want_probs), tol) << what;
             }
+}
+
+// The BF16 tile kernels of prefill attention against sums in doubles of the same BF16
+// values: rows packed from anywhere in memory, ragged key counts (the packed tiles' zero
+// padding) and query rows (every pass size), head sizes of one and several 64-column
+// passes and a 32-column one. Scores past the nt-th key are not written.
+TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
+  const std::vector<CpuIsa> levels = SupportedCpuIsas();
+  if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16 dot products";
+  }
+  ScopedCpuIsa level(CpuIsa::kAvx512Bf16);
+  auto bf16 = [](const std::vector<float>& x) {
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = Fp32ToBf16(x[i]);
+    return h;
+  };
+  for (int hd : {32, 64, 96, 128})
+    for (int64_t nt : {1, 31, 33, 256})
+      for (int64_t nq : {1, 7, 9, 64}) {
+        const std::string what = absl::StrCat("hd=", hd, " keys=", nt, " rows=", nq);
+        const int64_t padded = avx512_bf16::PaddedKeys(nt), q_stride = hd + 8, s_stride = nt + 3;
+        const std::vector<uint16_t> q = bf16(Randn(nq * q_stride, 31));
+        std::vector<std::vector<uint16_t>> k_rows, v_rows;  // each row an allocation of its own
+        std::vector<const uint16_t*> kp, vp;
+        for (int64_t j = 0; j < nt; ++j) {
+          k_rows.push_back(bf16(Randn(hd, 100 + j)));
+          v_rows.push_back(bf16(Randn(hd, 1000 + j)));
+        }
+        for (int64_t j = 0; j < nt; ++j) {
+          kp.push_back(k_rows[j].data());
+          vp.push_back(v_rows[j].data());
+        }
+        std::vector<uint16_t> keys(padded * hd), values(padded * hd);
+        avx512_bf16::PackKeys(kp.data(), nt, hd, keys.data());
+        avx512_bf16::PackValues(vp.data(), nt, hd, values.data());
+        constexpr float kUnwritten = 12345.0f;
+        std::vector<float> s(nq * s_stride, kUnwritten);
+        avx512_bf16::Scores(q.data(), q_stride, nq, keys.data(), nt, hd, 0.3f, s.data(), s_stride);
+        std::vector<uint16_t> p = bf16(Randn(nq * padded, 32));
+        for (int64_t i = 0; i < nq; ++i) std::fill(p.begin() + i * padded + nt, p.begin() + (i + 1) * padded, 0);
+        const std::vector<float> o0 = Randn(nq * (hd + 5), 33);
+        std::vector<float> o = o0;
+        avx512_bf16::AddWeightedValues(p.data(), padded, nq, values.data(), nt, hd, o.data(), hd + 5);
+        for (int64_t i = 0; i < nq; ++i) {
+          for (int64_t j = 0; j < s_stride; ++j) {
+            if (j >= nt) {
+              ASSERT_EQ(s[i * s_stride + j], kUnwritten) << what << " row " << i << " column " << j;
+              continue;
+            }
+            double want = 0;
+            for (int e = 0; e < hd; ++e) want += double{Bf16ToFp32(q[i * q_stride + e])} * Bf16ToFp32(k_rows[j][e]);
+            want *= 0.3;
+            ASSERT_NEAR(s[i * s_stride + j], want, 1e-5 * (1 + std::fabs(want))) << what << " score " << i << "," << j;
+          }
+          for (int e = 0; e < hd + 5; ++e) {
+            double want = o0[i * (hd + 5) + e];
+            for (int64_t j = 0; e < hd && j < nt; ++j) {
+              want += double{Bf16ToFp32(p[i * padded + j])} * Bf16ToFp32(v_rows[j][e]);
+            }
+            ASSERT_NEAR(o[i * (hd + 5) + e], want, 1e-5 * (1 + std::fabs(want))) << what << " output " << i << "," << e;
+          }
+        }
+      }
 }
 
 // Half conversions equal the scalar base/fp16.h ones bit for bit (vector loops and

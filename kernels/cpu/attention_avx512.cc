@@ -1,0 +1,162 @@
+// Layouts: a packed key tile is blocks of kKeyAlign keys, each [hd / 2][kKeyAlign] 32-bit
+// lanes holding a key's values 2p and 2p + 1 (the operand vdpbf16ps pairs with a query's
+// values 2p, 2p + 1 broadcast to every lane); a packed value tile is [PaddedKeys(nt) / 2][hd]
+// lanes holding value d of keys 2q and 2q + 1 (paired with a row's weights 2q, 2q + 1).
+// GCC 12 warns inside its own AVX-512 headers (a known false positive).
+#if defined(__GNUC__) && !defined(__clang__)  // GCC only: clang knows neither the warnings nor the false positives
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include "kernels/cpu/attention_avx512.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/status.h"
+
+namespace ps::avx512_bf16 {
+namespace {
+
+constexpr int kScoreRows = 8;  // query rows a pass of Scores (8 x 2 accumulators)
+constexpr int kValueRows = 6;  // rows a pass of AddWeightedValues (6 x 4 accumulators)
+
+inline uint32_t Lane(const uint16_t* p) {
+  uint32_t x;
+  std::memcpy(&x, p, 4);
+  return x;
+}
+inline __m512bh Pairs(__m512i x) { return reinterpret_cast<__m512bh&>(x); }
+inline __m512bh Broadcast(const uint16_t* p) { return Pairs(_mm512_set1_epi32(static_cast<int>(Lane(p)))); }
+inline __m512bh LoadPairs(const uint16_t* p) { return Pairs(_mm512_loadu_si512(p)); }
+
+// Rows [0, R) of a query tile against one packed key block (`valid` of its keys stored).
+template <int R>
+void ScoreBlock(const uint16_t* q, int64_t q_stride, const uint16_t* block, int hd, __m512 scale, int64_t valid,
+                float* s, int64_t s_stride) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int p = 0; p < hd / 2; ++p) {
+    const __m512bh k0 = LoadPairs(block + 2 * kKeyAlign * p), k1 = LoadPairs(block + 2 * kKeyAlign * p + 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = Broadcast(q + r * q_stride + 2 * p);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, k0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, k1);
+    }
+  }
+  const __mmask16 m0 = valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
+  const __mmask16 m1 = valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : static_cast<__mmask16>((1u << (valid - 16)) - 1);
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(s + r * s_stride, m0, _mm512_mul_ps(acc[r][0], scale));
+    _mm512_mask_storeu_ps(s + r * s_stride + 16, m1, _mm512_mul_ps(acc[r][1], scale));
+  }
+}
+
+// Rows [0, R) of o, columns [d0, d0 + 16 V), += their weights times a packed value tile.
+template <int R, int V>
+void ValueBlock(const uint16_t* p, int64_t p_stride, const uint16_t* values, int64_t pairs, int hd, int d0, float* o,
+                int64_t o_stride) {
+  __m512 acc[R][V];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_loadu_ps(o + r * o_stride + d0 + 16 * v);
+  }
+  for (int64_t u = 0; u < pairs; ++u) {
+    __m512bh b[V];
+    for (int v = 0; v < V; ++v) b[v] = LoadPairs(values + 2 * (u * hd + d0 + 16 * v));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh a = Broadcast(p + r * p_stride + 2 * u);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(o + r * o_stride + d0 + 16 * v, acc[r][v]);
+  }
+}
+
+template <int V>
+void ValueRows(int rows, const uint16_t* p, int64_t p_stride, const uint16_t* values, int64_t pairs, int hd, int d0,
+               float* o, int64_t o_stride) {
+  switch (rows) {
+    case 1: return ValueBlock<1, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
+    case 2: return ValueBlock<2, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
+    case 3: return ValueBlock<3, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
+    case 4: return ValueBlock<4, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
+    case 5: return ValueBlock<5, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
+    case 6: return ValueBlock<6, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
+    default: PS_CHECK(false) << "value block of " << rows << " rows";
+  }
+}
+
+}  // namespace
+
+void PackKeys(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* keys) {
+  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
+  const int64_t padded = PaddedKeys(nt);
+  auto* out = reinterpret_cast<uint32_t*>(keys);  // [block][hd / 2][kKeyAlign]
+  for (int64_t j = 0; j < padded; ++j) {
+    uint32_t* dst = out + (j / kKeyAlign) * (hd / 2) * kKeyAlign + j % kKeyAlign;
+    for (int p = 0; p < hd / 2; ++p) dst[p * kKeyAlign] = j < nt ? Lane(rows[j] + 2 * p) : 0;
+  }
+}
+
+void PackValues(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* values) {
+  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
+  // Lane i of the first result: word i of a then of b; of the second, words 16 + i.
+  alignas(64) uint16_t lo_idx[32], hi_idx[32];
+  for (int i = 0; i < 16; ++i) {
+    lo_idx[2 * i] = static_cast<uint16_t>(i);
+    lo_idx[2 * i + 1] = static_cast<uint16_t>(32 + i);
+    hi_idx[2 * i] = static_cast<uint16_t>(16 + i);
+    hi_idx[2 * i + 1] = static_cast<uint16_t>(48 + i);
+  }
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  const int64_t pairs = PaddedKeys(nt) / 2;
+  for (int64_t u = 0; u < pairs; ++u) {
+    uint16_t* dst = values + 2 * u * hd;
+    for (int d = 0; d < hd; d += 32) {
+      const int64_t j = 2 * u;
+      const __m512i a = j < nt ? _mm512_loadu_si512(rows[j] + d) : _mm512_setzero_si512();
+      const __m512i b = j + 1 < nt ? _mm512_loadu_si512(rows[j + 1] + d) : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + 2 * d, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(dst + 2 * d + 32, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+}
+
+void Scores(const uint16_t* q, int64_t q_stride, int64_t nq, const uint16_t* keys, int64_t nt, int hd, float scale,
+            float* s, int64_t s_stride) {
+  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t j0 = 0; j0 < nt; j0 += kKeyAlign) {
+    const uint16_t* block = keys + j0 * hd;  // kKeyAlign keys x hd values
+    const int64_t valid = nt - j0;
+    for (int64_t i = 0; i < nq; i += kScoreRows) {
+      const uint16_t* qi = q + i * q_stride;
+      float* si = s + i * s_stride + j0;
+      switch (std::min<int64_t>(kScoreRows, nq - i)) {
+        case 1: ScoreBlock<1>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
+        case 2: ScoreBlock<2>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
+        case 3: ScoreBlock<3>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
+        case 4: ScoreBlock<4>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
+        case 5: ScoreBlock<5>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
+        case 6: ScoreBlock<6>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
+        case 7: ScoreBlock<7>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
+        default: ScoreBlock<8>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
+      }
+    }
+  }
+}
+
+void AddWeightedValues(const uint16_t* p, int64_t p_stride, int64_t nq, const uint16_t* values, int64_t nt, int hd,
+                       float* o, int64_t o_stride) {
+  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
+  const int64_t pairs = PaddedKeys(nt) / 2;
+  for (int64_t i = 0; i < nq; i += kValueRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kValueRows, nq - i));
+    int d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64) ValueRows<4>(rows, p + i * p_stride, p_stride, values, pairs, hd, d0, o + i * o_stride, o_stride);
+    if (d0 < hd) ValueRows<2>(rows, p + i * p_stride, p_stride, values, pairs, hd, d0, o + i * o_stride, o_stride);
+  }
+}
+
+}  // namespace ps::avx512_bf16

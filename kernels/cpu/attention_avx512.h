@@ -1,0 +1,34 @@
+// The query-tile products of prefill attention (kernels/cpu/attention.cc) on AVX-512 BF16
+// dot products (vdpbf16ps: two BF16 products summed into each F32 lane): S = scale Q Kᵀ
+// and O += P V for a tile of query rows against a tile of BF16 keys and values, read from
+// the paged cache and packed once per tile for every query row of every head of their
+// GQA group. Q and P are rounded to BF16 (as on a GPU's tensor cores); sums are F32.
+// Call only at CpuIsa::kAvx512Bf16 and with head sizes a multiple of kHeadAlign.
+#pragma once
+
+#include <cstdint>
+
+namespace ps::avx512_bf16 {
+
+constexpr int kHeadAlign = 32;  // head sizes these kernels take: multiples of this
+constexpr int64_t kKeyAlign = 32;  // packed tiles hold a multiple of this many keys (zeros after the last)
+
+// Keys rounded up to kKeyAlign.
+constexpr int64_t PaddedKeys(int64_t nt) { return (nt + kKeyAlign - 1) / kKeyAlign * kKeyAlign; }
+
+// Packs nt key rows (rows[r]: hd BF16 values) into `keys` (PaddedKeys(nt) * hd values).
+void PackKeys(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* keys);
+// Packs nt value rows the same way into `values` (PaddedKeys(nt) * hd values).
+void PackValues(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* values);
+
+// s[i * s_stride + j] = scale * (q_i · k_j) for query rows i < nq (q_i: hd BF16 values,
+// q_stride apart) and keys j < nt of a packed key tile.
+void Scores(const uint16_t* q, int64_t q_stride, int64_t nq, const uint16_t* keys, int64_t nt, int hd, float scale,
+            float* s, int64_t s_stride);
+
+// o_i[0, hd) += sum_j p_i[j] v_j for rows i < nq (p_i: PaddedKeys(nt) BF16 weights, p_stride
+// apart, zero after the nt-th; o_i o_stride apart) over a packed value tile.
+void AddWeightedValues(const uint16_t* p, int64_t p_stride, int64_t nq, const uint16_t* values, int64_t nt, int hd,
+                       float* o, int64_t o_stride);
+
+}  // namespace ps::avx512_bf16
