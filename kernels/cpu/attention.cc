@@ -151,7 +151,7 @@ bool Bf16Tiles(const AttentionShape& s, DType kv_dtype) {
 }
 
 // One query segment over the chunks of `kv`. For several query rows `kv` must be
-// F32 (the gathered copy) so that each tile is one sgemm operand. row_ids maps a
+// F32 (the gathered copy) so that each tile is one sgemm operand, unless Bf16Tiles. row_ids maps a
 // view row to the caller's row for the last-query statistics (null: the same).
 struct SegmentArgs {
   const KvRows* kv = nullptr;
@@ -249,12 +249,12 @@ class SegmentAttention {
     const int64_t tile_scores = nq * key_tile;
     float* scores = Scratch(scores_storage, group_ * tile_scores);  // [group][nq, key_tile]
     const bool bf16 = nq > 1 && bf16_tiles_;
-    if (bf16) {  // the group's query rows in BF16: [group][nq, hd]
-      if (static_cast<int64_t>(q16_.size()) < group_ * nq * hd_) q16_.resize(group_ * nq * hd_);
+    if (bf16) {  // the group's query rows split in two BF16 parts: [group][nq, 2 hd]
+      if (static_cast<int64_t>(q16_.size()) < group_ * nq * 2 * hd_) q16_.resize(group_ * nq * 2 * hd_);
       for (int h = 0; h < group_; ++h) {
         for (int64_t i = 0; i < nq; ++i) {
-          F32ToHalf(DType::kBF16, a_.q + (q0 + i) * a_.q_stride + (kvh * group_ + h) * hd_,
-                    q16_.data() + (h * nq + i) * hd_, hd_);
+          avx512_bf16::SplitQuery(a_.q + (q0 + i) * a_.q_stride + (kvh * group_ + h) * hd_, hd_,
+                                  q16_.data() + (h * nq + i) * 2 * hd_);
         }
       }
     }
@@ -305,7 +305,7 @@ class SegmentAttention {
     if (bf16) {
       PackTile(kvh, nt);
       for (int h = 0; h < group_; ++h) {
-        avx512_bf16::Scores(q16_.data() + h * nq * hd, hd, nq, keys16_.data(), nt, hd, s_.scale,
+        avx512_bf16::Scores(q16_.data() + h * nq * 2 * hd, 2 * hd, nq, keys16_.data(), nt, hd, s_.scale,
                             scores + h * tile_scores, nt);
       }
     }
@@ -330,7 +330,10 @@ class SegmentAttention {
       }
       col += p.nb;
     }
-    // Scale and mask; P = exp(S - m_new); rescale the rows' sums and outputs.
+    // Mask; P = exp(S - m_new) (BF16 tiles: rounded into p16_, [group][nq, padded]); rescale the
+    // rows' sums and outputs.
+    const int64_t padded = avx512_bf16::PaddedKeys(nt);
+    if (bf16 && static_cast<int64_t>(p16_.size()) < group_ * nq * padded) p16_.resize(group_ * nq * padded);
     bool unmasked = a_.window.part == PositionWindow::Part::kAll;  // every key of the tile visible to every row
     for (const Chunk& p : pieces_) {
       for (int64_t r = 0; r < p.nb && unmasked; ++r) unmasked = kv_.positions[p.j0 + r] <= min_pos;
@@ -351,28 +354,26 @@ class SegmentAttention {
         }
         float& mi = m[h * nq + i];
         const float m_new = std::max(mi, RowMax(row, nt));
+        uint16_t* p16 = bf16 ? p16_.data() + (h * nq + i) * padded : nullptr;
         if (m_new == neg_inf) {  // nothing visible yet: P = 0
-          std::fill(row, row + nt, 0.0f);
+          if (bf16) {
+            std::fill(p16, p16 + padded, uint16_t{0});
+          } else {
+            std::fill(row, row + nt, 0.0f);
+          }
           continue;
         }
         const float corr = mi == neg_inf ? 0.0f : std::exp(mi - m_new);
-        l[h * nq + i] = l[h * nq + i] * corr + ExpShifted(row, nt, m_new);
+        const float sum = bf16 ? avx512_bf16::ExpToBf16(row, nt, m_new, p16) : ExpShifted(row, nt, m_new);
+        l[h * nq + i] = l[h * nq + i] * corr + sum;
         if (corr != 1.0f) Scale(corr, out_of(h) + i * out_stride, hd);
         mi = m_new;
       }
     }
     // O += P V for the tile.
-    if (bf16) {
-      const int64_t padded = avx512_bf16::PaddedKeys(nt);
-      if (static_cast<int64_t>(p16_.size()) < nq * padded) p16_.resize(nq * padded);
-      for (int h = 0; h < group_; ++h) {
-        for (int64_t i = 0; i < nq; ++i) {
-          uint16_t* p = p16_.data() + i * padded;
-          F32ToHalf(DType::kBF16, scores + h * tile_scores + i * nt, p, nt);
-          std::fill(p + nt, p + padded, uint16_t{0});
-        }
-        avx512_bf16::AddWeightedValues(p16_.data(), padded, nq, values16_.data(), nt, hd, out_of(h), out_stride);
-      }
+    for (int h = 0; h < group_ && bf16; ++h) {
+      avx512_bf16::AddWeightedValues(p16_.data() + h * nq * padded, padded, nq, values16_.data(), nt, hd, out_of(h),
+                                     out_stride);
     }
     col = 0;
     for (size_t i = 0; i < pieces_.size() && !bf16; ++i) {
@@ -456,21 +457,20 @@ class SegmentAttention {
 
   // The tile's (pieces_, nt rows) keys and values of KV head kvh, packed for the BF16 kernels.
   void PackTile(int kvh, int64_t nt) const {
-    rows_.clear();
-    for (const Chunk& p : pieces_) {
-      for (int64_t r = 0; r < p.nb; ++r) rows_.push_back(static_cast<const uint16_t*>(kv_.k(p.j0 + r, kvh * hd_)));
-    }
     const int64_t elems = avx512_bf16::PaddedKeys(nt) * hd_;
     if (static_cast<int64_t>(keys16_.size()) < elems) {
       keys16_.resize(elems);
       values16_.resize(elems);
     }
-    avx512_bf16::PackKeys(rows_.data(), nt, hd_, keys16_.data());
-    rows_.clear();
-    for (const Chunk& p : pieces_) {
-      for (int64_t r = 0; r < p.nb; ++r) rows_.push_back(static_cast<const uint16_t*>(kv_.v(p.j0 + r, kvh * hd_)));
-    }
-    avx512_bf16::PackValues(rows_.data(), nt, hd_, values16_.data());
+    auto rows = [&](auto row_of) {  // where each row of the tile starts
+      rows_.clear();
+      for (const Chunk& p : pieces_) {
+        for (int64_t r = 0; r < p.nb; ++r) rows_.push_back(static_cast<const uint16_t*>(row_of(p.j0 + r)));
+      }
+      return rows_.data();
+    };
+    avx512_bf16::PackKeys(rows([&](int64_t j) { return kv_.k(j, kvh * hd_); }), nt, hd_, keys16_.data());
+    avx512_bf16::PackValues(rows([&](int64_t j) { return kv_.v(j, kvh * hd_); }), nt, hd_, values16_.data());
   }
 
   const AttentionShape& s_;

@@ -1,11 +1,14 @@
 // Causal attention of one sequence's query rows over a selection of its cached
 // key/value rows (paged blocks, F32/F16/BF16), masked by position (key position <=
 // query position): tiled, with an online softmax, so no [queries, keys] matrix is
-// built. A query segment of several rows first gathers its selected rows into one
-// contiguous F32 buffer (O(keys x kv_dim); 16-row pages are too short to be sgemm
-// operands), and its tiles of 64 queries x 256 keys each run two sgemm calls per
-// head; a single query row (decode) reads the blocks in place, all heads of a GQA
-// group per block, and splits long key ranges among threads.
+// built. A query segment of several rows runs tiles of 64 queries x 256 keys: on a CPU
+// with AVX-512 BF16 and a BF16 cache, on BF16 dot products, each tile's keys and values
+// read in place from their pages and packed once for every head of their GQA group
+// (kernels/cpu/attention_avx512.h); otherwise the segment first gathers its selected rows
+// into one contiguous F32 buffer (O(keys x kv_dim); 16-row pages are too short to be
+// sgemm operands) and each tile runs two sgemm calls per head. A single query row
+// (decode) reads the blocks in place, all heads of a GQA group per block, and splits
+// long key ranges among threads.
 #pragma once
 
 #include "base/thread_pool.h"

@@ -5,6 +5,7 @@
 // GCC 12 warns inside its own AVX-512 headers (a known false positive).
 #if defined(__GNUC__) && !defined(__clang__)  // GCC only: clang knows neither the warnings nor the false positives
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include "kernels/cpu/attention_avx512.h"
 
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "base/status.h"
 
@@ -30,6 +32,26 @@ inline __m512bh Pairs(__m512i x) { return reinterpret_cast<__m512bh&>(x); }
 inline __m512bh Broadcast(const uint16_t* p) { return Pairs(_mm512_set1_epi32(static_cast<int>(Lane(p)))); }
 inline __m512bh LoadPairs(const uint16_t* p) { return Pairs(_mm512_loadu_si512(p)); }
 
+// e^v for v <= 0, as attention_avx2.cc's Exp (Cephes range reduction, degree-6
+// polynomial), 16 lanes; v below -87.3 (and -inf) gives 0.
+inline __m512 Exp(__m512 v) {
+  const __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+  v = _mm512_max_ps(v, _mm512_set1_ps(-87.3f));
+  const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 y = _mm512_fnmadd_ps(r, _mm512_set1_ps(0.693359375f), v);
+  y = _mm512_fmadd_ps(r, _mm512_set1_ps(2.12194440e-4f), y);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(5.0000001201E-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, y), y, _mm512_add_ps(y, _mm512_set1_ps(1.0f)));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(r), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), p, _mm512_castsi512_ps(bits));
+}
+
 // Rows [0, R) of a query tile against one packed key block (`valid` of its keys stored).
 template <int R>
 void ScoreBlock(const uint16_t* q, int64_t q_stride, const uint16_t* block, int hd, __m512 scale, int64_t valid,
@@ -39,9 +61,9 @@ void ScoreBlock(const uint16_t* q, int64_t q_stride, const uint16_t* block, int 
   for (int p = 0; p < hd / 2; ++p) {
     const __m512bh k0 = LoadPairs(block + 2 * kKeyAlign * p), k1 = LoadPairs(block + 2 * kKeyAlign * p + 32);
     for (int r = 0; r < R; ++r) {
-      const __m512bh a = Broadcast(q + r * q_stride + 2 * p);
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, k0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, k1);
+      const __m512bh a = Broadcast(q + r * q_stride + 2 * p), rest = Broadcast(q + r * q_stride + hd + 2 * p);
+      acc[r][0] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][0], a, k0), rest, k0);
+      acc[r][1] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][1], a, k1), rest, k1);
     }
   }
   const __mmask16 m0 = valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
@@ -120,6 +142,33 @@ void PackValues(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* value
       _mm512_storeu_si512(dst + 2 * d, _mm512_permutex2var_epi16(a, lo, b));
       _mm512_storeu_si512(dst + 2 * d + 32, _mm512_permutex2var_epi16(a, hi, b));
     }
+  }
+}
+
+float ExpToBf16(const float* s, int64_t nt, float m, uint16_t* p) {
+  const __m512 vm = _mm512_set1_ps(m), neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 sum = _mm512_setzero_ps();
+  const int64_t padded = PaddedKeys(nt);
+  for (int64_t j = 0; j < padded; j += 16) {
+    const __mmask16 valid = j + 16 <= nt ? 0xFFFF : j >= nt ? 0 : static_cast<__mmask16>((1u << (nt - j)) - 1);
+    const __m512 x = _mm512_mask_loadu_ps(neg_inf, valid, s + j);
+    const __m512 e = Exp(_mm512_sub_ps(x, vm));
+    const __m256bh h = _mm512_cvtneps_pbh(e);
+    std::memcpy(p + j, &h, sizeof h);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+void SplitQuery(const float* x, int hd, uint16_t* out) {
+  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
+  for (int e = 0; e < hd; e += 16) {
+    const __m512 v = _mm512_loadu_ps(x + e);
+    const __m256bh hi = _mm512_cvtneps_pbh(v);
+    const __m512 back = _mm512_cvtpbh_ps(hi);
+    const __m256bh lo = _mm512_cvtneps_pbh(_mm512_sub_ps(v, back));
+    std::memcpy(out + e, &hi, sizeof hi);
+    std::memcpy(out + hd + e, &lo, sizeof lo);
   }
 }
 

@@ -2,7 +2,9 @@
 // dot products (vdpbf16ps: two BF16 products summed into each F32 lane): S = scale Q Kᵀ
 // and O += P V for a tile of query rows against a tile of BF16 keys and values, read from
 // the paged cache and packed once per tile for every query row of every head of their
-// GQA group. Q and P are rounded to BF16 (as on a GPU's tensor cores); sums are F32.
+// GQA group. A query is split into two BF16 parts (its rounding and the rounding of the
+// remainder: the scores are as exact as F32's, the keys being BF16 already); the softmax
+// weights P are rounded to BF16 (as on a GPU's tensor cores); sums are F32.
 // Call only at CpuIsa::kAvx512Bf16 and with head sizes a multiple of kHeadAlign.
 #pragma once
 
@@ -21,10 +23,19 @@ void PackKeys(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* keys);
 // Packs nt value rows the same way into `values` (PaddedKeys(nt) * hd values).
 void PackValues(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* values);
 
-// s[i * s_stride + j] = scale * (q_i · k_j) for query rows i < nq (q_i: hd BF16 values,
-// q_stride apart) and keys j < nt of a packed key tile.
+// A query row of hd F32 values as Scores reads it: out[0, hd) = its BF16 rounding, out[hd,
+// 2 hd) = the rounding of what that leaves.
+void SplitQuery(const float* x, int hd, uint16_t* out);
+
+// s[i * s_stride + j] = scale * (q_i · k_j) for query rows i < nq (q_i: SplitQuery's 2 hd
+// values, q_stride apart) and keys j < nt of a packed key tile.
 void Scores(const uint16_t* q, int64_t q_stride, int64_t nq, const uint16_t* keys, int64_t nt, int hd, float scale,
             float* s, int64_t s_stride);
+
+// A row's softmax weights: p[j] = exp(s[j] - m) rounded to BF16 for j < nt (0 where s[j] is
+// more than 87.3 below m, -inf included), zeros up to PaddedKeys(nt); returns the sum of the
+// weights before rounding (the row's log-sum-exp stays F32's).
+float ExpToBf16(const float* s, int64_t nt, float m, uint16_t* p);
 
 // o_i[0, hd) += sum_j p_i[j] v_j for rows i < nq (p_i: PaddedKeys(nt) BF16 weights, p_stride
 // apart, zero after the nt-th; o_i o_stride apart) over a packed value tile.

@@ -198,12 +198,12 @@ int TestHeadDim(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::k
 
 // What the attention tests allow against the direct computation: F32 arithmetic agrees to
 // 1e-5; a BF16 cache at several query rows multiplies on BF16 dot products on a CPU with
-// them (kernels/cpu/attention_avx512.h), its queries and softmax weights rounded to BF16
-// (8 significant bits: a relative error of 2^-9 each).
+// them (kernels/cpu/attention_avx512.h), its softmax weights rounded to BF16 (8 significant
+// bits: a relative error of 2^-9 each; these tests measure up to 1.7e-3).
 double AttentionTolerance(DType dtype, int hd, int64_t nq) {
   const bool bf16_tiles = ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && dtype == DType::kBF16 &&
                           hd % avx512_bf16::kHeadAlign == 0 && nq > 1;
-  return bf16_tiles ? 1e-2 : 1e-5;
+  return bf16_tiles ? 5e-3 : 1e-5;
 }
 
 // Attention computed directly in doubles: query row i's heads of KV head kvh see key j
@@ -656,7 +656,7 @@ TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
 }
 
 // The BF16 tile kernels of prefill attention against sums in doubles of the same BF16
-// values: rows packed from anywhere in memory, ragged key counts (the packed tiles' zero
+// values (queries: their two BF16 parts): rows packed from anywhere in memory, ragged key counts (the packed tiles' zero
 // padding) and query rows (every pass size), head sizes of one and several 64-column
 // passes and a 32-column one. Scores past the nt-th key are not written.
 TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
@@ -674,8 +674,17 @@ TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
     for (int64_t nt : {1, 31, 33, 256})
       for (int64_t nq : {1, 7, 9, 64}) {
         const std::string what = absl::StrCat("hd=", hd, " keys=", nt, " rows=", nq);
-        const int64_t padded = avx512_bf16::PaddedKeys(nt), q_stride = hd + 8, s_stride = nt + 3;
-        const std::vector<uint16_t> q = bf16(Randn(nq * q_stride, 31));
+        const int64_t padded = avx512_bf16::PaddedKeys(nt), q_stride = 2 * hd + 8, s_stride = nt + 3;
+        const std::vector<float> qf = Randn(nq * hd, 31);
+        std::vector<uint16_t> q(nq * q_stride);
+        for (int64_t i = 0; i < nq; ++i) {
+          avx512_bf16::SplitQuery(qf.data() + i * hd, hd, q.data() + i * q_stride);
+          for (int e = 0; e < hd; ++e) {  // the two parts hold the query to 16 bits
+            const float x = qf[i * hd + e];
+            ASSERT_EQ(q[i * q_stride + e], Fp32ToBf16(x));
+            ASSERT_NEAR(Bf16ToFp32(q[i * q_stride + e]) + Bf16ToFp32(q[i * q_stride + hd + e]), x, std::fabs(x) * 0x1p-16);
+          }
+        }
         std::vector<std::vector<uint16_t>> k_rows, v_rows;  // each row an allocation of its own
         std::vector<const uint16_t*> kp, vp;
         for (int64_t j = 0; j < nt; ++j) {
@@ -694,6 +703,20 @@ TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
         avx512_bf16::Scores(q.data(), q_stride, nq, keys.data(), nt, hd, 0.3f, s.data(), s_stride);
         std::vector<uint16_t> p = bf16(Randn(nq * padded, 32));
         for (int64_t i = 0; i < nq; ++i) std::fill(p.begin() + i * padded + nt, p.begin() + (i + 1) * padded, 0);
+        if (hd == 32 && nq == 1) {  // the softmax weights of a row, once per key count
+          std::vector<float> row = Randn(nt, 34);
+          row[0] = -std::numeric_limits<float>::infinity();  // masked
+          if (nt > 2) row[2] = -100.0f;                       // underflows to 0
+          std::vector<uint16_t> w(padded, 0xFFFF);
+          const float sum = avx512_bf16::ExpToBf16(row.data(), nt, 0.5f, w.data());
+          double want_sum = 0;
+          for (int64_t j = 0; j < padded; ++j) {
+            const double e = j < nt ? std::exp(double{row[j]} - 0.5) : 0.0;
+            ASSERT_NEAR(Bf16ToFp32(w[j]), e, e * 4e-3 + 1e-30) << what << " weight " << j;
+            want_sum += e;
+          }
+          EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum) << what;
+        }
         const std::vector<float> o0 = Randn(nq * (hd + 5), 33);
         std::vector<float> o = o0;
         avx512_bf16::AddWeightedValues(p.data(), padded, nq, values.data(), nt, hd, o.data(), hd + 5);
@@ -704,7 +727,10 @@ TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
               continue;
             }
             double want = 0;
-            for (int e = 0; e < hd; ++e) want += double{Bf16ToFp32(q[i * q_stride + e])} * Bf16ToFp32(k_rows[j][e]);
+            for (int e = 0; e < hd; ++e) {
+              const double qe = double{Bf16ToFp32(q[i * q_stride + e])} + Bf16ToFp32(q[i * q_stride + hd + e]);
+              want += qe * Bf16ToFp32(k_rows[j][e]);
+            }
             want *= 0.3;
             ASSERT_NEAR(s[i * s_stride + j], want, 1e-5 * (1 + std::fabs(want))) << what << " score " << i << "," << j;
           }
