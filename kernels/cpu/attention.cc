@@ -146,8 +146,7 @@ float RowMax(const float* x, int64_t n) { return avx2::Available() ? avx2::MaxOf
 // Several query rows over a BF16 cache multiply on BF16 dot products where the CPU has
 // them (kernels/cpu/attention_avx512.h), reading the paged rows in place.
 bool Bf16Tiles(const AttentionShape& s, DType kv_dtype) {
-  return ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && kv_dtype == DType::kBF16 &&
-         s.head_dim % avx512_bf16::kHeadAlign == 0;
+  return ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && kv_dtype == DType::kBF16 && s.head_dim % avx512_bf16::kHeadAlign == 0;
 }
 
 // One query segment over the chunks of `kv`. For several query rows `kv` must be

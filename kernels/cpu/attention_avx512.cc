@@ -28,7 +28,7 @@ inline uint32_t Lane(const uint16_t* p) {
   std::memcpy(&x, p, 4);
   return x;
 }
-inline __m512bh Pairs(__m512i x) { return reinterpret_cast<__m512bh&>(x); }
+inline __m512bh Pairs(__m512i x) { return (__m512bh)x; }  // the same bits
 inline __m512bh Broadcast(const uint16_t* p) { return Pairs(_mm512_set1_epi32(static_cast<int>(Lane(p)))); }
 inline __m512bh LoadPairs(const uint16_t* p) { return Pairs(_mm512_loadu_si512(p)); }
 
@@ -52,7 +52,8 @@ inline __m512 Exp(__m512 v) {
   return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), p, _mm512_castsi512_ps(bits));
 }
 
-// Rows [0, R) of a query tile against one packed key block (`valid` of its keys stored).
+// Rows [0, R) of a query tile (each row SplitQuery's two parts) against one packed key block
+// (`valid` of its keys stored).
 template <int R>
 void ScoreBlock(const uint16_t* q, int64_t q_stride, const uint16_t* block, int hd, __m512 scale, int64_t valid,
                 float* s, int64_t s_stride) {
@@ -203,7 +204,8 @@ void AddWeightedValues(const uint16_t* p, int64_t p_stride, int64_t nq, const ui
   for (int64_t i = 0; i < nq; i += kValueRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kValueRows, nq - i));
     int d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64) ValueRows<4>(rows, p + i * p_stride, p_stride, values, pairs, hd, d0, o + i * o_stride, o_stride);
+    for (; d0 + 64 <= hd; d0 += 64)
+      ValueRows<4>(rows, p + i * p_stride, p_stride, values, pairs, hd, d0, o + i * o_stride, o_stride);
     if (d0 < hd) ValueRows<2>(rows, p + i * p_stride, p_stride, values, pairs, hd, d0, o + i * o_stride, o_stride);
   }
 }

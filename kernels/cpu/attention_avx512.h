@@ -12,7 +12,7 @@
 
 namespace ps::avx512_bf16 {
 
-constexpr int kHeadAlign = 32;  // head sizes these kernels take: multiples of this
+constexpr int kHeadAlign = 32;     // head sizes these kernels take: multiples of this
 constexpr int64_t kKeyAlign = 32;  // packed tiles hold a multiple of this many keys (zeros after the last)
 
 // Keys rounded up to kKeyAlign.

@@ -50,8 +50,8 @@ TEST(MatMul, Bf16WeightsTakeBf16DotProducts) {
   const auto wf = Randn(rows * cols, 11), x = Randn(m * cols, 12);
   std::vector<uint16_t> w16(wf.size());
   for (size_t i = 0; i < wf.size(); ++i) w16[i] = Fp32ToBf16(wf[i]);
-  const MatrixView w{.type = DType::kBF16, .data = reinterpret_cast<const uint8_t*>(w16.data()), .rows = rows,
-                     .cols = cols};
+  const MatrixView w{
+      .type = DType::kBF16, .data = reinterpret_cast<const uint8_t*>(w16.data()), .rows = rows, .cols = cols};
   std::vector<double> exact(m * rows, 0.0), rounded(m * rows, 0.0);
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t r = 0; r < rows; ++r) {
@@ -168,7 +168,6 @@ void CheckMatMulPaths() {
 
 TEST(MatMul, PathsAgreeWithReference) { testing::AtEveryCpuLevel(CheckMatMulPaths); }
 
-
 // The bytes of x stored as a KV cache of `dtype` (F32, F16, BF16 or Q8_0); x itself
 // rounded to what they hold, so that the reference sees the values the kernel reads.
 std::vector<uint8_t> AsKv(DType dtype, std::vector<float>* x) {
@@ -201,8 +200,8 @@ int TestHeadDim(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::k
 // them (kernels/cpu/attention_avx512.h), its softmax weights rounded to BF16 (8 significant
 // bits: a relative error of 2^-9 each; these tests measure up to 1.7e-3).
 double AttentionTolerance(DType dtype, int hd, int64_t nq) {
-  const bool bf16_tiles = ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && dtype == DType::kBF16 &&
-                          hd % avx512_bf16::kHeadAlign == 0 && nq > 1;
+  const bool bf16_tiles =
+      ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && dtype == DType::kBF16 && hd % avx512_bf16::kHeadAlign == 0 && nq > 1;
   return bf16_tiles ? 5e-3 : 1e-5;
 }
 
@@ -388,7 +387,8 @@ TEST(Attention, ReadsExactlyTheSelection) {
               if (want_logits[j] < -1e299) {
                 EXPECT_TRUE(std::isinf(logits[j]) && logits[j] < 0) << what << " row " << j;
               } else {
-                EXPECT_NEAR(logits[j], want_logits[j], 10 * tol * (1 + std::fabs(want_logits[j]))) << what << " row " << j;
+                EXPECT_NEAR(logits[j], want_logits[j], 10 * tol * (1 + std::fabs(want_logits[j])))
+                    << what << " row " << j;
               }
             }
           }
@@ -424,7 +424,8 @@ TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
   constexpr int64_t kBlock = 16;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
     for (auto [nq, nkv] : {std::pair<int64_t, int64_t>{1, 3000}, {1, 60}, {5, 60}, {40, 60}, {40, 200}}) {
-      const int kHd = dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 16, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
+      const int kHd = dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 16, kQd = kHeads * kHd,
+                kKvd = kKvHeads * kHd;
       const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.25f};
       const double tol = AttentionTolerance(dtype, kHd, nq);
       const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " nkv=", nkv);
@@ -656,9 +657,10 @@ TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
 }
 
 // The BF16 tile kernels of prefill attention against sums in doubles of the same BF16
-// values (queries: their two BF16 parts): rows packed from anywhere in memory, ragged key counts (the packed tiles' zero
-// padding) and query rows (every pass size), head sizes of one and several 64-column
-// passes and a 32-column one. Scores past the nt-th key are not written.
+// values (queries: their two BF16 parts): rows packed from anywhere in memory, ragged key
+// counts (the packed tiles' zero padding) and query rows (every pass size), head sizes of
+// one and several 64-column passes and a 32-column one. Scores past the nt-th key are not
+// written; the softmax weights' exp and rounding.
 TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
   const std::vector<CpuIsa> levels = SupportedCpuIsas();
   if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
@@ -682,7 +684,8 @@ TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
           for (int e = 0; e < hd; ++e) {  // the two parts hold the query to 16 bits
             const float x = qf[i * hd + e];
             ASSERT_EQ(q[i * q_stride + e], Fp32ToBf16(x));
-            ASSERT_NEAR(Bf16ToFp32(q[i * q_stride + e]) + Bf16ToFp32(q[i * q_stride + hd + e]), x, std::fabs(x) * 0x1p-16);
+            ASSERT_NEAR(Bf16ToFp32(q[i * q_stride + e]) + Bf16ToFp32(q[i * q_stride + hd + e]), x,
+                        std::fabs(x) * 0x1p-16);
           }
         }
         std::vector<std::vector<uint16_t>> k_rows, v_rows;  // each row an allocation of its own
@@ -706,7 +709,7 @@ TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
         if (hd == 32 && nq == 1) {  // the softmax weights of a row, once per key count
           std::vector<float> row = Randn(nt, 34);
           row[0] = -std::numeric_limits<float>::infinity();  // masked
-          if (nt > 2) row[2] = -100.0f;                       // underflows to 0
+          if (nt > 2) row[2] = -100.0f;                      // underflows to 0
           std::vector<uint16_t> w(padded, 0xFFFF);
           const float sum = avx512_bf16::ExpToBf16(row.data(), nt, 0.5f, w.data());
           double want_sum = 0;
