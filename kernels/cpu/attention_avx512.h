@@ -20,7 +20,8 @@ constexpr int64_t PaddedKeys(int64_t nt) { return (nt + kKeyAlign - 1) / kKeyAli
 
 // Packs nt key rows (rows[r]: hd BF16 values) into `keys` (PaddedKeys(nt) * hd values).
 void PackKeys(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* keys);
-// Packs nt value rows the same way into `values` (PaddedKeys(nt) * hd values).
+// Packs nt value rows (rows[r]: hd BF16 values) into `values` (PaddedKeys(nt) * hd values),
+// keys paired: lane d of pair u holds value d of keys 2u and 2u + 1 (zeros past the last).
 void PackValues(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* values);
 
 // A query row of hd F32 values as Scores reads it: out[0, hd) = its BF16 rounding, out[hd,
