@@ -303,18 +303,25 @@ void PackedMatMul(const MatrixView& w, const uint8_t* packed, const float* x, in
 void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int64_t m, ThreadPool& pool) {
   if (m <= 0 || products.empty()) return;
   const int64_t k = products[0].w.cols, blocks = k / 32;
-  // The products' groups in one index space: matrix p's group g is first[p] + g.
+  const bool simd = ActiveCpuIsa() >= CpuIsa::kAvx2, vnni = ActiveCpuIsa() >= CpuIsa::kAvx512Bf16;
+  // With VNNI, products of more than one tile of rows take two groups a call (the
+  // weights of a call then come from L2 from the second tile on; streamed from memory,
+  // one group a call reads faster). Every count below is a multiple of the groups a call
+  // takes, so that a call's groups are one matrix's and next to each other.
+  const int64_t span = vnni && m > kTileRows ? 2 : 1;
+  auto whole_spans = [span](int64_t n) { return std::max<int64_t>(span, (n + span - 1) / span * span); };
+  // The products' groups in one index space: matrix p's group g is first[p] + g (past
+  // its last group, up to the next multiple of `span`, none).
   std::vector<int64_t> first(products.size() + 1, 0);
   int64_t grain = std::numeric_limits<int64_t>::max();
   for (size_t p = 0; p < products.size(); ++p) {
     const MatrixView& w = products[p].w;
     PS_CHECK(Packable(w.type) && w.cols == k) << "no packed kernels for " << DTypeName(w.type) << " x " << w.cols;
-    first[p + 1] = first[p] + (w.rows + 7) / 8;
+    first[p + 1] = first[p] + whole_spans((w.rows + 7) / 8);
     grain = std::min<int64_t>(grain, std::max<size_t>(1, kGroupsBytes / PackedBytes(w.type, 8, k)));
   }
   const int64_t groups = first.back();
-  grain = std::max<int64_t>(1, std::min(grain, groups / (4 * pool.num_threads())));
-  const bool simd = ActiveCpuIsa() >= CpuIsa::kAvx2, vnni = ActiveCpuIsa() >= CpuIsa::kAvx512Bf16;
+  grain = whole_spans(std::min(grain, groups / (4 * pool.num_threads())));
   ActBlock* xq = Grow(act_scratch, static_cast<size_t>(m * blocks));
   pool.ParallelFor(m, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) QuantizeActivations(x + r * k, k, xq + r * blocks);
@@ -332,7 +339,7 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
     const MatrixView& w = pp.w;
     const int64_t n = w.rows;
     const size_t group_bytes = PackedBytes(w.type, 8, k);
-    const int64_t per_chunk = std::max<int64_t>(1, static_cast<int64_t>(kGroupsBytes / group_bytes));
+    const int64_t per_chunk = whole_spans(static_cast<int64_t>(kGroupsBytes / group_bytes));
     for (int64_t c0 = g0; c0 < g1; c0 += per_chunk) {
       const int64_t c1 = std::min(g1, c0 + per_chunk);
       const uint8_t* chunk = pp.packed != nullptr ? pp.packed + c0 * group_bytes : nullptr;
@@ -349,15 +356,18 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
           xr[i] = xq + (i0 + i) * blocks;
           xbr[i] = broadcast ? xb + (i0 + i - m0) * blocks * kBcast : nullptr;
         }
-        for (int64_t g = c0; g < c1; ++g) {
+        for (int64_t g = c0; g < c1; g += span) {
+          const uint8_t* group = chunk + (g - c0) * group_bytes;
+          const bool pair = span == 2 && g + 1 < c1;
           const packed_internal::GroupArgs args{
-              .type = w.type, .group = chunk + (g - c0) * group_bytes, .blocks = blocks};
-          // The last group of a matrix whose rows are not a multiple of 8 writes its
-          // 8 columns to a side buffer first.
-          float side[kTileRows * 8];
-          const bool whole = 8 * g + 8 <= n;
+              .type = w.type, .group = group, .second = pair ? group + group_bytes : nullptr, .blocks = blocks};
+          // The call writes `width` columns; when not all are the matrix's rows (its rows
+          // not a multiple of 8), to a side buffer first.
+          const int64_t width = pair ? 16 : 8, cover = std::min<int64_t>(width, n - 8 * g);
+          float side[kTileRows * 16];
+          const bool whole = cover == width;
           float* out = whole ? pp.y + i0 * n + 8 * g : side;
-          const int64_t stride = whole ? n : 8;
+          const int64_t stride = whole ? n : width;
           if (vnni) {
             packed_internal::avx512_vnni::GroupDot(args, xr, xbr, rows, out, stride);
           } else if (simd) {
@@ -366,7 +376,7 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
             packed_internal::GroupDotScalar(args, xr, rows, out, stride);
           }
           for (int i = 0; !whole && i < rows; ++i) {
-            std::memcpy(pp.y + (i0 + i) * n + 8 * g, side + 8 * i, (n - 8 * g) * sizeof(float));
+            std::memcpy(pp.y + (i0 + i) * n + 8 * g, side + stride * i, cover * sizeof(float));
           }
         }
       }
@@ -383,7 +393,7 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
     }
     pool.ParallelFor(groups, grain, [&](int64_t g0, int64_t g1) {
       for (size_t p = 0; p < products.size(); ++p) {
-        const int64_t a = std::max(g0, first[p]), b = std::min(g1, first[p + 1]);
+        const int64_t a = std::max(g0, first[p]), b = std::min(g1, first[p] + (products[p].w.rows + 7) / 8);
         if (a < b) run(products[p], a - first[p], b - first[p], m0, m1);
       }
     });

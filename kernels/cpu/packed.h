@@ -67,11 +67,12 @@ namespace packed_internal {
 // What the kernels of every level need to know of one group of a packed matrix.
 struct GroupArgs {
   DType type = DType::kQ4_0;
-  const uint8_t* group = nullptr;  // PackedBytes(type, 8, cols) bytes
-  int64_t blocks = 0;              // cols / 32
+  const uint8_t* group = nullptr;   // PackedBytes(type, 8, cols) bytes
+  const uint8_t* second = nullptr;  // avx512_vnni::GroupDot: the group of y's columns 8..15, or null
+  int64_t blocks = 0;               // cols / 32
 };
 // y[i * y_stride + r] = row 8g + r of the group · activation row i, for r < 8, i < rows
-// (1..8 for avx512_vnni::GroupDot, 1..4 for the others); x[i] are the rows' blocks.
+// (avx2::GroupDot: 1..4); x[i] are the rows' blocks.
 void GroupDotScalar(const GroupArgs& g, const ActBlock* const* x, int rows, float* y, int64_t y_stride);
 
 namespace avx2 {
@@ -85,8 +86,9 @@ void GroupDot(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const
 }  // namespace avx2
 
 namespace avx512_vnni {
-// avx2::GroupDot on AVX-512 VNNI (vpdpbusd), the same results; reads no broadcast copies
-// (xb may be null).
+// avx2::GroupDot on AVX-512 VNNI (vpdpbusd), the same results; 1..8 activation rows.
+// With g.second, two groups at once in 512-bit vectors: y's columns 8..15 are g.second's
+// rows. Reads no broadcast copies (xb may be null).
 void GroupDot(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const* xb, int rows, float* y,
               int64_t y_stride);
 }  // namespace avx512_vnni

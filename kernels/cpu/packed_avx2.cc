@@ -26,7 +26,7 @@ inline int32_t HorizontalSum(__m256i v) {
 
 void GroupDot(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const* xb, int rows, float* y,
               int64_t y_stride) {
-  GroupDotX86(g, x, xb, rows, y, y_stride);
+  GroupDotX86<Ymm>(g, x, xb, rows, y, y_stride);
 }
 
 void Broadcast(const ActBlock* x, int64_t blocks, uint8_t* out) {

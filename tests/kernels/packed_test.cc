@@ -69,7 +69,7 @@ TEST_P(PackedTypes, EveryLevelComputesTheInt8Product) {
     for (int64_t blocks : {1, 3}) {
       const int64_t cols = Cols(blocks);
       Matrix w(type, rows, cols, 7 * rows + blocks);
-      for (int64_t m : {1, 2, 3, 4, 5, 7, 17}) {
+      for (int64_t m : {1, 2, 3, 4, 5, 7, 17}) {  // from 9 rows VNNI takes two groups a call
         const std::vector<float> x = testing::Randn(m * cols, static_cast<uint32_t>(m * 1000 + rows));
         // The double-precision product of the dequantised weights and activations.
         std::vector<ActBlock> xq(m * cols / 32);
