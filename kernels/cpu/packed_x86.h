@@ -8,13 +8,13 @@
 //   (|q_x| <= 127: 8 steps for 4-bit quants, 4 for 5-bit, 2 for 6-bit; signed 8-bit
 //   quants go through vpsignb one step at a time) before vpmaddwd widens them to 32 bits;
 //   4 activation rows a pass.
-// - AVX-512 VNNI (__AVX512VNNI__): two groups side by side in a 64-byte vector (16 rows);
-//   vpdpbusd sums each row's 4 products into 32 bits in one instruction, a step at a
-//   time; 8 activation rows a pass. Signed 8-bit quants are made unsigned (+128, one xor
-//   for all rows) and 128 times the activations' sum taken off again, as the offset of
-//   the formats that have one. Each activation broadcast serves 16 rows, and 8 rows' 16
-//   independent sums give vpdpbusd's latency room (Zen 4: 8 chains of 256-bit sums
-//   barely cover it, and every broadcast served 8 rows).
+// - AVX-512 VNNI (__AVX512VNNI__): vpdpbusd sums each row's 4 products into 32 bits in
+//   one instruction, a step at a time; 8 activation rows a pass. Signed 8-bit quants are
+//   made unsigned (+128, one xor for all rows) and 128 times the activations' sum taken
+//   off again, as the offset of the formats that have one. One group in a 32-byte vector
+//   (Ymm), or two side by side in a 64-byte one (Zmm; packed.cc takes it for products of
+//   more than 8 rows): each activation broadcast then serves 16 rows, and 8 rows' sums
+//   give vpdpbusd's latency room (on Zen 4, 8 chains of 256-bit sums barely cover it).
 // Both sum the same integers exactly, so both agree bit for bit with GroupDotScalar, whose
 // arithmetic per row and block this is, operation for operation. Everything is in an
 // unnamed namespace: each including file gets its own copy, built for its own instructions.
@@ -60,6 +60,14 @@ struct Ymm {
 inline __m256i And(__m256i a, __m256i b) { return _mm256_and_si256(a, b); }
 inline __m256i Or(__m256i a, __m256i b) { return _mm256_or_si256(a, b); }
 inline __m256i Xor(__m256i a, __m256i b) { return _mm256_xor_si256(a, b); }
+// a | (b & c): one vpternlogd with AVX-512.
+inline __m256i OrAnd(__m256i a, __m256i b, __m256i c) {
+#if defined(__AVX512VNNI__)
+  return _mm256_ternarylogic_epi32(a, b, c, 0xF8);
+#else
+  return _mm256_or_si256(a, _mm256_and_si256(b, c));
+#endif
+}
 inline __m256i ShiftLeft16(__m256i a, int n) { return _mm256_slli_epi16(a, n); }
 inline __m256i ShiftRight16(__m256i a, int n) { return _mm256_srli_epi16(a, n); }
 inline __m256i Sub32(__m256i a, __m256i b) { return _mm256_sub_epi32(a, b); }
@@ -95,6 +103,7 @@ struct Zmm {
 inline __m512i And(__m512i a, __m512i b) { return _mm512_and_si512(a, b); }
 inline __m512i Or(__m512i a, __m512i b) { return _mm512_or_si512(a, b); }
 inline __m512i Xor(__m512i a, __m512i b) { return _mm512_xor_si512(a, b); }
+inline __m512i OrAnd(__m512i a, __m512i b, __m512i c) { return _mm512_ternarylogic_epi32(a, b, c, 0xF8); }
 inline __m512i ShiftLeft16(__m512i a, int n) { return _mm512_slli_epi16(a, n); }
 inline __m512i ShiftRight16(__m512i a, int n) { return _mm512_srli_epi16(a, n); }
 inline __m512i Sub32(__m512i a, __m512i b) { return _mm512_sub_epi32(a, b); }
@@ -127,12 +136,12 @@ inline Vi Quants(const uint8_t* a, const uint8_t* b, int j, Vi planes0, Vi plane
     Vi q = j < 4 ? And(raw, m4) : And(ShiftRight16(raw, 4), m4);
     if constexpr (l.bits == 5) {  // bit j of each byte of the plane to bit 4
       const Vi h = j < 4 ? ShiftLeft16(planes0, 4 - j) : ShiftRight16(planes0, j - 4);
-      q = Or(q, And(h, W::SplatBytes(0x10)));
+      q = OrAnd(q, h, W::SplatBytes(0x10));
     } else if constexpr (l.bits == 6) {  // bits 2s, 2s+1 of plane j / 4 to bits 4, 5
       const Vi p = j < 4 ? planes0 : planes1;
       const int s = j % 4;
       const Vi h = s < 2 ? ShiftLeft16(p, 4 - 2 * s) : (s == 2 ? p : ShiftRight16(p, 2));
-      q = Or(q, And(h, W::SplatBytes(0x30)));
+      q = OrAnd(q, h, W::SplatBytes(0x30));
     }
     return q;
   }
