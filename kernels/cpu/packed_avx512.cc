@@ -1,6 +1,6 @@
 // The AVX-512 VNNI build of the packed-matrix group kernel (kernels/cpu/packed_x86.h):
-// vpdpbusd on 512-bit vectors, two groups at once, in place of AVX2's
-// vpmaddubsw/vpmaddwd pairs; bit for bit the same sums. Compiled with AVX-512 flags;
+// vpdpbusd on 256-bit vectors (one group) or 512-bit ones (two at once, with g.second) in
+// place of AVX2's vpmaddubsw/vpmaddwd pairs; bit for bit the same sums. Compiled with AVX-512 flags;
 // called only at CpuIsa::kAvx512Bf16 (which has VNNI) or above. The activations' blocks
 // are AVX2's.
 // GCC 12 warns inside its own AVX-512 headers (a known false positive).
