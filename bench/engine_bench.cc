@@ -266,10 +266,12 @@ int main(int argc, char** argv) {
   flags.AddString("cpu-isa", &cpu_isa, "scalar | avx2 | avx512 | avx512_bf16: cap the CPU kernels' level");
   flags.AddBool("peak", &peak, "measure the machine's ceilings first and print each figure as a share of them");
   flags.AddString("strategy", &strategy,
-                  "also measure prefill with this pruning strategy (its time to the first token, next to full's)");
-  flags.AddStringList("strategy-arg", &strategy_args, "KEY=VALUE parameter of --strategy (repeatable)");
+                  "S1,S2,...: also measure prefill with these pruning strategies (each one's time to the first "
+                  "token, next to full's)");
+  flags.AddStringList("strategy-arg", &strategy_args,
+                      "KEY=VALUE parameter of --strategy's strategies (repeatable; each must know it)");
   flags.AddString("sweep", &sweep,
-                  "KEY=V1,V2,...: measure --strategy's prefill at each value of one parameter "
+                  "KEY=V1,V2,...: measure one --strategy's prefill at each value of one parameter "
                   "(e.g. budget=256,512,1024 for critiprefill)");
   flags.AddBool("llamacpp", &llamacpp,
                 "also run llama.cpp's llama-bench on the same file and threads (bench/llamacpp.sh builds it from "
@@ -316,25 +318,30 @@ int main(int argc, char** argv) {
     return Fail("text too short or prompt longer than the context");
   }
 
-  // The pruning settings whose prefill is measured after full's: one per sweep value.
+  // The pruning settings whose prefill is measured after full's: one per strategy, or one
+  // per sweep value of a single strategy.
   std::vector<std::pair<std::string, PruningParams>> pruned;
   if (!strategy.empty()) {
     const absl::StatusOr<StrategyDefaults> defaults = StrategyDefaults::ForModel(c);
     if (!defaults.ok()) return Fail(std::string(defaults.status().message()));
+    const std::vector<std::string> names = absl::StrSplit(strategy, ',');
     std::vector<std::string> values = {""};
     std::string key;
     if (!sweep.empty()) {
       const size_t eq = sweep.find('=');
       if (eq == std::string::npos) return Fail("--sweep wants KEY=V1,V2,...");
+      if (names.size() != 1) return Fail("--sweep varies one --strategy, not several");
       key = sweep.substr(0, eq);
       values = absl::StrSplit(sweep.substr(eq + 1), ',');
     }
-    for (const std::string& v : values) {
-      std::vector<std::string> args = strategy_args;
-      if (!key.empty()) args.push_back(key + "=" + v);
-      absl::StatusOr<PruningParams> p = defaults->WithArgs(strategy, args, "--strategy-arg");
-      if (!p.ok()) return Fail(std::string(p.status().message()));
-      pruned.emplace_back(key.empty() ? strategy : strategy + "_" + key + "_" + v, *std::move(p));
+    for (const std::string& name : names) {
+      for (const std::string& v : values) {
+        std::vector<std::string> args = strategy_args;
+        if (!key.empty()) args.push_back(key + "=" + v);
+        absl::StatusOr<PruningParams> p = defaults->WithArgs(name, args, "--strategy-arg");
+        if (!p.ok()) return Fail(std::string(p.status().message()));
+        pruned.emplace_back(key.empty() ? name : name + "_" + key + "_" + v, *std::move(p));
+      }
     }
   }
 
@@ -348,12 +355,40 @@ int main(int argc, char** argv) {
   const absl::StatusOr<size_t> packed = PrepareWeights(**model, backend);
   if (!packed.ok()) return Fail(std::string(packed.status().message()));
   Transformer tf(**model, backend);
-  if (gpu) {  // the weights' device copies are made on first use: not inside a timed run
-    auto kv = OfflineKvCache(**model, backend, 8, kv_choice.block_tokens, kv_choice.dtype);
-    std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + 8), pos = {0, 1, 2, 3, 4, 5, 6, 7};
-    SeqInput in{.seq_id = 1, .tokens = ids, .positions = pos};
-    ForwardOutput out;
-    if (!kv.ok() || !tf.Forward({&in, 1}, **kv, &out).ok()) return Fail("warm-up pass on the device failed");
+  // The device's figures count only if its answers are the CPU's: the last token's
+  // logits of an 8-token pass on both (which also makes the weights' device copies,
+  // outside the timed runs), worst difference relative to the largest logit. BF16
+  // rounding differs between the two; a wrong kernel is off by O(1).
+  constexpr double kDeviceTolerance = 0.1;
+  double device_error = 0;
+  if (gpu) {
+    auto last_logits = [&](Backend& b, Transformer& t) -> absl::StatusOr<std::vector<float>> {
+      PS_ASSIGN_OR_RETURN(auto kv, OfflineKvCache(**model, b, 8, kv_choice.block_tokens, kv_choice.dtype));
+      std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + 8), pos = {0, 1, 2, 3, 4, 5, 6, 7};
+      SeqInput in{.seq_id = 1, .tokens = ids, .positions = pos};
+      ForwardOutput out;
+      PS_RETURN_IF_ERROR(t.Forward({&in, 1}, *kv, &out));
+      PS_RETURN_IF_ERROR(out.status[0]);
+      return out.logits;
+    };
+    const absl::StatusOr<std::vector<float>> on_device = last_logits(backend, tf);
+    if (!on_device.ok()) return Fail(absl::StrCat("the pass on the device failed: ", on_device.status().message()));
+    std::string cpu_note;
+    absl::StatusOr<std::unique_ptr<Backend>> cpu = CreateBackend("cpu", pool, {}, &cpu_note);
+    if (!cpu.ok()) return Fail(std::string(cpu.status().message()));
+    Transformer cpu_tf(**model, **cpu);
+    const absl::StatusOr<std::vector<float>> on_cpu = last_logits(**cpu, cpu_tf);
+    if (!on_cpu.ok()) return Fail(absl::StrCat("the pass on the CPU failed: ", on_cpu.status().message()));
+    double largest = 0, worst = 0;
+    for (size_t i = 0; i < on_cpu->size(); ++i) {
+      largest = std::max(largest, std::fabs(double{(*on_cpu)[i]}));
+      worst = std::max(worst, std::fabs(double{(*on_device)[i]} - (*on_cpu)[i]));
+    }
+    device_error = largest > 0 ? worst / largest : worst;
+    std::printf(
+        "device check: the last token's logits within %.4f of the CPU's (relative to the largest, %.2f; "
+        "bound %.2f)%s\n",
+        device_error, largest, kDeviceTolerance, device_error <= kDeviceTolerance ? "" : ": FAILED");
   }
   std::map<std::string, double> ours;
   auto report = [&](const std::string& key, double v) {
@@ -392,7 +427,9 @@ int main(int argc, char** argv) {
       const double ideal = mm / mm_peak + att / ceiling.fp32_flops;
       std::printf("ours prefill_%lld %.1f GFLOP/s (%.0f%% attention): %.0f%% of the machine's peak (%s products)\n",
                   static_cast<long long>(n), (mm + att) / seconds / 1e9, 100 * att / (mm + att), 100 * ideal / seconds,
-                  int8_mm ? "int8" : bf16_mm ? "BF16" : "FP32");
+                  int8_mm   ? "int8"
+                  : bf16_mm ? "BF16"
+                            : "FP32");
     }
   };
   auto decode_share = [&](const std::string& what, int64_t depth, int streams, double tok_per_s) {
@@ -415,7 +452,9 @@ int main(int argc, char** argv) {
     const int n = static_cast<int>(prefill);
     std::vector<int32_t> ids(all_ids.begin(), all_ids.begin() + n), pos(n);
     for (int i = 0; i < n; ++i) pos[i] = i;
-    // Best prefill time over the repeats with `params`' strategy (null: full).
+    // Best prefill time over the repeats with `params`' strategy (null: full), and the
+    // bytes its hooks read on the host.
+    int64_t host_bytes = 0;
     auto prefill_seconds = [&](const PruningParams* params) -> absl::StatusOr<double> {
       double best = 1e30;
       for (int r = 0; r < repeats; ++r) {
@@ -427,6 +466,7 @@ int main(int argc, char** argv) {
         PS_RETURN_IF_ERROR(tf.Forward({&in, 1}, *kv, &out));
         PS_RETURN_IF_ERROR(out.status[0]);
         best = std::min(best, Seconds(t0, Clock::now()));
+        host_bytes = out.host_bytes[0];
       }
       return best;
     };
@@ -437,7 +477,8 @@ int main(int argc, char** argv) {
     for (const auto& [name, params] : pruned) {
       const absl::StatusOr<double> t = prefill_seconds(&params);
       if (!t.ok()) return Fail(std::string(t.status().message()));
-      std::printf("ours prefill_%d %s %.2f s (full %.2f s, %.2fx)\n", n, name.c_str(), *t, *full, *full / *t);
+      std::printf("ours prefill_%d %s %.2f s (full %.2f s, %.2fx), %.1f MiB read on the host\n", n, name.c_str(), *t,
+                  *full, *full / *t, host_bytes / 1048576.0);
       std::fflush(stdout);
     }
   }
@@ -483,5 +524,6 @@ int main(int argc, char** argv) {
     if (theirs.empty()) std::printf("vLLM gave no figures (bench/vllm.sh; see its output above)\n");
     PrintPeer("vllm", theirs, ours);
   }
+  if (!(device_error <= kDeviceTolerance)) return Fail("the device's logits are not the CPU's (device check above)");
   return 0;
 }

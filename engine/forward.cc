@@ -49,6 +49,7 @@ class Transformer::Context final : public SeqContext {
     if (st.ok()) st = out.status[0];
     kv_.Free(in.seq_id);
     if (st.ok()) rows_computed_ += out.rows_computed[0];
+    if (!out.host_bytes.empty()) host_bytes_ += out.host_bytes[0];
     return st;
   }
   bool AuxPut(int32_t position, const float* hidden) override {
@@ -62,6 +63,7 @@ class Transformer::Context final : public SeqContext {
   }
 
   int64_t rows_computed() const { return rows_computed_; }
+  int64_t host_bytes() const { return host_bytes_; }
 
  private:
   int64_t owner() const { return KvCacheManager::ScratchOwner(in_.seq_id); }
@@ -69,6 +71,7 @@ class Transformer::Context final : public SeqContext {
   KvCache& kv_;
   const SeqInput& in_;
   int64_t rows_computed_ = 0;  // of prefix passes
+  int64_t host_bytes_ = 0;     // read by the strategy's hooks during prefix passes
 };
 
 absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvCache& kv, ForwardOutput* out) {
@@ -105,12 +108,15 @@ absl::Status Transformer::Forward(std::span<const SeqInput> batch, KvCache& kv, 
     }
   }
   PS_RETURN_IF_ERROR(Run(batch, rows, context_ptrs, -1, kv, out));
-  for (size_t i = 0; i < n; ++i) out->rows_computed[i] += contexts[i]->rows_computed();
+  for (size_t i = 0; i < n; ++i) {
+    out->rows_computed[i] += contexts[i]->rows_computed();
+    out->host_bytes[i] += contexts[i]->host_bytes();
+  }
   return absl::OkStatus();
 }
 
 absl::Status Transformer::EditRows(int layer, std::span<const SeqInput> batch, std::span<Context* const> contexts,
-                                   const std::vector<absl::Status>& status) {
+                                   std::vector<absl::Status>& status, std::vector<HostReads>& reads) {
   const int d = model_.config().n_embd;
   std::vector<Segment>& seg = segments_;
   edits_.resize(batch.size());
@@ -125,9 +131,9 @@ absl::Status Transformer::EditRows(int layer, std::span<const SeqInput> batch, s
       std::fill(e.keep.begin(), e.keep.end(), 0);
       changed = changed || seg[i].n > 0;
     } else if (batch[i].strategy != nullptr) {
+      hidden_rows_.View(x_.data() + seg[i].offset * d, seg[i].n, d, &reads[i]);
       LayerRows lr{.positions = std::span<const int32_t>(positions_.data() + seg[i].offset, seg[i].n),
-                   .hidden = Host(x_.data() + seg[i].offset * d, seg[i].n * d, host_hidden_),
-                   .n_embd = d,
+                   .hidden = &hidden_rows_,
                    .keep = &e.keep,
                    .add_positions = &e.add_positions,
                    .add_hidden = &e.add_hidden};
@@ -135,6 +141,12 @@ absl::Status Transformer::EditRows(int layer, std::span<const SeqInput> batch, s
       PS_CHECK(e.keep.size() == static_cast<size_t>(seg[i].n) && e.keep.back())
           << "strategy " << batch[i].strategy->name() << " pruned the newest row or resized keep";
       PS_CHECK(e.add_hidden.size() == e.add_positions.size() * d) << "added rows without hidden states";
+      if (!reads[i].error.ok()) {  // the hook could not read its rows: the sequence leaves the batch
+        status[i] = reads[i].error;
+        std::fill(e.keep.begin(), e.keep.end(), 0);
+        e.add_positions.clear();
+        e.add_hidden.clear();
+      }
       changed = changed || !e.add_positions.empty() || std::find(e.keep.begin(), e.keep.end(), 0) != e.keep.end();
     }
     total += static_cast<int64_t>(e.add_positions.size() + std::count(e.keep.begin(), e.keep.end(), 1));
@@ -174,7 +186,7 @@ absl::Status Transformer::EditRows(int layer, std::span<const SeqInput> batch, s
 }
 
 absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, Context& ctx, int64_t offset, int64_t n,
-                                 KvCache& kv) {
+                                 KvCache& kv, HostReads& reads) {
   const ModelConfig& c = model_.config();
   const int qd = c.q_dim(), kvd = c.kv_dim();
   PS_RETURN_IF_ERROR(kv.Append(in.seq_id, layer, std::span<const int32_t>(positions_.data() + offset, n),
@@ -189,15 +201,16 @@ absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, 
                              .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
   selection_.segments.clear();
   if (strategy != nullptr) {
+    q_rows_.View(q_.data() + q_first * qd, n_q, qd, &reads);
+    k_rows_.View(k_.data() + offset * kvd, n, kvd, &reads);
     strategy->SelectKv(layer,
                        LayerAttention{.q_positions = std::span<const int32_t>(positions_.data() + q_first, n_q),
-                                      .q = Host(q_.data() + q_first * qd, n_q * qd, host_q_),
-                                      .q_stride = qd,
+                                      .q = &q_rows_,
                                       .new_positions = std::span<const int32_t>(positions_.data() + offset, n),
-                                      .k = Host(k_.data() + offset * kvd, n * kvd, host_k_),
-                                      .k_stride = kvd,
+                                      .k = &k_rows_,
                                       .shape = shape},
                        ctx, &selection_);
+    PS_RETURN_IF_ERROR(reads.error);
   }
   PS_RETURN_IF_ERROR(kv.WaitMoves(in.seq_id, layer));  // blocks a strategy moved for this attention
   const LastQueryStat stat = strategy != nullptr ? strategy->WantsLastQuery(layer) : LastQueryStat::kNone;
@@ -234,7 +247,8 @@ absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, 
                                    .last_query_probs = stat == LastQueryStat::kProbs ? stat_.data() : nullptr,
                                    .last_query_logits = stat == LastQueryStat::kLogits ? stat_.data() : nullptr});
   if (stat != LastQueryStat::kNone) {
-    const float* values = Host(stat_.data(), rows.n, host_stat_);
+    reads.bytes += rows.n * static_cast<int64_t>(sizeof(float));
+    const float* values = HostView(backend_, stat_.data(), rows.n, host_stat_);
     strategy->AfterAttention(layer, std::span<const float>(values, rows.n),
                              std::span<const int32_t>(rows.positions, rows.n), ctx);
   }
@@ -267,6 +281,7 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     }
     any_strategy = any_strategy || batch[i].strategy != nullptr;
   }
+  std::vector<HostReads> reads(batch.size());
   tokens_.clear();
   positions_.clear();
   origins_.clear();
@@ -290,7 +305,8 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     const LayerWeights& w = model_.layers[l];
     bool edit = any_strategy;
     for (size_t i = 0; i < batch.size() && !edit; ++i) edit = !status[i].ok() && seg[i].n > 0;
-    if (l > 0 && edit) PS_RETURN_IF_ERROR(EditRows(l, batch, contexts, status));  // rows leave, revived ones come back
+    // Rows leave, revived ones come back.
+    if (l > 0 && edit) PS_RETURN_IF_ERROR(EditRows(l, batch, contexts, status, reads));
     const int64_t n_rows = n_rows_;
     if (n_rows == 0) break;  // every sequence failed
     for (size_t i = 0; i < batch.size(); ++i) {
@@ -306,7 +322,7 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
                       v_.data(), c.n_heads, c.n_kv_heads, c.head_dim);
     for (size_t i = 0; i < batch.size(); ++i) {
       if (seg[i].n == 0 || !status[i].ok()) continue;
-      status[i] = Attend(l, last_layer, batch[i], *contexts[i], seg[i].offset, seg[i].n, kv);
+      status[i] = Attend(l, last_layer, batch[i], *contexts[i], seg[i].offset, seg[i].n, kv, reads[i]);
     }
     if (prefix && l == last_layer) break;
     backend_.MatMul(w.wo, att_.data(), n_rows, tmp_.data());
@@ -325,6 +341,8 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
       next = std::max(next, p + 1);
     out->next_position[i] = next;
   }
+  out->host_bytes.clear();
+  for (const HostReads& r : reads) out->host_bytes.push_back(r.bytes);
   out->row_offset.assign(batch.size(), 0);
   out->row_count.assign(batch.size(), 0);
   out->kept_rows.resize(batch.size());

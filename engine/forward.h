@@ -1,8 +1,8 @@
 // The forward pass over a ragged batch: each sequence contributes its own rows
 // (token ids with position ids); matmuls run over all rows together, attention
 // per sequence over the KV its strategy selects. Every operation goes through the
-// Backend, and the activations live in its memory: the strategies' hooks see host
-// copies (or the memory itself on a host-addressable backend). A failure belongs to
+// Backend, and the activations live in its memory: the strategies' hooks read them
+// through views that copy only what a hook asks for (rows, or their reductions). A failure belongs to
 // one sequence (its rows leave the batch, the others go on), never to the batch.
 // Call from one thread at a time.
 #pragma once
@@ -47,6 +47,9 @@ struct ForwardOutput {
   std::vector<int32_t> next_position;
   // Per sequence with report_kept: indices of its input rows that reached the last layer.
   std::vector<std::vector<int32_t>> kept_rows;
+  // Per sequence: bytes of activations its strategy's hooks read on the host this step,
+  // prefix passes included (on a host-addressable backend: what a device would copy).
+  std::vector<int64_t> host_bytes;
   std::span<const float> Row(size_t seq, int64_t i, int n_vocab) const {
     return {logits.data() + (row_offset[seq] + i) * n_vocab, static_cast<size_t>(n_vocab)};
   }
@@ -54,7 +57,8 @@ struct ForwardOutput {
 
 class Transformer {
  public:
-  Transformer(const Model& model, Backend& backend) : model_(model), backend_(backend) {
+  Transformer(const Model& model, Backend& backend)
+      : model_(model), backend_(backend), hidden_rows_(backend), q_rows_(backend), k_rows_(backend) {
     backend_.UseWeightsOf(model_.id());
   }
   // Runs one step. The returned status is the batch's (a device error); each
@@ -69,16 +73,13 @@ class Transformer {
                    std::span<Context* const> contexts, int last_layer, KvCache& kv, ForwardOutput* out);
   // One sequence's attention at `layer` (appends its K/V first); its error fails it alone.
   absl::Status Attend(int layer, int stop_layer, const SeqInput& in, Context& ctx, int64_t offset, int64_t n,
-                      KvCache& kv);
+                      KvCache& kv, HostReads& reads);
   // Applies the strategies' RowsForLayer edits before `layer` and drops the rows of
   // failed sequences, compacting the activations.
   absl::Status EditRows(int layer, std::span<const SeqInput> batch, std::span<Context* const> contexts,
-                        const std::vector<absl::Status>& status);
+                        std::vector<absl::Status>& status, std::vector<HostReads>& reads);
   // Room for `rows` rows in every activation buffer (growing one drops its contents).
   absl::Status EnsureCapacity(int64_t rows);
-  const float* Host(const float* src, int64_t n, std::vector<float>& staging) {
-    return HostView(backend_, src, n, staging);
-  }
 
   const Model& model_;
   Backend& backend_;
@@ -93,8 +94,10 @@ class Transformer {
   // bookkeeping reused across steps so the hot path does not allocate.
   Activations x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, stat_, logits_;
   SharedAttentionScratch shared_;
-  // Host copies for the strategies' hooks (unused where the backend is host-addressable).
-  std::vector<float> host_hidden_, host_q_, host_k_, host_stat_;
+  // The strategies' hooks' views of the activations, and the host copy of the
+  // last-query statistics.
+  ActivationRows hidden_rows_, q_rows_, k_rows_;
+  std::vector<float> host_stat_;
   std::vector<int32_t> tokens_, positions_, origins_, new_positions_, new_origins_, gather_;
   std::vector<Segment> segments_;
   KvSelection selection_;

@@ -29,6 +29,12 @@ class ThreadPool;
 
 enum class DeviceKind { kCpu, kCuda };
 
+// How ReduceRowRuns reduces a run of rows, column by column.
+enum class RowReduction {
+  kMaxMin,  // two rows per run: the maximum, then the minimum
+  kSum,     // one row per run: the sum
+};
+
 // Biases of the q, k and v projections ([q_dim], [kv_dim], [kv_dim]); all null without.
 struct QkvBias {
   const float* q = nullptr;
@@ -77,6 +83,12 @@ class Backend {
   // dst row i = src row rows[i] for rows of `width` floats; a negative rows[i] leaves
   // dst row i as it is. src and dst do not overlap.
   virtual void GatherRows(const float* src, std::span<const int32_t> rows, int64_t width, float* dst) = 0;
+  // Each run of rows [bounds[i], bounds[i + 1]) of x (rows of `width` floats; runs
+  // non-empty, bounds ascending) reduced column by column into out: rows 2i and 2i + 1
+  // (kMaxMin) or row i (kSum) of `width` floats. What the strategies' scoring reads in
+  // place of the rows themselves, so that only the reduction leaves the device.
+  virtual void ReduceRowRuns(const float* x, int64_t width, std::span<const int32_t> bounds, RowReduction op,
+                             float* out) = 0;
 
   // y[m, w.rows] = x[m, w.cols] · wᵀ
   virtual void MatMul(const MatrixView& w, const float* x, int64_t m, float* y) = 0;

@@ -26,9 +26,9 @@ cudaEvent_t Event(void* e) { return static_cast<cudaEvent_t>(e); }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaSwapEngine>> CudaSwapEngine::Create(BlockPool& device, BlockPool& host,
-                                                                       void* compute_stream) {
+                                                                       void* compute_stream, CopyHook before_copy) {
   if (device.block_bytes() != host.block_bytes()) return absl::InvalidArgumentError("tiers with different block sizes");
-  std::unique_ptr<CudaSwapEngine> e(new CudaSwapEngine(device, host, compute_stream));
+  std::unique_ptr<CudaSwapEngine> e(new CudaSwapEngine(device, host, compute_stream, std::move(before_copy)));
   cudaStream_t stream = nullptr;
   PS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   e->copy_stream_ = stream;
@@ -67,13 +67,18 @@ absl::Status CudaSwapEngine::Queue(const std::vector<BlockCopy>& copies, Pending
            copies[i + run].dst == c.dst + static_cast<int32_t>(run)) {
       ++run;
     }
-    if (const cudaError_t e = cudaMemcpyAsync(pool(c.dst_tier).data(c.dst), pool(c.src_tier).data(c.src), run * bb,
-                                              cudaMemcpyDefault, Stream(copy_stream_));
-        e != cudaSuccess) {
+    absl::Status failed;
+    if (before_copy_) failed.Update(before_copy_());
+    if (failed.ok()) {
+      const cudaError_t e = cudaMemcpyAsync(pool(c.dst_tier).data(c.dst), pool(c.src_tier).data(c.src), run * bb,
+                                            cudaMemcpyDefault, Stream(copy_stream_));
+      if (e != cudaSuccess) failed.Update(CudaError(e, "cudaMemcpyAsync"));
+    }
+    if (!failed.ok()) {
       // The copies queued before this one still read and write the batch's blocks: the
       // error returns (and the caller reuses the blocks) only once they are done.
       cudaStreamSynchronize(Stream(copy_stream_));
-      return CudaError(e, "cudaMemcpyAsync");
+      return failed;
     }
     (c.dst_tier == Tier::kHost ? p.bytes_to_host : p.bytes_to_device) += run * bb;
     i += run;

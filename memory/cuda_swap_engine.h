@@ -10,6 +10,7 @@
 // without a GPU. CUDA types are kept out of this header so that C++ code can include it.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,10 +22,14 @@ namespace ps::cuda {
 
 class CudaSwapEngine final : public SwapEngine {
  public:
+  // Runs before each copy is queued; an error stands in for that copy's failure (tests
+  // inject failures with it).
+  using CopyHook = std::function<absl::Status()>;
   // `device` and `host` must use cuda::AllocateDevice / AllocatePinned memory. `compute_stream`
   // (a cudaStream_t; null = the legacy default stream) is the stream writing the KV.
   static absl::StatusOr<std::unique_ptr<CudaSwapEngine>> Create(BlockPool& device, BlockPool& host,
-                                                                void* compute_stream = nullptr);
+                                                                void* compute_stream = nullptr,
+                                                                CopyHook before_copy = nullptr);
   ~CudaSwapEngine() override;
 
   SwapTicket Submit(std::vector<BlockCopy> copies) override;
@@ -38,13 +43,14 @@ class CudaSwapEngine final : public SwapEngine {
     absl::Status status;   // an error while queueing the copies
     uint64_t bytes_to_host = 0, bytes_to_device = 0;
   };
-  CudaSwapEngine(BlockPool& device, BlockPool& host, void* compute_stream)
-      : device_(device), host_(host), compute_stream_(compute_stream) {}
+  CudaSwapEngine(BlockPool& device, BlockPool& host, void* compute_stream, CopyHook before_copy)
+      : device_(device), host_(host), compute_stream_(compute_stream), before_copy_(std::move(before_copy)) {}
   absl::Status Queue(const std::vector<BlockCopy>& copies, Pending& p);
 
   BlockPool& device_;
   BlockPool& host_;
   void* compute_stream_;
+  CopyHook before_copy_;
   void* copy_stream_ = nullptr;    // cudaStream_t
   void* compute_event_ = nullptr;  // cudaEvent_t: the compute stream's progress at Submit()
   mutable std::mutex mu_;

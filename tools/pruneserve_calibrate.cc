@@ -62,13 +62,16 @@ class AttentionProbe final : public PruningStrategy {
     dist_[layer].assign(static_cast<size_t>(s.n_kv_heads) * (n - first) * n, 0.0f);
     last_[layer].assign(n, 0.0f);
     std::vector<float> row(n);
+    const float* queries = att.q->Host(first, n - first);  // [n - first][q_dim]
+    const float* keys = att.k->Host(0, n);
+    const int64_t q_dim = att.q->width(), kv_dim = att.k->width();
     for (int64_t i = first; i < n; ++i) {
       const int64_t visible = i + 1;  // causal: the prompt's rows are positions 0..n-1 in order
       for (int h = 0; h < s.n_heads; ++h) {
         const int g = h / group;
-        const float* q = att.q + i * att.q_stride + static_cast<int64_t>(h) * hd;
+        const float* q = queries + (i - first) * q_dim + static_cast<int64_t>(h) * hd;
         for (int64_t j = 0; j < visible; ++j) {
-          const float* k = att.k + j * att.k_stride + static_cast<int64_t>(g) * hd;
+          const float* k = keys + j * kv_dim + static_cast<int64_t>(g) * hd;
           float dot = 0;
           for (int c = 0; c < hd; ++c) dot += q[c] * k[c];
           row[j] = dot * s.scale;

@@ -37,10 +37,16 @@ void AuxRows::Apply(int j, std::span<const char> go_on, std::span<const int32_t>
   const int after = DepthAfter(j);
   const size_t d = static_cast<size_t>(n_embd_);
   const size_t n = rows.positions.size();
+  // The hidden states of the rows that leave (the newest stays), from the first to the last.
+  size_t lo = n, hi = 0;
+  for (size_t i = 0; i + 1 < n; ++i) {
+    if (!go_on[rows.positions[i]]) lo = std::min(lo, i), hi = i + 1;
+  }
+  const float* hidden = lo < hi ? rows.hidden->Host(static_cast<int64_t>(lo), static_cast<int64_t>(hi - lo)) : nullptr;
   for (size_t i = 0; i < n; ++i) {
     const int32_t p = rows.positions[i];
     PS_CHECK(depth_[p] == layer && !in_aux_[p]) << "row " << p << " reached layer " << layer << " out of turn";
-    if (!go_on[p] && i + 1 < n && ctx.AuxPut(p, rows.hidden + i * d)) {
+    if (!go_on[p] && i + 1 < n && ctx.AuxPut(p, hidden + (i - lo) * d)) {
       (*rows.keep)[i] = 0;
       in_aux_[p] = 1;
       ++aux_at_[j];

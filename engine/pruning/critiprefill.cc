@@ -69,18 +69,6 @@ std::unique_ptr<StrategyParams> CritiPrefillDefaults(const ModelConfig& config, 
   return std::make_unique<Params>(CritiPrefillParams{});
 }
 
-void ColumnMaxMin(const float* x, int64_t rows, int64_t stride, int width, float* max, float* min) {
-  std::fill(max, max + width, -std::numeric_limits<float>::infinity());
-  std::fill(min, min + width, std::numeric_limits<float>::infinity());
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * stride;
-    for (int c = 0; c < width; ++c) {
-      max[c] = std::max(max[c], row[c]);
-      min[c] = std::min(min[c], row[c]);
-    }
-  }
-}
-
 std::vector<float> BlockCriticality(std::span<const float> q_rep, std::span<const float> k_rep, int head_dim) {
   PS_CHECK(head_dim > 0 && !q_rep.empty() && q_rep.size() % head_dim == 0 && k_rep.size() % (2 * head_dim) == 0)
       << "criticality: representatives are not whole rows";
@@ -93,30 +81,21 @@ std::vector<float> BlockCriticality(std::span<const float> q_rep, std::span<cons
   }
   for (float& x : q_mean) x /= static_cast<float>(n_q);
   const auto n_blocks = static_cast<int64_t>(k_rep.size() / (2 * head_dim));
-  std::vector<float> out(n_blocks);
-  for (int64_t b = 0; b < n_blocks; ++b) {
-    const float* k_max = k_rep.data() + 2 * b * head_dim;
-    const float* k_min = k_max + head_dim;
-    float s_max = 0, s_min = 0;
-    for (int d = 0; d < head_dim; ++d) {
-      s_max += q_mean[d] * k_max[d];
-      s_min += q_mean[d] * k_min[d];
-    }
-    out[b] = std::max(s_max, s_min);
-  }
+  std::vector<float> dots(2 * n_blocks), out(n_blocks);
+  DotRows(q_mean.data(), k_rep.data(), head_dim, 2 * n_blocks, head_dim, dots.data());
+  for (int64_t b = 0; b < n_blocks; ++b) out[b] = std::max(dots[2 * b], dots[2 * b + 1]);
   return out;
 }
 
-void CritiPrefill::ScoreSegment(int layer, const LayerAttention& att, int64_t segment, int kv_head) {
-  const AttentionShape& s = att.shape;
+void CritiPrefill::ScoreSegment(int layer, const AttentionShape& s, int64_t segment, int kv_head) {
   const int hd = s.head_dim, group = s.n_heads / s.n_kv_heads;
-  const int64_t begin = segment * params_.segment_size;
-  const int64_t rows = std::min<int64_t>(params_.segment_size, static_cast<int64_t>(att.q_positions.size()) - begin);
+  const int64_t begin = segment * params_.segment_size, q_dim = static_cast<int64_t>(s.n_heads) * hd;
+  // The group's heads' columns of the segment's max row and min row.
   std::vector<float> q_rep(2 * group * hd);
   for (int g = 0; g < group; ++g) {
-    const int head = kv_head * group + g;
-    ColumnMaxMin(att.q + begin * att.q_stride + head * hd, rows, att.q_stride, hd, q_rep.data() + 2 * g * hd,
-                 q_rep.data() + (2 * g + 1) * hd);
+    const float* max = q_rep_.data() + 2 * segment * q_dim + static_cast<int64_t>(kv_head * group + g) * hd;
+    std::copy(max, max + hd, q_rep.begin() + 2 * g * hd);
+    std::copy(max + q_dim, max + q_dim + hd, q_rep.begin() + (2 * g + 1) * hd);
   }
   const int64_t n_blocks = begin / params_.block_size;  // strictly before the segment
   const int64_t total_blocks = static_cast<int64_t>(k_rep_.size()) / (s.n_kv_heads * 2 * hd);
@@ -151,15 +130,26 @@ void CritiPrefill::SelectKv(int layer, const LayerAttention& att, SeqContext& ct
   }
   if (last_sparse < 0) return;
 
-  // Block representatives of every KV head over the blocks before the last sparse segment.
+  // Representatives, reduced where the queries and keys live: each segment's up to
+  // the last sparse one, and every KV head's blocks before that segment.
   const AttentionShape& s = att.shape;
   const int hd = s.head_dim;
-  const int64_t n_blocks = last_sparse * seg / bs;
-  k_rep_.resize(s.n_kv_heads * n_blocks * 2 * hd);
+  const int64_t n_blocks = last_sparse * seg / bs, q_dim = static_cast<int64_t>(s.n_heads) * hd;
+  bounds_.clear();
+  for (int64_t i = 0; i <= last_sparse + 1; ++i) bounds_.push_back(static_cast<int32_t>(i * seg));
+  const float* q_rep = att.q->Reduce(bounds_, RowReduction::kMaxMin);
+  if (q_rep == nullptr) return;  // the engine fails the sequence
+  q_rep_.assign(q_rep, q_rep + (last_sparse + 1) * 2 * q_dim);
+  bounds_.clear();
+  for (int64_t b = 0; b <= n_blocks; ++b) bounds_.push_back(static_cast<int32_t>(b * bs));
+  const float* k_rep = att.k->Reduce(bounds_, RowReduction::kMaxMin);  // [block][max, min][kv_dim]
+  if (k_rep == nullptr) return;
+  const int64_t kv_dim = static_cast<int64_t>(s.n_kv_heads) * hd;
+  k_rep_.resize(s.n_kv_heads * n_blocks * 2 * hd);  // [kv head][block][max, min][head_dim]
   for (int h = 0; h < s.n_kv_heads; ++h) {
-    for (int64_t b = 0; b < n_blocks; ++b) {
-      float* rep = k_rep_.data() + (h * n_blocks + b) * 2 * hd;
-      ColumnMaxMin(att.k + b * bs * att.k_stride + h * hd, bs, att.k_stride, hd, rep, rep + hd);
+    for (int64_t r = 0; r < 2 * n_blocks; ++r) {
+      const float* from = k_rep + r * kv_dim + h * hd;
+      std::copy(from, from + hd, k_rep_.begin() + (h * 2 * n_blocks + r) * hd);
     }
   }
   fused_.resize(n_segments * s.n_kv_heads);
@@ -178,7 +168,7 @@ void CritiPrefill::SelectKv(int layer, const LayerAttention& att, SeqContext& ct
       continue;
     }
     for (int h = 0; h < s.n_kv_heads; ++h) {
-      ScoreSegment(layer, att, i, h);
+      ScoreSegment(layer, s, i, h);
       KvSelection::Segment out{.q_begin = begin, .q_end = end, .kv_head = h};
       for (int32_t b : TopKInOrder(fused_[i * s.n_kv_heads + h], chosen)) {
         AppendRange(out.ranges, static_cast<int32_t>(b * bs), static_cast<int32_t>((b + 1) * bs));

@@ -36,10 +36,6 @@ struct CritiPrefillParams {
 // The registry's defaults: the paper's settings (they do not depend on the model).
 std::unique_ptr<StrategyParams> CritiPrefillDefaults(const ModelConfig& config, const CalibrationPtr& calibration);
 
-// Element-wise maximum and minimum over `rows` rows (`stride` floats apart) of the
-// `width` floats starting at x: max[c] and min[c].
-void ColumnMaxMin(const float* x, int64_t rows, int64_t stride, int width, float* max, float* min);
-
 // Criticality of key blocks for one query segment and KV head, before the softmax:
 // q_rep holds the segment's representatives (2 rows of `head_dim` per query head of
 // the group: max, min), k_rep each block's (max row, then min row). For block b:
@@ -55,10 +51,12 @@ class CritiPrefill : public PruningStrategy {
 
  private:
   // Segment i's fused block scores for one KV head at layer `layer`, into fused_.
-  void ScoreSegment(int layer, const LayerAttention& att, int64_t segment, int kv_head);
+  void ScoreSegment(int layer, const AttentionShape& shape, int64_t segment, int kv_head);
 
   CritiPrefillParams params_;
-  std::vector<float> k_rep_;               // [n_kv_heads][blocks][2][head_dim] of the current layer
+  std::vector<int32_t> bounds_;            // row runs to reduce
+  std::vector<float> q_rep_;               // [segments][max, min][n_heads * head_dim] of the current layer
+  std::vector<float> k_rep_;               // [n_kv_heads][blocks][max, min][head_dim] of the current layer
   std::vector<std::vector<float>> fused_;  // [segment * n_kv_heads + kv_head]: fused scores of its blocks
 };
 

@@ -127,11 +127,9 @@ void Pod::SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSele
   }
   if (!feeds_[layer]) return;
   // The layers above in the group score distant tokens with these queries.
-  std::vector<float>& q = q_[layer];
   const auto n = static_cast<int64_t>(att.q_positions.size());
-  q.resize(n * q_dim_);
-  for (int64_t i = 0; i < n; ++i)
-    std::copy(att.q + i * att.q_stride, att.q + i * att.q_stride + q_dim_, q.data() + i * q_dim_);
+  const float* rows = att.q->Host(0, n);
+  q_[layer].assign(rows, rows + n * q_dim_);
 }
 
 const SharedScores* Pod::ShareScores(int layer) {

@@ -133,9 +133,12 @@ absl::StatusOr<PruningParams> StrategyDefaults::Get(std::string_view name) const
 absl::StatusOr<PruningParams> StrategyDefaults::WithArgs(std::string_view name, const std::vector<std::string>& args,
                                                          std::string_view field) const {
   PS_ASSIGN_OR_RETURN(PruningParams base, Get(name));
-  if (args.empty()) return base;
+  const std::string f = absl::StrCat(std::string(field), ".", std::string(base.name()));
+  if (args.empty()) {  // the defaults as they are, which may still need a calibration
+    if (base.params != nullptr) PS_RETURN_IF_ERROR(base.params->Validate(config_, f));
+    return base;
+  }
   std::unique_ptr<StrategyParams> p = base.params != nullptr ? base.params->Clone() : nullptr;
-  const std::string f = absl::StrCat(std::string(field), ".", base.strategy->name);
   PS_RETURN_IF_ERROR(MergeArgs(*base.strategy, args, f, p.get()));
   PS_RETURN_IF_ERROR(p->Validate(config_, f));
   base.params = std::move(p);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "engine/pruning/selection.h"
+#include "kernels/cpu/vec.h"
 #include "pruneserve/v1/generation.pb.h"
 
 namespace ps {
@@ -212,20 +213,41 @@ void SlimInfer::Score(int stage, std::span<const float> q_mean, std::vector<floa
 
 void SlimInfer::Decide(int i, const LayerAttention& att, SeqContext& ctx) {
   Stage& st = stages_[i];
-  // The unit keys of the prompt rows computed here this step (each row once per layer).
+  // The unit keys of the prompt rows computed here this step (each row once per layer):
+  // the rows as runs of one unit each (-1: rows past the prompt, not summed), each
+  // run's keys summed where they live.
+  bounds_.clear();
+  run_unit_.clear();
   for (size_t r = 0; r < att.new_positions.size(); ++r) {
     const int32_t p = att.new_positions[r];
-    if (p >= prompt_) continue;
-    const int64_t u = p / params_.unit_size;
-    const float* k = att.k + static_cast<int64_t>(r) * att.k_stride;
-    for (int c = 0; c < kv_dim_; ++c) st.unit_sum[u * kv_dim_ + c] += k[c];
-    ++st.unit_count[u];
+    const int32_t u = p < prompt_ ? p / params_.unit_size : -1;
+    if (run_unit_.empty() || run_unit_.back() != u) {
+      bounds_.push_back(static_cast<int32_t>(r));
+      run_unit_.push_back(u);
+    }
+  }
+  bounds_.push_back(static_cast<int32_t>(att.new_positions.size()));
+  if (std::find_if(run_unit_.begin(), run_unit_.end(), [](int32_t u) { return u >= 0; }) != run_unit_.end()) {
+    const float* sums = att.k->Reduce(bounds_, RowReduction::kSum);
+    if (sums == nullptr) return;  // the engine fails the sequence
+    for (size_t j = 0; j < run_unit_.size(); ++j) {
+      if (run_unit_[j] < 0) continue;
+      const int64_t u = run_unit_[j];
+      AddInPlace(sums + j * kv_dim_, st.unit_sum.data() + u * kv_dim_, kv_dim_);
+      st.unit_count[u] += bounds_[j + 1] - bounds_[j];
+    }
   }
   // The newest queries: the prompt's tail, then each decoded token's.
-  for (size_t r = 0; r < att.q_positions.size(); ++r) {
+  const auto n_q = static_cast<int64_t>(att.q_positions.size());
+  int64_t lo = n_q, hi = 0;
+  for (int64_t r = 0; r < n_q; ++r) {
+    if (att.q_positions[r] >= prompt_ - params_.window) lo = std::min(lo, r), hi = r + 1;
+  }
+  const float* q = lo < hi ? att.q->Host(lo, hi - lo) : nullptr;
+  for (int64_t r = lo; r < hi; ++r) {
     if (att.q_positions[r] < prompt_ - params_.window) continue;
-    const float* q = att.q + static_cast<int64_t>(r) * att.q_stride;
-    std::copy(q, q + q_dim_, st.ring.begin() + (st.ring_pushed++ % params_.window) * q_dim_);
+    const float* row = q + (r - lo) * q_dim_;
+    std::copy(row, row + q_dim_, st.ring.begin() + (st.ring_pushed++ % params_.window) * q_dim_);
   }
   if (n_blocks_ <= st.keep) return;  // the budget covers the prompt: everything stays active
 

@@ -112,6 +112,7 @@ class SlimInfer : public PruningStrategy {
   int64_t switches_ = 0;
   // Scratch.
   std::vector<float> q_mean_, scores_, unit_keys_;
+  std::vector<int32_t> bounds_, run_unit_;  // Decide's runs of key rows: bounds, and each run's unit (-1: none)
   std::vector<char> go_on_;
   std::vector<int32_t> revive_, kv_rows_, to_device_, to_host_;
 };

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/activations.h"
 #include "kernels/types.h"
 #include "memory/kv_cache_manager.h"
 
@@ -49,11 +50,13 @@ class SeqContext {
   virtual absl::Status MovePages(int layer, std::span<const int32_t> pages, Tier to) = 0;
 };
 
-// One sequence's rows entering a layer, as RowsForLayer may edit them.
+// One sequence's rows entering a layer, as RowsForLayer may edit them. Hidden states
+// and queries and keys stay where the backend keeps them (device memory on a GPU): a
+// hook reads what it needs through its ActivationRows (kernels/activations.h), a
+// few rows or their reductions, and that alone crosses to the host.
 struct LayerRows {
-  std::span<const int32_t> positions;  // the rows still active; the last one is the newest token
-  const float* hidden = nullptr;       // [positions.size(), n_embd]: hidden states at this layer's input
-  int n_embd = 0;
+  std::span<const int32_t> positions;             // the rows still active; the last one is the newest token
+  ActivationRows* hidden = nullptr;               // [positions.size(), n_embd]: hidden states at this layer's input
   std::vector<char>* keep = nullptr;              // keep[i] = 0 prunes row i (all 1 on entry; the last must stay)
   std::vector<int32_t>* add_positions = nullptr;  // rows to add (revived), placed before the kept rows
   std::vector<float>* add_hidden = nullptr;       // their hidden states at this layer's input, n_embd each
@@ -62,13 +65,11 @@ struct LayerRows {
 // One sequence's attention inputs at a layer, after RoPE, as SelectKv sees them.
 struct LayerAttention {
   std::span<const int32_t> q_positions;  // the query rows
-  const float* q = nullptr;              // their queries: [q_positions.size(), n_heads * head_dim]
-  int64_t q_stride = 0;                  // floats between query rows
+  ActivationRows* q = nullptr;           // their queries: [q_positions.size(), n_heads * head_dim]
   // The rows this step appended to the layer's KV (the last rows of SeqContext::Kv)
-  // and their keys: [new_positions.size(), n_kv_heads * head_dim], k_stride apart.
+  // and their keys: [new_positions.size(), n_kv_heads * head_dim].
   std::span<const int32_t> new_positions;
-  const float* k = nullptr;
-  int64_t k_stride = 0;
+  ActivationRows* k = nullptr;
   AttentionShape shape;
 };
 

@@ -1,5 +1,6 @@
 #include "kernels/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -47,6 +48,33 @@ void CpuBackend::GatherRows(const float* src, std::span<const int32_t> rows, int
   for (size_t i = 0; i < rows.size(); ++i) {
     if (rows[i] >= 0) std::memcpy(dst + i * width, src + rows[i] * width, width * sizeof(float));
   }
+}
+
+void CpuBackend::ReduceRowRuns(const float* x, int64_t width, std::span<const int32_t> bounds, RowReduction op,
+                               float* out) {
+  const auto runs = static_cast<int64_t>(bounds.size()) - 1;
+  pool_.ParallelFor(runs, 4, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float* first = x + bounds[i] * width;
+      if (op == RowReduction::kSum) {
+        float* sum = out + i * width;
+        std::copy(first, first + width, sum);
+        for (int64_t r = bounds[i] + 1; r < bounds[i + 1]; ++r) AddInPlace(x + r * width, sum, width);
+        continue;
+      }
+      float* max = out + 2 * i * width;
+      float* min = max + width;
+      std::copy(first, first + width, max);
+      std::copy(first, first + width, min);
+      for (int64_t r = bounds[i] + 1; r < bounds[i + 1]; ++r) {
+        const float* row = x + r * width;
+        for (int64_t c = 0; c < width; ++c) {
+          max[c] = std::max(max[c], row[c]);
+          min[c] = std::min(min[c], row[c]);
+        }
+      }
+    }
+  });
 }
 
 size_t CpuBackend::PackedWeightBytes(const MatrixView& w) const {

@@ -21,6 +21,8 @@ class CpuBackend final : public Backend {
   void CopyToHost(const void* src, void* dst, size_t bytes) override;
   void CopyFromHost(const void* src, void* dst, size_t bytes) override;
   void GatherRows(const float* src, std::span<const int32_t> rows, int64_t width, float* dst) override;
+  void ReduceRowRuns(const float* x, int64_t width, std::span<const int32_t> bounds, RowReduction op,
+                     float* out) override;
 
   size_t PackedWeightBytes(const MatrixView& w) const override;
   void PackWeights(const MatrixView& w, uint8_t* dst) override;

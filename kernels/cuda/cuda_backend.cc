@@ -66,6 +66,15 @@ class CudaBackend final : public Backend {
     }
   }
 
+  void ReduceRowRuns(const float* x, int64_t width, std::span<const int32_t> bounds, RowReduction op,
+                     float* out) override {
+    const auto* d_bounds = Stage(index_, bounds.data(), bounds.size_bytes());
+    if (d_bounds != nullptr) {
+      Keep(ReduceRowRunsDevice(x, width, reinterpret_cast<const int32_t*>(d_bounds),
+                               static_cast<int64_t>(bounds.size()) - 1, op == RowReduction::kMaxMin, out));
+    }
+  }
+
   void PrepareWeights(const MatrixView& w) override {
     if (w.type == DType::kF32) {
       Mirror(reinterpret_cast<const float*>(w.data), w.rows * w.cols);
@@ -282,16 +291,16 @@ class CudaBackend final : public Backend {
     }
     return reinterpret_cast<const uint16_t*>(mirrors_.Add(w.data, w.rows * w.cols, kBf16Copy, std::move(*r)));
   }
-  // Host index data copied into `scratch` for the next kernel (the copy is ordered
-  // with the kernels, so the scratch is free again once the call returns), or null
-  // with the error kept.
+  // Host index data copied into `scratch` for the next kernel, or null with the error
+  // kept. The copy is ordered with the kernels (the next Stage into the same scratch
+  // lands after this one's readers) and the host need not wait for it.
   const uint8_t* Stage(Scratch& scratch, const void* host, size_t bytes) {
     absl::StatusOr<uint8_t*> d = scratch.Get(bytes > 0 ? bytes : 1);
     if (!d.ok()) {
       Keep(d.status());
       return nullptr;
     }
-    if (absl::Status s = Copy(*d, host, bytes); !s.ok()) {
+    if (absl::Status s = staging_.CopyToDevice(*d, host, bytes); !s.ok()) {
       Keep(s);
       return nullptr;
     }
@@ -303,6 +312,7 @@ class CudaBackend final : public Backend {
   // Device copies of the current model's weights: F32 as they are, or decoded to BF16.
   static constexpr int kF32Copy = 0, kBf16Copy = 1;
   WeightMirrors mirrors_;
+  StagingRing staging_;
   Scratch index_, bf16_;
   // Attention's staged arguments and statistics.
   std::vector<AttentionSegment> segments_;

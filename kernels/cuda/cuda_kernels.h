@@ -9,12 +9,16 @@
 // pointers alike and return when done, so tests compare with the CPU kernels directly.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
 #include "kernels/memory_region.h"
+#include "kernels/ring_space.h"
 
 namespace ps::cuda {
 
@@ -36,6 +40,30 @@ absl::StatusOr<MemoryRegion> AllocatePinned(size_t bytes);
 absl::Status Copy(void* dst, const void* src, size_t bytes);
 // Waits for every operation issued so far; the first error among them.
 absl::Status Synchronize();
+
+// Host data for the kernels that follow (index arrays: positions, block tables,
+// selections): copied into a ring of pinned memory (kernels/ring_space.h) and from there
+// to the device in stream order, so the host does not wait for the device's earlier
+// work; the ring grows when a request is over a quarter of it.
+class StagingRing {
+ public:
+  StagingRing() = default;
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+  ~StagingRing();
+  // Copies `bytes` at host address src to device memory dst after the work issued so
+  // far; returns before the copy runs (src may change at once).
+  absl::Status CopyToDevice(void* dst, const void* src, size_t bytes);
+
+ private:
+  // Waits for the oldest n copies (copies finish in order) and recycles their events.
+  absl::Status Retire(size_t n);
+
+  MemoryRegion pinned_;
+  RingSpace space_{0};
+  std::deque<void*> events_;  // cudaEvent_t recorded after each copy in space_.live(), oldest first
+  std::vector<void*> spare_events_;
+};
 
 // ---- Kernels over device memory ----
 
@@ -60,6 +88,10 @@ absl::Status AddDevice(const float* x, float* y, int64_t n);
 absl::Status SiluMulDevice(float* gate, const float* up, int64_t n);
 // dst row i = src row rows[i] (rows: device, n_rows of them; negative: dst row i kept).
 absl::Status GatherRowsDevice(const float* src, const int32_t* rows, int64_t n_rows, int64_t width, float* dst);
+// Backend::ReduceRowRuns with bounds (runs + 1 of them) in device memory: kMaxMin when
+// max_min, else kSum.
+absl::Status ReduceRowRunsDevice(const float* x, int64_t width, const int32_t* bounds, int64_t runs, bool max_min,
+                                 float* out);
 // PoD's merge (Backend::MergeByGate).
 absl::Status MergeByGateDevice(int64_t n, int heads, int hd, float* o_p, int64_t p_stride, const float* o_d,
                                int64_t d_stride, const float* lse_p, const float* lse_d, int64_t lse_stride);

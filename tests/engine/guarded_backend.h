@@ -60,6 +60,11 @@ class GuardedBackend : public Backend {
     Open open(*this);
     inner_.GatherRows(src, rows, width, dst);
   }
+  void ReduceRowRuns(const float* x, int64_t width, std::span<const int32_t> bounds, RowReduction op,
+                     float* out) override {
+    Open open(*this);
+    inner_.ReduceRowRuns(x, width, bounds, op, out);
+  }
   void MatMul(const MatrixView& w, const float* x, int64_t m, float* y) override {
     Open open(*this);
     inner_.MatMul(w, x, m, y);

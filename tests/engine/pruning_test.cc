@@ -22,6 +22,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/shared_math.h"
 #include "pruneserve/v1/generation.pb.h"
+#include "tests/engine/guarded_backend.h"
 #include "tests/engine/test_util.h"
 
 namespace ps {
@@ -63,11 +64,22 @@ TEST(Selection, AvgPoolZeroPadsAndDividesByTheKernel) {
 }
 
 TEST(CritiPrefill, RepresentativesAndCriticalityOnHandBuiltRows) {
-  const std::vector<float> x = {1, -2, 9, 3, 0, 9, -1, 5, 9};  // 3 rows of 3, the last column ignored
-  float max[2], min[2];
-  ColumnMaxMin(x.data(), 3, 3, 2, max, min);
-  EXPECT_THAT(max, ElementsAre(3, 5));
-  EXPECT_THAT(min, ElementsAre(-1, -2));
+  // Runs of rows reduced where they live (the CPU's activations are host memory), read
+  // through a view that counts the bytes a device would copy.
+  ThreadPool pool(1);
+  CpuBackend backend(pool);
+  const std::vector<float> x = {7, 7, 1, -2, 3, 0, -1, 5, 4, 4};  // 5 rows of 2
+  HostReads reads;
+  ActivationRows rows(backend);
+  rows.View(x.data(), 5, 2, &reads);
+  const std::vector<int32_t> bounds = {1, 4, 5};  // rows 1-3, then row 4
+  const float* max_min = rows.Reduce(bounds, RowReduction::kMaxMin);
+  EXPECT_THAT(std::vector<float>(max_min, max_min + 8), ElementsAre(3, 5, -1, -2, /**/ 4, 4, 4, 4));
+  const float* sum = rows.Reduce(bounds, RowReduction::kSum);
+  EXPECT_THAT(std::vector<float>(sum, sum + 4), ElementsAre(3, 3, 4, 4));
+  const float* one = rows.Host(2, 1);
+  EXPECT_THAT(std::vector<float>(one, one + 2), ElementsAre(3, 0));
+  EXPECT_EQ(reads.bytes, (8 + 4 + 2) * 4) << "the reductions and one row";
   // Query representatives of two heads (max, min each): their mean is (0.5, 0.5).
   const std::vector<float> q_rep = {1, 0, 0, 1, 2, 2, -1, -1};
   // Per block its max row then its min row; the score is the larger of the two dots
@@ -117,13 +129,13 @@ TEST(CritiPrefill, SelectsTheMostCriticalBlockPerSegmentAndHeadAndFusesLayers) {
   set_key(1, 0, 5, 0);
   set_key(3, 0, 0, 5);
   set_key(0, 1, 5, 0);
-  const LayerAttention att{.q_positions = pos,
-                           .q = q.data(),
-                           .q_stride = kQd,
-                           .new_positions = pos,
-                           .k = k.data(),
-                           .k_stride = kKvd,
-                           .shape = shape};
+  ThreadPool pool(1);
+  CpuBackend backend(pool);
+  HostReads reads;
+  ActivationRows q_rows(backend), k_rows(backend);
+  q_rows.View(q.data(), kN, kQd, &reads);
+  k_rows.View(k.data(), kN, kKvd, &reads);
+  const LayerAttention att{.q_positions = pos, .q = &q_rows, .new_positions = pos, .k = &k_rows, .shape = shape};
   RowsOnlyContext ctx(kN);
   auto select = [&](CritiPrefill& c, int layer, const LayerAttention& a) {
     KvSelection sel;
@@ -149,23 +161,26 @@ TEST(CritiPrefill, SelectsTheMostCriticalBlockPerSegmentAndHeadAndFusesLayers) {
   // softmax (0.95, 0.05) fused with layer 1's (0.007, 0.993): 0.25 * prev + 0.75 * cur
   // favours block 0; with the paper's weighting (0.75 on prev) block 1 stays.
   const std::vector<float> k1 = k;  // layer 1's keys; `att` reads k, layer 2's from here on
+  ActivationRows k1_rows(backend);
+  k1_rows.View(k1.data(), kN, kKvd, &reads);
   set_key(1, 0, 0, 0);
   set_key(0, 0, 3, 0);
   EXPECT_THAT(select(c, 2, att), HasSubstr("4-8 h0 [0,2)[4,8) |"));
   p.fusion_prev_weight = 0.75f;
   CritiPrefill paper(p);
   LayerAttention att1 = att;
-  att1.k = k1.data();
+  att1.k = &k1_rows;
   EXPECT_THAT(select(paper, 1, att1), HasSubstr("4-8 h0 [2,8) |"));
   EXPECT_THAT(select(paper, 2, att), HasSubstr("4-8 h0 [2,8) |"));
   EXPECT_THAT(select(paper, 1, att), HasSubstr("4-8 h0 [0,2)[4,8) |")) << "layer 1 starts the fusion afresh";
   // Not the prompt's step (fewer new rows than cached ones, or one query row): dense.
+  ActivationRows q_last(backend), k_last(backend);
+  q_last.View(q.data() + (kN - 1) * kQd, 1, kQd, &reads);
+  k_last.View(k.data() + (kN - 1) * kKvd, 1, kKvd, &reads);
   const LayerAttention decode{.q_positions = std::span<const int32_t>(pos).last(1),
-                              .q = q.data(),
-                              .q_stride = kQd,
+                              .q = &q_last,
                               .new_positions = std::span<const int32_t>(pos).last(1),
-                              .k = k.data(),
-                              .k_stride = kKvd,
+                              .k = &k_last,
                               .shape = shape};
   EXPECT_EQ(select(c, 2, decode), "");
   // A budget covering every block before each segment: dense throughout.
@@ -214,6 +229,11 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
       EXPECT_TRUE(valid.ok()) << s->name << ": " << valid;
     }
   }
+
+  const absl::StatusOr<PruningParams> pod = d->WithArgs("pod", {}, "--strategy-arg");
+  EXPECT_EQ(pod.status().code(), absl::StatusCode::kFailedPrecondition) << "defaults are validated too";
+  EXPECT_THAT(std::string(pod.status().message()), HasSubstr("--strategy-arg.pod: PoD needs"));
+  EXPECT_TRUE(d->WithArgs("full", {}, "--strategy-arg").ok());
 
   const absl::StatusOr<PruningParams> g = d->WithArgs("gemfilter", {"top_k=64", "original_positions=true"}, "pruning");
   ASSERT_TRUE(g.ok()) << g.status();
@@ -373,6 +393,45 @@ TEST_F(PruningModelTest, StrategiesComputeLessAndGemFilterKeepsTheLastToken) {
   auto late = Make("sliminfer", {"layers=1,3", "budgets=4096,48", "block_size=16", "unit_size=4"});
   Run(prompt, 8, late.get(), &rows);
   EXPECT_EQ(rows, 200 * 4 + (2 * 16 + 8));
+}
+
+// What the strategies' hooks read on the host in a prompt's step: on a backend whose
+// activations host code cannot reach (GuardedBackend, as on a GPU), every read is a
+// copy. CritiPrefill reads only its representatives, the reductions of the rows.
+TEST_F(PruningModelTest, StrategiesReadTheirScoresNotTheRowsOnTheHost) {
+  const ModelConfig& c = model_->config();
+  const int n = 200;
+  const std::vector<int32_t> prompt = Prompt(n);
+  testing::GuardedBackend guarded(backend_);
+  auto host_bytes = [&](PruningStrategy* strategy) {
+    Transformer t(*model_, guarded);
+    std::unique_ptr<KvCache> kv = testing::KvFor(*model_, guarded, 256);
+    std::vector<int32_t> positions(n);
+    std::iota(positions.begin(), positions.end(), 0);
+    SeqInput in{.seq_id = 1, .tokens = prompt, .positions = positions, .strategy = strategy};
+    ForwardOutput out;
+    EXPECT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok() && out.status[0].ok());
+    return out.host_bytes.at(0);
+  };
+  // Every row's hidden state, query and key at every layer after the first: what the
+  // hooks were handed before they read through views.
+  const int64_t rows_bytes = int64_t{n} * (c.n_embd + c.q_dim() + c.kv_dim()) * (c.n_layers - 1) * 4;
+  EXPECT_EQ(host_bytes(nullptr), 0);
+  // Segments of 16, blocks of 4: segments 1-11 sparse. Per layer from 1: the max and
+  // min rows of segments 0-11 (queries) and of the 44 blocks before segment 11 (keys).
+  auto criti = Make("critiprefill", {"segment_size=16", "block_size=4", "dense_prefix=0", "budget=8"});
+  EXPECT_EQ(host_bytes(criti.get()), (12 * 2 * c.q_dim() + 44 * 2 * c.kv_dim()) * 4 * (c.n_layers - 1));
+  // SlimInfer: its key units' sums and the last queries at layers 1 and 3, and the
+  // hidden states of the rows that leave for the Aux Cache; LazyLLM: the last query's
+  // probabilities at every layer, and those hidden states.
+  auto slim = Make("sliminfer", {"layers=1,3", "budgets=96,48", "block_size=16", "unit_size=4"});
+  const int64_t slim_bytes = host_bytes(slim.get());
+  EXPECT_GT(slim_bytes, 0);
+  EXPECT_LT(slim_bytes, rows_bytes / 8);
+  auto lazy = Make("lazyllm", {"layers=1,3", "keep=0.5,0.25"});
+  const int64_t lazy_bytes = host_bytes(lazy.get());
+  EXPECT_GT(lazy_bytes, 0);
+  EXPECT_LT(lazy_bytes, rows_bytes / 4);
 }
 
 // Forces revivals: odd steps favour the lowest positions, even steps the highest,

@@ -275,6 +275,21 @@ TEST_F(CudaBackendTest, GatherRowsAndMergeByGateMatchCpu) {
   ExpectNear(FromDevice(dp, o_p.size()), o_p, 1e-6f, "merge_by_gate");
 }
 
+TEST_F(CudaBackendTest, ReduceRowRunsMatchesCpu) {
+  // 300 columns (two column tiles), runs of 1, 5, 32 and 500 rows.
+  const int width = 300;
+  const std::vector<int32_t> bounds = {3, 4, 9, 41, 541};
+  const auto src = Randn(545 * width, 12);
+  for (const RowReduction op : {RowReduction::kMaxMin, RowReduction::kSum}) {
+    const size_t floats = (bounds.size() - 1) * width * (op == RowReduction::kMaxMin ? 2 : 1);
+    std::vector<float> want(floats);
+    float* got = Device(std::vector<float>(floats, 0.0f));
+    gpu_->ReduceRowRuns(Device(src), width, bounds, op, got);
+    cpu_.ReduceRowRuns(src.data(), width, bounds, op, want.data());
+    ExpectNear(FromDevice(got, floats), want, op == RowReduction::kSum ? 1e-4f : 0, "reduce_row_runs");
+  }
+}
+
 TEST_F(CudaBackendTest, BiasRopeMatchesCpu) {
   const std::vector<int32_t> positions = {0, 1, 5, 4096, 32767};
   const int rows = static_cast<int>(positions.size());
@@ -529,6 +544,45 @@ TEST_F(CudaTest, SwapEngineRoundTripsBlocks) {
   const SwapTicket bad = (*engine)->Submit({{Tier::kDevice, 0, Tier::kHost, kBlocks}});
   EXPECT_EQ((*engine)->Wait(bad).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*engine)->Wait(12345).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A copy that fails after others of its batch were queued: the error returns only once
+// those are done (the caller then reuses the blocks). The first copy is 64 MiB from
+// device to pinned host memory, in flight for milliseconds when the second fails.
+TEST_F(CudaTest, SwapEngineErrorWaitsForTheBatchsCopiesInFlight) {
+  constexpr int32_t kBlocks = 33;
+  constexpr size_t kBlockBytes = 2 << 20;
+  auto device_mem = cuda::AllocateDevice(kBlocks * kBlockBytes);
+  auto host_mem = cuda::AllocatePinned(kBlocks * kBlockBytes);
+  ASSERT_TRUE(device_mem.ok() && host_mem.ok());
+  BlockPool device(Tier::kDevice, kBlocks, kBlockBytes, std::move(*device_mem));
+  BlockPool host(Tier::kHost, kBlocks, kBlockBytes, std::move(*host_mem));
+  std::mt19937 rng(6);
+  std::vector<uint8_t> want(kBlocks * kBlockBytes);
+  for (auto& b : want) b = static_cast<uint8_t>(rng());
+  std::memcpy(host.data(0), want.data(), want.size());
+  int copies = 0;
+  auto engine = cuda::CudaSwapEngine::Create(device, host, nullptr, [&]() -> absl::Status {
+    ++copies;
+    return copies == 3 ? absl::DataLossError("injected copy failure") : absl::OkStatus();
+  });
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<BlockCopy> up;
+  for (int32_t j = 0; j < kBlocks; ++j) up.push_back({Tier::kHost, j, Tier::kDevice, j});
+  ASSERT_TRUE((*engine)->Wait((*engine)->Submit(up)).ok());  // one copy
+  std::memset(host.data(0), 0, want.size());
+  // Blocks 0-31 back as one copy, then block 32 to host block 32 fails.
+  std::vector<BlockCopy> down;
+  for (int32_t j = 0; j < kBlocks - 1; ++j) down.push_back({Tier::kDevice, j, Tier::kHost, j});
+  down.push_back({Tier::kDevice, kBlocks - 1, Tier::kHost, kBlocks - 1});
+  down[kBlocks - 1].src = 0;  // not consecutive: a copy of its own
+  const SwapTicket bad = (*engine)->Submit(down);
+  EXPECT_EQ(std::memcmp(host.data(0), want.data(), (kBlocks - 1) * kBlockBytes), 0)
+      << "Submit returned with the batch's first copy still in flight";
+  const absl::Status s = (*engine)->Wait(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(copies, 3);
+  EXPECT_TRUE((*engine)->Wait((*engine)->Submit({{Tier::kDevice, 1, Tier::kHost, 1}})).ok()) << "later batches run";
 }
 
 }  // namespace
