@@ -1,7 +1,6 @@
 #include "engine/pruning/critiprefill.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
