@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cpu/bf16_rows.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/packed.h"
@@ -101,6 +102,12 @@ void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
   const int64_t share = (w.rows + pool.num_threads() - 1) / pool.num_threads();
   // BF16 products take each thread's share in one call (no panels to keep in L2).
   const int64_t grain = bf16_products ? (share + 15) / 16 * 16 : std::min(panel, (share + 15) / 16 * 16);
+  if (bf16_products && m <= kSmallGemmBf16Rows) {  // few rows: tiles of 4 x 4 rows in registers
+    pool.ParallelFor(w.rows, 16, [&](int64_t r0, int64_t r1) {
+      SmallGemmBf16(m, r1 - r0, k, xb, reinterpret_cast<const uint16_t*>(w.Row(r0)), k, y + r0, w.rows);
+    });
+    return;
+  }
   pool.ParallelFor(w.rows, grain, [&](int64_t r0, int64_t r1) {
     if (bf16_products &&
         GemmBf16(m, r1 - r0, k, xb, k, reinterpret_cast<const uint16_t*>(w.Row(r0)), k, y + r0, w.rows)) {

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/bf16_rows.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/matmul.h"
@@ -34,11 +35,13 @@ double MaxRelErr(const std::vector<float>& got, const std::vector<double>& want)
   return err / scale;
 }
 
-// On a CPU with BF16 dot products, BF16 weights from a few rows up multiply on them
-// (oneDNN's BF16 matmul) with the activations rounded to BF16: the result is the exact
-// product of the rounded activations, not of the F32 ones. First in this file: oneDNN
-// keeps the instruction level of its first product, and the tests below start at scalar
-// (ctest runs each test in a process of its own; run whole, the binary passes in this order).
+// On a CPU with BF16 dot products, BF16 weights from kGemvMaxRows + 1 rows up multiply on them
+// (our 4 x 4 tiles up to kSmallGemmBf16Rows rows, oneDNN's BF16 matmul above) with the
+// activations rounded to BF16: the result is the exact product of the rounded
+// activations, not of the F32 ones, at ragged row counts and a row length that is not
+// a multiple of the tiles' 32. First in this file: oneDNN keeps the instruction level of
+// its first product, and the tests below start at scalar (ctest runs each test in a
+// process of its own; run whole, the binary passes in this order).
 TEST(MatMul, Bf16WeightsTakeBf16DotProducts) {
   const std::vector<CpuIsa> levels = SupportedCpuIsas();
   if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
@@ -46,26 +49,30 @@ TEST(MatMul, Bf16WeightsTakeBf16DotProducts) {
   }
   ScopedCpuIsa level(CpuIsa::kAvx512Bf16);
   ThreadPool pool(2);
-  const int64_t rows = 300, cols = 96, m = 33;
-  const auto wf = Randn(rows * cols, 11), x = Randn(m * cols, 12);
-  std::vector<uint16_t> w16(wf.size());
-  for (size_t i = 0; i < wf.size(); ++i) w16[i] = Fp32ToBf16(wf[i]);
-  const MatrixView w{
-      .type = DType::kBF16, .data = reinterpret_cast<const uint8_t*>(w16.data()), .rows = rows, .cols = cols};
-  std::vector<double> exact(m * rows, 0.0), rounded(m * rows, 0.0);
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t k = 0; k < cols; ++k) {
-        const double wv = Bf16ToFp32(w16[r * cols + k]), xv = x[i * cols + k];
-        exact[i * rows + r] += xv * wv;
-        rounded[i * rows + r] += double{Bf16ToFp32(Fp32ToBf16(x[i * cols + k]))} * wv;
+  const int64_t rows = 301;
+  for (const int64_t cols : {int64_t{96}, int64_t{100}}) {
+    for (const int64_t m : {kGemvMaxRows + 1, int64_t{5}, kSmallGemmBf16Rows, int64_t{33}}) {
+      const auto wf = Randn(rows * cols, 11), x = Randn(m * cols, 12);
+      std::vector<uint16_t> w16(wf.size());
+      for (size_t i = 0; i < wf.size(); ++i) w16[i] = Fp32ToBf16(wf[i]);
+      const MatrixView w{
+          .type = DType::kBF16, .data = reinterpret_cast<const uint8_t*>(w16.data()), .rows = rows, .cols = cols};
+      std::vector<double> exact(m * rows, 0.0), rounded(m * rows, 0.0);
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t k = 0; k < cols; ++k) {
+            const double wv = Bf16ToFp32(w16[r * cols + k]), xv = x[i * cols + k];
+            exact[i * rows + r] += xv * wv;
+            rounded[i * rows + r] += double{Bf16ToFp32(Fp32ToBf16(x[i * cols + k]))} * wv;
+          }
+        }
       }
+      std::vector<float> y(m * rows);
+      MatMul(w, x.data(), m, y.data(), pool, /*int8_activations=*/false);
+      EXPECT_LT(MaxRelErr(y, rounded), 1e-5) << m << " rows of " << cols;
+      EXPECT_GT(MaxRelErr(y, exact), 1e-4) << m << " rows of " << cols;  // BF16's rounding of the activations shows
     }
   }
-  std::vector<float> y(m * rows);
-  MatMul(w, x.data(), m, y.data(), pool, /*int8_activations=*/false);
-  EXPECT_LT(MaxRelErr(y, rounded), 1e-5);
-  EXPECT_GT(MaxRelErr(y, exact), 1e-4);  // BF16's rounding of the activations shows
 }
 
 TEST(Vec, ElementwiseKernelsMatchScalarMath) {
