@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/fp16.h"
+#include "base/status.h"
 #include "base/thread_pool.h"
 #include "gtest/gtest.h"
 #include "kernels/activations.h"
@@ -513,18 +514,29 @@ TEST_F(CudaBackendTest, HalfWeightsRunAsBf16) {
 // Random blocks survive host -> device -> host bit for bit through the CUDA swap
 // engine, with many tickets in flight (waited in reverse order) and coalesced runs;
 // a bad block id is an error, not a copy.
+// Both tiers of `blocks` blocks on the GPU (device memory, pinned host memory), the host
+// tier holding random bytes (`want`).
+struct SwapTiers {
+  SwapTiers(int32_t blocks, size_t block_bytes, uint32_t seed) : want(blocks * block_bytes) {
+    auto device_mem = cuda::AllocateDevice(blocks * block_bytes);
+    auto host_mem = cuda::AllocatePinned(blocks * block_bytes);
+    PS_CHECK(device_mem.ok() && host_mem.ok()) << "tier memory";
+    device = std::make_unique<BlockPool>(Tier::kDevice, blocks, block_bytes, std::move(*device_mem));
+    host = std::make_unique<BlockPool>(Tier::kHost, blocks, block_bytes, std::move(*host_mem));
+    std::mt19937 rng(seed);
+    for (auto& b : want) b = static_cast<uint8_t>(rng());
+    std::memcpy(host->data(0), want.data(), want.size());
+  }
+  std::vector<uint8_t> want;
+  std::unique_ptr<BlockPool> device, host;
+};
+
 TEST_F(CudaTest, SwapEngineRoundTripsBlocks) {
   constexpr int32_t kBlocks = 64;
   constexpr size_t kBlockBytes = 4096;
-  auto device_mem = cuda::AllocateDevice(kBlocks * kBlockBytes);
-  auto host_mem = cuda::AllocatePinned(kBlocks * kBlockBytes);
-  ASSERT_TRUE(device_mem.ok() && host_mem.ok());
-  BlockPool device(Tier::kDevice, kBlocks, kBlockBytes, std::move(*device_mem));
-  BlockPool host(Tier::kHost, kBlocks, kBlockBytes, std::move(*host_mem));
-  std::mt19937 rng(5);
-  std::vector<uint8_t> want(kBlocks * kBlockBytes);
-  for (auto& b : want) b = static_cast<uint8_t>(rng());
-  std::memcpy(host.data(0), want.data(), want.size());
+  SwapTiers tiers(kBlocks, kBlockBytes, 5);
+  BlockPool &device = *tiers.device, &host = *tiers.host;
+  const std::vector<uint8_t>& want = tiers.want;
   auto engine = cuda::CudaSwapEngine::Create(device, host);
   ASSERT_TRUE(engine.ok()) << engine.status();
   std::vector<SwapTicket> tickets;
@@ -552,15 +564,9 @@ TEST_F(CudaTest, SwapEngineRoundTripsBlocks) {
 TEST_F(CudaTest, SwapEngineErrorWaitsForTheBatchsCopiesInFlight) {
   constexpr int32_t kBlocks = 33;
   constexpr size_t kBlockBytes = 2 << 20;
-  auto device_mem = cuda::AllocateDevice(kBlocks * kBlockBytes);
-  auto host_mem = cuda::AllocatePinned(kBlocks * kBlockBytes);
-  ASSERT_TRUE(device_mem.ok() && host_mem.ok());
-  BlockPool device(Tier::kDevice, kBlocks, kBlockBytes, std::move(*device_mem));
-  BlockPool host(Tier::kHost, kBlocks, kBlockBytes, std::move(*host_mem));
-  std::mt19937 rng(6);
-  std::vector<uint8_t> want(kBlocks * kBlockBytes);
-  for (auto& b : want) b = static_cast<uint8_t>(rng());
-  std::memcpy(host.data(0), want.data(), want.size());
+  SwapTiers tiers(kBlocks, kBlockBytes, 6);
+  BlockPool &device = *tiers.device, &host = *tiers.host;
+  const std::vector<uint8_t>& want = tiers.want;
   int copies = 0;
   auto engine = cuda::CudaSwapEngine::Create(device, host, nullptr, [&]() -> absl::Status {
     ++copies;
