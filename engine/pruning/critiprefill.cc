@@ -86,13 +86,14 @@ std::vector<float> BlockCriticality(std::span<const float> q_rep, std::span<cons
   return out;
 }
 
-void CritiPrefill::ScoreSegment(int layer, const AttentionShape& s, int64_t segment, int kv_head) {
+void CritiPrefill::ScoreSegment(int layer, const AttentionShape& s, const float* q_reps, int64_t segment,
+                                int kv_head) {
   const int hd = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const int64_t begin = segment * params_.segment_size, q_dim = static_cast<int64_t>(s.n_heads) * hd;
   // The group's heads' columns of the segment's max row and min row.
   std::vector<float> q_rep(2 * group * hd);
   for (int g = 0; g < group; ++g) {
-    const float* max = q_rep_.data() + 2 * segment * q_dim + static_cast<int64_t>(kv_head * group + g) * hd;
+    const float* max = q_reps + 2 * segment * q_dim + static_cast<int64_t>(kv_head * group + g) * hd;
     std::copy(max, max + hd, q_rep.begin() + 2 * g * hd);
     std::copy(max + q_dim, max + q_dim + hd, q_rep.begin() + (2 * g + 1) * hd);
   }
@@ -133,12 +134,12 @@ void CritiPrefill::SelectKv(int layer, const LayerAttention& att, SeqContext& ct
   // the last sparse one, and every KV head's blocks before that segment.
   const AttentionShape& s = att.shape;
   const int hd = s.head_dim;
-  const int64_t n_blocks = last_sparse * seg / bs, q_dim = static_cast<int64_t>(s.n_heads) * hd;
+  const int64_t n_blocks = last_sparse * seg / bs;
   bounds_.clear();
   for (int64_t i = 0; i <= last_sparse + 1; ++i) bounds_.push_back(static_cast<int32_t>(i * seg));
+  // Valid until the next read through att.q (none below; the keys have their own view).
   const float* q_rep = att.q->Reduce(bounds_, RowReduction::kMaxMin);
   if (q_rep == nullptr) return;  // the engine fails the sequence
-  q_rep_.assign(q_rep, q_rep + (last_sparse + 1) * 2 * q_dim);
   bounds_.clear();
   for (int64_t b = 0; b <= n_blocks; ++b) bounds_.push_back(static_cast<int32_t>(b * bs));
   const float* k_rep = att.k->Reduce(bounds_, RowReduction::kMaxMin);  // [block][max, min][kv_dim]
@@ -167,7 +168,7 @@ void CritiPrefill::SelectKv(int layer, const LayerAttention& att, SeqContext& ct
       continue;
     }
     for (int h = 0; h < s.n_kv_heads; ++h) {
-      ScoreSegment(layer, s, i, h);
+      ScoreSegment(layer, s, q_rep, i, h);
       KvSelection::Segment out{.q_begin = begin, .q_end = end, .kv_head = h};
       for (int32_t b : TopKInOrder(fused_[i * s.n_kv_heads + h], chosen)) {
         AppendRange(out.ranges, static_cast<int32_t>(b * bs), static_cast<int32_t>((b + 1) * bs));

@@ -50,12 +50,12 @@ class CritiPrefill : public PruningStrategy {
   void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) override;
 
  private:
-  // Segment i's fused block scores for one KV head at layer `layer`, into fused_.
-  void ScoreSegment(int layer, const AttentionShape& shape, int64_t segment, int kv_head);
+  // Segment i's fused block scores for one KV head at layer `layer`, into fused_, from
+  // every segment's query representatives ([segment][max, min][n_heads * head_dim]).
+  void ScoreSegment(int layer, const AttentionShape& shape, const float* q_reps, int64_t segment, int kv_head);
 
   CritiPrefillParams params_;
   std::vector<int32_t> bounds_;            // row runs to reduce
-  std::vector<float> q_rep_;               // [segments][max, min][n_heads * head_dim] of the current layer
   std::vector<float> k_rep_;               // [n_kv_heads][blocks][max, min][head_dim] of the current layer
   std::vector<std::vector<float>> fused_;  // [segment * n_kv_heads + kv_head]: fused scores of its blocks
 };
