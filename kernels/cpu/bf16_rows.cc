@@ -15,6 +15,10 @@
 namespace ps {
 namespace {
 
+// How far ahead the weight rows are fetched, in 4-row groups for one tile per group: the
+// time between the fetch and the use stays the same however many tiles a group has.
+constexpr int64_t kFetchGroups = 4;
+
 #define PS_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 // The sums of 16 vectors' lanes: lane j of the result is v[j]'s sum (pairs of vectors
@@ -36,11 +40,13 @@ PS_AVX512_BF16 __attribute__((always_inline)) inline __m512 SumLanes16(const __m
 }
 
 // out[4 r + i] = w row r · a row i for 4 rows of each (k values, 32 a step; the last
-// step's values past k read as 0). With `next`, the next tile's weight rows are fetched
-// into the cache meanwhile, a line of each per step. The 16 sums are named variables:
+// step's values past k read as 0). Meanwhile the `next_rows` rows at `next` are fetched
+// into L2, a line of each per step: each tile of a group fetches its share of a later
+// group's rows (fetched into L1, the next group's rows came too late: memory's latency
+// showed, the lm_head's 16-row product ran at 11 GB/s). The 16 sums are named variables:
 // GCC keeps a 1 KiB array of them in memory, storing each at every step.
-PS_AVX512_BF16 void Tile(const uint16_t* const* a, const uint16_t* const* w, const uint16_t* const* next, int64_t k,
-                         float* out) {
+PS_AVX512_BF16 void Tile(const uint16_t* const* a, const uint16_t* const* w, const uint16_t* const* next, int next_rows,
+                         int64_t k, float* out) {
 #define PS_SUMS(r) __m512 s##r##0 = _mm512_setzero_ps(), s##r##1 = s##r##0, s##r##2 = s##r##0, s##r##3 = s##r##0
   PS_SUMS(0);
   PS_SUMS(1);
@@ -49,9 +55,7 @@ PS_AVX512_BF16 void Tile(const uint16_t* const* a, const uint16_t* const* w, con
 #undef PS_SUMS
   for (int64_t kk = 0; kk < k; kk += 32) {
     const __mmask32 mask = kk + 32 <= k ? ~__mmask32{0} : (__mmask32{1} << (k - kk)) - 1;
-    if (next != nullptr) {
-      for (int r = 0; r < 4; ++r) _mm_prefetch(reinterpret_cast<const char*>(next[r] + kk), _MM_HINT_T0);
-    }
+    for (int r = 0; r < next_rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(next[r] + kk), _MM_HINT_T1);
     const __m512bh a0 = (__m512bh)_mm512_maskz_loadu_epi16(mask, a[0] + kk);
     const __m512bh a1 = (__m512bh)_mm512_maskz_loadu_epi16(mask, a[1] + kk);
     const __m512bh a2 = (__m512bh)_mm512_maskz_loadu_epi16(mask, a[2] + kk);
@@ -80,16 +84,19 @@ void SmallGemmBf16(int64_t m, int64_t n, int64_t k, const uint16_t* a, const uin
                    int64_t ldc) {
   PS_CHECK(ActiveCpuIsa() >= CpuIsa::kAvx512Bf16) << "BF16 products need AVX-512 BF16";
   float out[16];
+  const int64_t tiles = (m + 3) / 4, per_tile = (4 + tiles - 1) / tiles;  // next rows per tile
+  const int64_t ahead = 4 * std::max<int64_t>(1, kFetchGroups / tiles);
   for (int64_t r0 = 0; r0 < n; r0 += 4) {
     const uint16_t *w[4], *next[4];  // past n: the last row again, its sums not stored
     for (int r = 0; r < 4; ++r) {
       w[r] = b + std::min(r0 + r, n - 1) * ldb;
-      next[r] = b + std::min(r0 + 4 + r, n - 1) * ldb;
+      next[r] = b + std::min(r0 + ahead + r, n - 1) * ldb;
     }
     for (int64_t i0 = 0; i0 < m; i0 += 4) {
+      const int64_t first = std::min<int64_t>(4, i0 / 4 * per_tile);
       const uint16_t* x[4];
       for (int i = 0; i < 4; ++i) x[i] = a + std::min(i0 + i, m - 1) * k;
-      Tile(x, w, i0 == 0 ? next : nullptr, k, out);
+      Tile(x, w, next + first, static_cast<int>(std::min<int64_t>(per_tile, 4 - first)), k, out);
       for (int r = 0; r < 4 && r0 + r < n; ++r) {
         for (int i = 0; i < 4 && i0 + i < m; ++i) c[(i0 + i) * ldc + r0 + r] = out[4 * r + i];
       }

@@ -348,6 +348,14 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
         for (int64_t g = c0; g < c1; ++g) PackGroup(w, g, buf + (g - c0) * group_bytes);
         chunk = buf;
       }
+      // The next chunk's weights are fetched into L2 meanwhile, a share of them at each
+      // call: for products of a few rows, memory's latency would otherwise show at every
+      // chunk's first tile (its weights' first reading, from memory).
+      const uint8_t* next = pp.packed != nullptr && c1 < g1 ? pp.packed + c1 * group_bytes : nullptr;
+      const int64_t next_bytes = next != nullptr ? (std::min(g1, c1 + per_chunk) - c1) * group_bytes : 0;
+      const int64_t calls = (m1 - m0 + tile - 1) / tile * ((c1 - c0 + span - 1) / span);
+      const int64_t fetch_per_call = (next_bytes / calls + 63) / 64 * 64;
+      int64_t fetched = 0;
       for (int64_t i0 = m0; i0 < m1; i0 += tile) {
         const int rows = static_cast<int>(std::min<int64_t>(tile, m1 - i0));
         const ActBlock* xr[kTileRows];
@@ -377,6 +385,9 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
           }
           for (int i = 0; !whole && i < rows; ++i) {
             std::memcpy(pp.y + (i0 + i) * n + 8 * g, side + stride * i, cover * sizeof(float));
+          }
+          for (const int64_t end = std::min(next_bytes, fetched + fetch_per_call); fetched < end; fetched += 64) {
+            __builtin_prefetch(next + fetched, 0, 2);
           }
         }
       }
