@@ -183,6 +183,7 @@ class SegmentAttention {
         n_kvh_(seg.kv_head >= 0 ? 1 : s.n_kv_heads),
         group_simd_(avx2::Available() && s.head_dim % 8 == 0),
         bf16_tiles_(Bf16Tiles(s, kv_.dtype)),
+        decode_bf16_(bf16_tiles_ && group_ <= avx512_bf16::kMaxDecodeHeads),
         elem_(kv_.dtype == DType::kF32    ? avx2::KvElem::kF32
               : kv_.dtype == DType::kF16  ? avx2::KvElem::kF16
               : kv_.dtype == DType::kQ8_0 ? avx2::KvElem::kQ8_0
@@ -312,8 +313,22 @@ class SegmentAttention {
                             scores + h * tile_scores, nt);
       }
     }
+    // A single query row over a BF16 cache on AVX-512: the whole tile's rows in one call,
+    // every head of the group at once.
+    const bool runs = grouped && decode_bf16_;
+    if (runs) {
+      key_runs_.clear();
+      value_runs_.clear();
+      for (const Chunk& p : pieces_) {
+        key_runs_.push_back({static_cast<const uint16_t*>(kv_.k(p.j0, kvh * hd)), p.nb});
+        value_runs_.push_back({static_cast<const uint16_t*>(kv_.v(p.j0, kvh * hd)), p.nb});
+      }
+      avx512_bf16::DecodeScores(q_of(0), group_, key_runs_.data(), std::ssize(key_runs_), value_runs_.data(),
+                                std::ssize(value_runs_), kv_.stride, hd, s_.scale, scores, tile_scores,
+                                kPrefetchPieces);
+    }
     int64_t col = 0;
-    for (size_t i = 0; i < pieces_.size() && !bf16; ++i) {
+    for (size_t i = 0; i < pieces_.size() && !bf16 && !runs; ++i) {
       const Chunk& p = pieces_[i];
       if (grouped) {
         prefetch(i + kPrefetchPieces);
@@ -378,8 +393,12 @@ class SegmentAttention {
       avx512_bf16::AddWeightedValues(p16_.data() + h * nq * padded, padded, nq, values16_.data(), nt, hd, out_of(h),
                                      out_stride);
     }
+    if (runs) {
+      avx512_bf16::DecodeValues(scores, tile_scores, group_, value_runs_.data(), std::ssize(value_runs_), kv_.stride,
+                                hd, out_of(0), kPrefetchPieces);
+    }
     col = 0;
-    for (size_t i = 0; i < pieces_.size() && !bf16; ++i) {
+    for (size_t i = 0; i < pieces_.size() && !bf16 && !runs; ++i) {
       const Chunk& p = pieces_[i];
       if (grouped) {
         prefetch(pieces_.size() + i + kPrefetchPieces);
@@ -483,17 +502,21 @@ class SegmentAttention {
   const int group_, hd_;
   const int kvh0_, n_kvh_;  // the KV heads this segment serves
   const bool group_simd_;
-  const bool bf16_tiles_;  // several query rows: BF16 tiles read in place (else one F32 piece a tile)
+  const bool bf16_tiles_;   // several query rows: BF16 tiles read in place (else one F32 piece a tile)
+  const bool decode_bf16_;  // one query row: the AVX-512 decode kernels, the whole tile at once
   const avx2::KvElem elem_;
   std::vector<Chunk> visible_;
   std::vector<float> partial_;
   static thread_local std::vector<Chunk> pieces_;  // of the key tile being attended
+  // ... and its rows for the decode kernels (decode_bf16_)
+  static thread_local std::vector<avx512_bf16::RowRun> key_runs_, value_runs_;
   // The BF16 tiles' operands: query rows, the key tile's rows and packed keys and values, weights.
   static thread_local std::vector<uint16_t> q16_, keys16_, values16_, p16_;
   static thread_local std::vector<const uint16_t*> rows_;
 };
 
 thread_local std::vector<Chunk> SegmentAttention::pieces_;
+thread_local std::vector<avx512_bf16::RowRun> SegmentAttention::key_runs_, SegmentAttention::value_runs_;
 thread_local std::vector<uint16_t> SegmentAttention::q16_, SegmentAttention::keys16_, SegmentAttention::values16_,
     SegmentAttention::p16_;
 thread_local std::vector<const uint16_t*> SegmentAttention::rows_;

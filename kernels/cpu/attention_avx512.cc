@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "base/status.h"
 
@@ -208,6 +209,181 @@ void AddWeightedValues(const uint16_t* p, int64_t p_stride, int64_t nq, const ui
       ValueRows<4>(rows, p + i * p_stride, p_stride, values, pairs, hd, d0, o + i * o_stride, o_stride);
     if (d0 < hd) ValueRows<2>(rows, p + i * p_stride, p_stride, values, pairs, hd, d0, o + i * o_stride, o_stride);
   }
+}
+
+namespace {
+
+// The decode kernels' widening: 32 BF16 values as F32, even ones and odd ones.
+inline __m512 Evens(__m512i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)); }
+inline __m512 Odds(__m512i x) { return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(-65536))); }
+// Lane i of the evens / odds: element 2i / 2i + 1 of a, b (32 values).
+inline __m512i EvenIndex() { return _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0); }
+inline __m512i OddIndex() { return _mm512_add_epi32(EvenIndex(), _mm512_set1_epi32(1)); }
+// Lane i of the result: element i / 2 of evens (i even) or of odds (i odd), from lane `from`.
+inline __m512i InterleaveIndex(int from) {
+  alignas(64) int32_t idx[16];
+  for (int i = 0; i < 16; ++i) idx[i] = (i % 2 == 0 ? 0 : 16) + from + i / 2;
+  return _mm512_load_si512(idx);
+}
+
+void FetchRun(const RowRun& r, int64_t stride, int hd) {
+  const auto* p = reinterpret_cast<const char*>(r.rows);
+  const int64_t bytes = 2 * ((r.n - 1) * stride + hd);
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+}
+
+// The sums of each of 4 vectors' lanes, in lanes 0..3.
+inline __m128 Sums4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
+  const __m512 u =
+      _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)), _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
+  const __m512 v = _mm512_add_ps(u, _mm512_shuffle_f32x4(u, u, 0x4E));
+  const __m512 w = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+  return _mm512_castps512_ps128(w);
+}
+
+// R rows (k: the first; R <= 4) against G heads' arranged queries qa ([G][hd / 32][evens,
+// odds]): out[g * out_step + i] for i < R.
+template <int G, int R>
+inline void ScoreRows(const float* qa, const uint16_t* k, int64_t stride, int hd, float scale, float* out,
+                      int64_t out_step) {
+  __m512 acc[G][R];
+  for (int g = 0; g < G; ++g) {
+    for (int i = 0; i < R; ++i) acc[g][i] = _mm512_setzero_ps();
+  }
+  const int chunks = hd / 32;
+  for (int c = 0; c < chunks; ++c) {
+    __m512 ke[R], ko[R];
+    for (int i = 0; i < R; ++i) {
+      const __m512i x = _mm512_loadu_si512(k + i * stride + 32 * c);
+      ke[i] = Evens(x);
+      ko[i] = Odds(x);
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512 qe = _mm512_loadu_ps(qa + (g * chunks + c) * 32),
+                   qo = _mm512_loadu_ps(qa + (g * chunks + c) * 32 + 16);
+      for (int i = 0; i < R; ++i) acc[g][i] = _mm512_fmadd_ps(qo, ko[i], _mm512_fmadd_ps(qe, ke[i], acc[g][i]));
+    }
+  }
+  const __m512 zero = _mm512_setzero_ps();
+  for (int g = 0; g < G; ++g) {
+    const __m128 s = _mm_mul_ps(Sums4(acc[g][0], R > 1 ? acc[g][R > 1 ? 1 : 0] : zero,
+                                      R > 2 ? acc[g][R > 2 ? 2 : 0] : zero, R > 3 ? acc[g][R > 3 ? 3 : 0] : zero),
+                                _mm_set1_ps(scale));
+    _mm_mask_storeu_ps(out + g * out_step, static_cast<__mmask8>((1 << R) - 1), s);
+  }
+}
+
+template <int G>
+void ScoresOf(const float* qa, const RowRun* runs, int64_t n_runs, const RowRun* then, int64_t n_then, int64_t stride,
+              int hd, float scale, float* out, int64_t out_step, int64_t ahead) {
+  constexpr int R = G <= 4 ? 4 : G <= 7 ? 3 : 2;  // rows a pass: G R sums, 2 R row vectors and 2 query ones
+  int64_t j = 0;
+  for (int64_t u = 0; u < n_runs; ++u) {
+    const int64_t f = u + ahead;
+    if (f < n_runs) {
+      FetchRun(runs[f], stride, hd);
+    } else if (f - n_runs < n_then) {
+      FetchRun(then[f - n_runs], stride, hd);
+    }
+    const RowRun& run = runs[u];
+    int64_t r = 0;
+    for (; r + R <= run.n; r += R, j += R) {
+      ScoreRows<G, R>(qa, run.rows + r * stride, stride, hd, scale, out + j, out_step);
+    }
+    for (; r < run.n; ++r, ++j) ScoreRows<G, 1>(qa, run.rows + r * stride, stride, hd, scale, out + j, out_step);
+  }
+}
+
+// Columns [32 c0, 32 (c0 + C)) of G heads' outputs += p · the runs' rows.
+template <int G, int C>
+void ValueColumns(const float* p, int64_t p_step, const RowRun* runs, int64_t n_runs, int64_t stride, int hd, int c0,
+                  float* out, int64_t ahead) {
+  __m512 even[G][C], odd[G][C];
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < C; ++c) even[g][c] = odd[g][c] = _mm512_setzero_ps();
+  }
+  int64_t j = 0;
+  for (int64_t u = 0; u < n_runs; ++u) {
+    if (c0 == 0 && u + ahead < n_runs) FetchRun(runs[u + ahead], stride, hd);
+    const RowRun& run = runs[u];
+    for (int64_t r = 0; r < run.n; ++r, ++j) {
+      const uint16_t* v = run.rows + r * stride + 32 * c0;
+      __m512 ve[C], vo[C];
+      for (int c = 0; c < C; ++c) {
+        const __m512i x = _mm512_loadu_si512(v + 32 * c);
+        ve[c] = Evens(x);
+        vo[c] = Odds(x);
+      }
+      for (int g = 0; g < G; ++g) {
+        const __m512 w = _mm512_set1_ps(p[g * p_step + j]);
+        for (int c = 0; c < C; ++c) {
+          even[g][c] = _mm512_fmadd_ps(w, ve[c], even[g][c]);
+          odd[g][c] = _mm512_fmadd_ps(w, vo[c], odd[g][c]);
+        }
+      }
+    }
+  }
+  const __m512i lo = InterleaveIndex(0), hi = InterleaveIndex(8);
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < C; ++c) {
+      float* o = out + g * hd + 32 * (c0 + c);
+      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_permutex2var_ps(even[g][c], lo, odd[g][c])));
+      _mm512_storeu_ps(o + 16,
+                       _mm512_add_ps(_mm512_loadu_ps(o + 16), _mm512_permutex2var_ps(even[g][c], hi, odd[g][c])));
+    }
+  }
+}
+
+template <int G>
+void ValuesOf(const float* p, int64_t p_step, const RowRun* runs, int64_t n_runs, int64_t stride, int hd, float* out,
+              int64_t ahead) {
+  constexpr int C = G <= 2 ? 4 : G <= 4 ? 3 : G <= 6 ? 2 : 1;  // 2 G C sums and 2 C row vectors in registers
+  const int chunks = hd / 32;
+  int c0 = 0;
+  for (; c0 + C <= chunks; c0 += C) ValueColumns<G, C>(p, p_step, runs, n_runs, stride, hd, c0, out, ahead);
+  for (; c0 < chunks; ++c0) ValueColumns<G, 1>(p, p_step, runs, n_runs, stride, hd, c0, out, ahead);
+}
+
+template <class Fn>
+void WithHeads(int n_heads, const Fn& fn) {
+  switch (n_heads) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    case 8: return fn(std::integral_constant<int, 8>{});
+    default: PS_CHECK(false) << n_heads << " query heads per KV head (at most " << kMaxDecodeHeads << ")";
+  }
+}
+
+}  // namespace
+
+void DecodeScores(const float* q, int n_heads, const RowRun* runs, int64_t n_runs, const RowRun* then, int64_t n_then,
+                  int64_t stride, int hd, float scale, float* out, int64_t out_step, int64_t ahead) {
+  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
+  float qa[kMaxDecodeHeads * 256];  // the queries arranged: [head][hd / 32][evens, odds]
+  PS_CHECK(n_heads * hd <= kMaxDecodeHeads * 256) << n_heads << " heads of " << hd;
+  const __m512i even = EvenIndex(), odd = OddIndex();
+  for (int i = 0; i < n_heads * hd; i += 32) {
+    const __m512 a = _mm512_loadu_ps(q + i), b = _mm512_loadu_ps(q + i + 16);
+    _mm512_storeu_ps(qa + i, _mm512_permutex2var_ps(a, even, b));
+    _mm512_storeu_ps(qa + i + 16, _mm512_permutex2var_ps(a, odd, b));
+  }
+  WithHeads(n_heads, [&](auto g) {
+    ScoresOf<g.value>(qa, runs, n_runs, then, n_then, stride, hd, scale, out, out_step, ahead);
+  });
+}
+
+void DecodeValues(const float* p, int64_t p_step, int n_heads, const RowRun* runs, int64_t n_runs, int64_t stride,
+                  int hd, float* out, int64_t ahead) {
+  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
+  WithHeads(n_heads, [&](auto g) { ValuesOf<g.value>(p, p_step, runs, n_runs, stride, hd, out, ahead); });
 }
 
 }  // namespace ps::avx512_bf16

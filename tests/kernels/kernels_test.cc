@@ -754,6 +754,77 @@ TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
       }
 }
 
+// The decode kernels (one query row over BF16 rows read in place, every head of a GQA
+// group at once) against sums in doubles: every group size they take (each its own pass
+// shape), head sizes of one to four 32-column chunks, runs of ragged lengths (the passes'
+// tails) with rows further apart than a head, the scores' heads `out_step` apart and the
+// outputs added to what was there. Prefetching past the last run reads `then`'s rows.
+TEST(AttentionTiles, DecodeKernelsEqualSumsInDoubles) {
+  const std::vector<CpuIsa> levels = SupportedCpuIsas();
+  if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16";
+  }
+  ScopedCpuIsa level(CpuIsa::kAvx512Bf16);
+  const std::vector<int64_t> lengths = {1, 2, 3, 5, 16, 7, 4};
+  for (int g = 1; g <= avx512_bf16::kMaxDecodeHeads; ++g)
+    for (int hd : {32, 64, 96, 128}) {
+      const std::string what = absl::StrCat(g, " heads of ", hd);
+      const int64_t stride = hd + 32;  // elements from a row to the next
+      std::vector<std::vector<uint16_t>> k_store, v_store;
+      std::vector<avx512_bf16::RowRun> k_runs, v_runs;
+      std::vector<const uint16_t*> k_rows, v_rows;  // every row, numbered across the runs
+      for (size_t u = 0; u < lengths.size(); ++u) {
+        for (auto* store : {&k_store, &v_store}) {
+          const std::vector<float> x =
+              Randn(lengths[u] * stride, static_cast<uint32_t>(store == &k_store ? u : 50 + u));
+          std::vector<uint16_t> h(x.size());
+          for (size_t i = 0; i < x.size(); ++i) h[i] = Fp32ToBf16(x[i]);
+          store->push_back(std::move(h));
+        }
+        k_runs.push_back({k_store.back().data(), lengths[u]});
+        v_runs.push_back({v_store.back().data(), lengths[u]});
+        for (int64_t r = 0; r < lengths[u]; ++r) {
+          k_rows.push_back(k_store.back().data() + r * stride);
+          v_rows.push_back(v_store.back().data() + r * stride);
+        }
+      }
+      const auto n = static_cast<int64_t>(k_rows.size()), out_step = n + 3;
+      const std::vector<float> q = Randn(g * hd, 60);
+      std::vector<float> s(g * out_step, 12345.0f);
+      avx512_bf16::DecodeScores(q.data(), g, k_runs.data(), std::ssize(k_runs), v_runs.data(), std::ssize(v_runs),
+                                stride, hd, 0.3f, s.data(), out_step, /*ahead=*/2);
+      const std::vector<float> p = Randn(g * out_step, 61);
+      const std::vector<float> o0 = Randn(g * hd, 62);
+      std::vector<float> o = o0;
+      avx512_bf16::DecodeValues(p.data(), out_step, g, v_runs.data(), std::ssize(v_runs), stride, hd, o.data(),
+                                /*ahead=*/2);
+      for (int h = 0; h < g; ++h) {
+        for (int64_t j = 0; j < out_step; ++j) {
+          if (j >= n) {
+            ASSERT_EQ(s[h * out_step + j], 12345.0f) << what << ": head " << h << " wrote past the rows";
+            continue;
+          }
+          double want = 0, norm = 0;
+          for (int e = 0; e < hd; ++e) {
+            const double t = double{q[h * hd + e]} * Bf16ToFp32(k_rows[j][e]);
+            want += t;
+            norm += std::fabs(t);
+          }
+          ASSERT_NEAR(s[h * out_step + j], 0.3 * want, 1e-6 * (1 + norm)) << what << ": score " << h << "," << j;
+        }
+        for (int e = 0; e < hd; ++e) {
+          double want = o0[h * hd + e], norm = std::fabs(want);
+          for (int64_t j = 0; j < n; ++j) {
+            const double t = double{p[h * out_step + j]} * Bf16ToFp32(v_rows[j][e]);
+            want += t;
+            norm += std::fabs(t);
+          }
+          ASSERT_NEAR(o[h * hd + e], want, 1e-6 * (1 + norm)) << what << ": output " << h << "," << e;
+        }
+      }
+    }
+}
+
 // Half conversions equal the scalar base/fp16.h ones bit for bit (vector loops and
 // tails, subnormals, infinities and NaN included), at every CPU level.
 TEST(HalfRows, ConversionsEqualScalar) {
