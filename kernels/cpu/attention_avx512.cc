@@ -267,11 +267,10 @@ inline void ScoreRows(const float* qa, const uint16_t* k, int64_t stride, int hd
       for (int i = 0; i < R; ++i) acc[g][i] = _mm512_fmadd_ps(qo, ko[i], _mm512_fmadd_ps(qe, ke[i], acc[g][i]));
     }
   }
-  const __m512 zero = _mm512_setzero_ps();
   for (int g = 0; g < G; ++g) {
-    const __m128 s = _mm_mul_ps(Sums4(acc[g][0], R > 1 ? acc[g][R > 1 ? 1 : 0] : zero,
-                                      R > 2 ? acc[g][R > 2 ? 2 : 0] : zero, R > 3 ? acc[g][R > 3 ? 3 : 0] : zero),
-                                _mm_set1_ps(scale));
+    __m512 v[4];  // the R rows' sums, zeros after
+    for (int i = 0; i < 4; ++i) v[i] = i < R ? acc[g][i < R ? i : 0] : _mm512_setzero_ps();
+    const __m128 s = _mm_mul_ps(Sums4(v[0], v[1], v[2], v[3]), _mm_set1_ps(scale));
     _mm_mask_storeu_ps(out + g * out_step, static_cast<__mmask8>((1 << R) - 1), s);
   }
 }
