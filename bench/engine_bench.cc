@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 
 #include "absl/strings/ascii.h"
@@ -518,9 +519,12 @@ int main(int argc, char** argv) {
     PrintPeer("llamacpp", theirs, ours);
   }
   if (vllm) {
-    const std::map<std::string, double> theirs = VllmBench(
-        absl::StrCat("--model ", model_path, " --text ", text_path, " --threads ", threads, " --decode ", decode,
-                     " --streams ", streams, " --repeats ", repeats, " --prefill ", absl::StrJoin(prefill_list, " ")));
+    std::vector<int64_t> deep;  // depth 0 is its decode_tok_per_s
+    std::copy_if(depth_list.begin(), depth_list.end(), std::back_inserter(deep), [](int64_t d) { return d > 0; });
+    const std::map<std::string, double> theirs =
+        VllmBench(absl::StrCat("--model ", model_path, " --text ", text_path, " --threads ", threads, " --decode ",
+                               decode, " --streams ", streams, " --repeats ", repeats, " --prefill ",
+                               absl::StrJoin(prefill_list, " "), " --decode-depth ", absl::StrJoin(deep, " ")));
     if (theirs.empty()) std::printf("vLLM gave no figures (bench/vllm.sh; see its output above)\n");
     PrintPeer("vllm", theirs, ours);
   }

@@ -53,6 +53,8 @@ def main():
     ap.add_argument("--text", default="../shared/testdata/haystack/paul_graham_essays")
     ap.add_argument("--prefill", type=int, nargs="*", default=[512, 2048])
     ap.add_argument("--decode", type=int, default=64, help="generated tokens per decode run")
+    ap.add_argument("--decode-depth", type=int, nargs="*", default=[],
+                    help="context depths (prompt tokens) at which one sequence's decode is also measured")
     ap.add_argument("--streams", type=int, default=16, help="requests decoding at once (0 = skip)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
@@ -70,7 +72,7 @@ def main():
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    longest = max(args.prefill + [4 + args.decode])
+    longest = max(args.prefill + [d + args.decode for d in args.decode_depth] + [4 + args.decode])
     llm = LLM(model=folder, dtype="bfloat16", max_model_len=longest + 16, max_num_seqs=max(1, args.streams),
               max_num_batched_tokens=max(longest + 16, 2048), enable_prefix_caching=False)
     ids = llm.get_tokenizer().encode(read_text(args.text), add_special_tokens=False)
@@ -90,6 +92,10 @@ def main():
     short = [ids[:4]]
     one = seconds(short, 1)
     print(f"vllm decode_tok_per_s {(args.decode - 1) / (seconds(short, args.decode) - one):.1f}", flush=True)
+    for d in args.decode_depth:  # the prompt's prefill timed alone, then taken off
+        deep = [ids[:d]]
+        first = seconds(deep, 1)
+        print(f"vllm decode_at_{d}_tok_per_s {(args.decode - 1) / (seconds(deep, args.decode) - first):.1f}", flush=True)
     if args.streams > 0:
         prompts = [ids[4 * s:4 * s + 4] for s in range(args.streams)]
         first = seconds(prompts, 1)
