@@ -185,10 +185,15 @@ std::map<std::string, double> VllmBench(const std::string& args) {
 }
 
 // One peer's figures next to ours, with the ratios.
-void PrintPeer(const char* peer, const std::map<std::string, double>& theirs, std::map<std::string, double>& ours) {
+void PrintPeer(const char* peer, const std::map<std::string, double>& theirs,
+               const std::map<std::string, double>& ours) {
   for (const auto& [name, v] : theirs) {
-    const double o = ours.count(name) ? ours[name] : 0;
-    std::printf("%s %s %.1f   ours/%s %.2fx\n", peer, name.c_str(), v, peer, o / v);
+    const auto o = ours.find(name);
+    if (o == ours.end()) {  // a figure of theirs with none of ours in this run (vLLM's depth-0 decode)
+      std::printf("%s %s %.1f\n", peer, name.c_str(), v);
+    } else {
+      std::printf("%s %s %.1f   ours/%s %.2fx\n", peer, name.c_str(), v, peer, o->second / v);
+    }
   }
 }
 
