@@ -8,6 +8,8 @@ pruneserve reads as well. Measures, on --threads cores, with the prompts cut fro
 same text as ps_bench_engine's:
   prefill_N_tok_per_s      one request of N prompt tokens and one output token
   decode_tok_per_s         one request's generation after a 4-token prompt
+  decode_at_D_tok_per_s    the same after a prompt of D tokens (--decode-depth), the
+                           prompt's one-token run taken off
   decode_S_streams_tok_per_s  S such requests at once, the aggregate
 Prints one line per figure, `vllm NAME VALUE`, as ps_bench_engine names them (best of
 --repeats runs, after one warm-up run of each shape)."""
