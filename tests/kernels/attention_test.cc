@@ -1,0 +1,682 @@
+// The CPU attention kernel against attention computed directly in doubles: every KV type,
+// selections, windows and their merge, tiles at awkward sizes; and the AVX-512 tile and
+// decode kernels against sums of the same rounded values.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/fp16.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/half_rows.h"
+#include "kernels/cpu/quant.h"
+#include "tests/kernels/compare.h"
+#include "tests/kernels/cpu_levels.h"
+#include "tests/kernels/random.h"
+
+namespace ps {
+namespace {
+
+using testing::MaxRelErr;
+using testing::Randn;
+
+// The bytes of x stored as a KV cache of `dtype` (F32, F16, BF16 or Q8_0); x itself
+// rounded to what they hold, so that the reference sees the values the kernel reads.
+std::vector<uint8_t> AsKv(DType dtype, std::vector<float>* x) {
+  const auto n = static_cast<int64_t>(x->size());
+  std::vector<uint8_t> bytes(RowBytes(dtype, n));
+  if (dtype == DType::kF32) {
+    std::memcpy(bytes.data(), x->data(), bytes.size());
+  } else if (dtype == DType::kQ8_0) {
+    QuantizeRowQ8_0(x->data(), reinterpret_cast<BlockQ8_0*>(bytes.data()), n);
+    reference::DequantizeRow(dtype, bytes.data(), x->data(), n);
+  } else {
+    F32ToHalf(dtype, x->data(), reinterpret_cast<uint16_t*>(bytes.data()), n);
+    HalfToF32(dtype, reinterpret_cast<const uint16_t*>(bytes.data()), x->data(), n);
+  }
+  return bytes;
+}
+
+// Element `first` of a KV cache's bytes (a multiple of 32 for Q8_0).
+const void* KvAt(const std::vector<uint8_t>& bytes, DType dtype, int64_t first) {
+  return bytes.data() + RowBytes(dtype, first);
+}
+
+// The head size the attention tests take for `dtype`: Q8_0 caches need whole blocks of
+// 32 values, and BF16 caches take the BF16 tile kernels at multiples of 32; 24 covers
+// the vector loops and their tails.
+int TestHeadDim(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 24; }
+
+// What the attention tests allow against the direct computation: F32 arithmetic agrees to
+// 1e-5; a BF16 cache at several query rows multiplies on BF16 dot products on a CPU with
+// them (kernels/cpu/attention_avx512.h), its softmax weights rounded to BF16 (8 significant
+// bits: a relative error of 2^-9 each; these tests measure up to 1.7e-3).
+double AttentionTolerance(DType dtype, int hd, int64_t nq) {
+  const bool bf16_tiles =
+      ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && dtype == DType::kBF16 && hd % avx512_bf16::kHeadAlign == 0 && nq > 1;
+  return bf16_tiles ? 5e-3 : 1e-5;
+}
+
+// Attention computed directly in doubles: query row i's heads of KV head kvh see key j
+// when visible(i, kvh, j);
+// last-query probabilities (mean over heads) and scaled scores (sum over heads, a
+// large negative number where not visible) into *probs and *logits.
+template <typename Visible>
+std::vector<double> NaiveAttention(const AttentionShape& s, const std::vector<float>& q, const std::vector<float>& k,
+                                   const std::vector<float>& v, int64_t nq, int64_t nkv, Visible visible,
+                                   std::vector<double>* probs, std::vector<double>* logits) {
+  const int hd = s.head_dim, qd = s.n_heads * hd, kvd = s.n_kv_heads * hd;
+  std::vector<double> out(nq * qd, 0.0);
+  probs->assign(nkv, 0.0);
+  logits->assign(nkv, 0.0);
+  for (int64_t i = 0; i < nq; ++i) {
+    for (int h = 0; h < s.n_heads; ++h) {
+      const int kvh = h / (s.n_heads / s.n_kv_heads);
+      std::vector<double> sc(nkv);
+      double m = -1e300, sum = 0;
+      for (int64_t j = 0; j < nkv; ++j) {
+        double d = 0;
+        for (int e = 0; e < hd; ++e) d += double(q[i * qd + h * hd + e]) * k[j * kvd + kvh * hd + e];
+        sc[j] = visible(i, kvh, j) ? d * s.scale : -1e300;
+        if (i == nq - 1) (*logits)[j] += sc[j];
+        m = std::max(m, sc[j]);
+      }
+      for (auto& x : sc) sum += (x = (x == -1e300 ? 0 : std::exp(x - m)));
+      for (int64_t j = 0; j < nkv; ++j) {
+        for (int e = 0; e < hd; ++e) out[i * qd + h * hd + e] += sc[j] / sum * v[j * kvd + kvh * hd + e];
+        if (i == nq - 1) (*probs)[j] += sc[j] / sum / s.n_heads;
+      }
+    }
+  }
+  return out;
+}
+
+// Attention over arbitrary (unsorted) KV positions against a direct computation,
+// with the cache contiguous (one block) and paged (blocks of 16 and of 7 rows), in
+// F32, F16, BF16 and Q8_0 (the reference uses the same rounded keys and values).
+void CheckAttentionAgainstNaive() {
+  ThreadPool pool(2);
+  constexpr int kHeads = 6, kKvHeads = 2;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
+    for (int64_t block_rows : {50, 16, 7})
+      for (int64_t nq : {1, 5, 40}) {
+        const int kHd = TestHeadDim(dtype), kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
+        const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.2f};
+        const int64_t nkv = 50;
+        auto q = Randn(nq * kQd, 1), k = Randn(nkv * kKvd, 2), v = Randn(nkv * kKvd, 3);
+        const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
+        std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+        for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>((j * 7) % nkv);  // a permutation
+        for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
+        std::vector<float> out(nq * kQd), probs(nkv);
+        // Every block in its own allocation: the kernel must follow the block table.
+        std::vector<std::vector<uint8_t>> kb, vb;
+        std::vector<const void*> kp, vp;
+        for (int64_t b = 0; b * block_rows < nkv; ++b) {
+          const size_t first = RowBytes(dtype, b * block_rows * kKvd),
+                       last = RowBytes(dtype, std::min(nkv, (b + 1) * block_rows) * kKvd);
+          kb.emplace_back(kh.begin() + first, kh.begin() + last);
+          vb.emplace_back(vh.begin() + first, vh.begin() + last);
+        }
+        for (size_t b = 0; b < kb.size(); ++b) {
+          kp.push_back(kb[b].data());
+          vp.push_back(vb[b].data());
+        }
+        Attention(s,
+                  KvRows{.k_blocks = kp.data(),
+                         .v_blocks = vp.data(),
+                         .block_rows = block_rows,
+                         .positions = kv_pos.data(),
+                         .n = nkv,
+                         .stride = kKvd,
+                         .dtype = dtype},
+                  AttentionArgs{.q = q.data(),
+                                .q_pos = q_pos.data(),
+                                .n_q = nq,
+                                .q_stride = kQd,
+                                .out = out.data(),
+                                .out_stride = kQd,
+                                .last_query_probs = probs.data()},
+                  pool);
+        std::vector<double> want_probs, want_logits;
+        const std::vector<double> want = NaiveAttention(
+            s, q, k, v, nq, nkv, [&](int64_t i, int, int64_t j) { return kv_pos[j] <= q_pos[i]; }, &want_probs,
+            &want_logits);
+        const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows);
+        const double tol = AttentionTolerance(dtype, kHd, nq);
+        EXPECT_LT(MaxRelErr(out, want), tol) << what;
+        EXPECT_LT(MaxRelErr(probs, want_probs), tol) << what;
+      }
+}
+
+TEST(Attention, MatchesNaiveWithCausalMaskByPosition) { testing::AtEveryCpuLevel(CheckAttentionAgainstNaive); }
+
+// Attention over a KV selection (segments of query rows, each with its row ranges)
+// against a direct computation that masks everything else out: F32, F16, BF16 and
+// Q8_0 caches,
+// paged in blocks of 16 and 7 rows, one query row (the in-place block path) and
+// several (the gathered path), ascending positions (keys past the queries skipped)
+// and a permutation, the second segment for both KV heads or one per KV head (as
+// CritiPrefill selects). Blocks no range reads are not there at all (null, as a block
+// in the host tier), and the last query's statistics are 0 / -inf outside the selection.
+TEST(Attention, ReadsExactlyTheSelection) {
+  ThreadPool pool(2);
+  constexpr int kHeads = 4, kKvHeads = 2;
+  const int64_t nkv = 50;
+  // Rows 14..20 are read by no segment.
+  const std::vector<KvRange> first = {{0, 10}, {21, 22}, {30, 45}}, second = {{3, 4}, {24, 50}},
+                             second_head1 = {{0, 2}, {40, 50}};
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
+    for (bool ascending : {true, false})
+      for (bool per_head : {false, true})
+        for (int64_t block_rows : {16, 7})
+          for (int64_t nq : {1, 5, 40}) {
+            const int kHd = TestHeadDim(dtype), kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
+            const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.2f};
+            auto q = Randn(nq * kQd, 11), k = Randn(nkv * kKvd, 12), v = Randn(nkv * kKvd, 13);
+            const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
+            std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+            for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(ascending ? j : (j * 7) % nkv);
+            for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
+            KvSelection sel;
+            const int32_t split = nq >= 2 ? static_cast<int32_t>(nq / 2) : static_cast<int32_t>(nq);
+            sel.segments.push_back({.q_begin = 0, .q_end = split, .ranges = first});
+            if (split < nq && !per_head) {
+              sel.segments.push_back({.q_begin = split, .q_end = static_cast<int32_t>(nq), .ranges = second});
+            } else if (split < nq) {
+              sel.segments.push_back(
+                  {.q_begin = split, .q_end = static_cast<int32_t>(nq), .ranges = second, .kv_head = 0});
+              sel.segments.push_back(
+                  {.q_begin = split, .q_end = static_cast<int32_t>(nq), .ranges = second_head1, .kv_head = 1});
+            }
+            ASSERT_TRUE(sel.Validate(nq, nkv, kKvHeads).ok()) << sel.Validate(nq, nkv, kKvHeads);
+            auto selected = [&](int64_t i, int kvh, int64_t j) {
+              for (const KvRange& r : i < split ? first : per_head && kvh == 1 ? second_head1 : second) {
+                if (j >= r.begin && j < r.end) return true;
+              }
+              return false;
+            };
+            std::vector<const void*> kp, vp;
+            for (int64_t b = 0; b * block_rows < nkv; ++b) {
+              bool read = false;
+              for (int64_t j = b * block_rows; j < std::min(nkv, (b + 1) * block_rows); ++j) {
+                for (int64_t i = 0; i < nq; ++i) read = read || selected(i, 0, j) || selected(i, 1, j);
+              }
+              kp.push_back(read ? KvAt(kh, dtype, b * block_rows * kKvd) : nullptr);
+              vp.push_back(read ? KvAt(vh, dtype, b * block_rows * kKvd) : nullptr);
+            }
+            std::vector<float> out(nq * kQd), probs(nkv), logits(nkv);
+            Attention(s,
+                      KvRows{.k_blocks = kp.data(),
+                             .v_blocks = vp.data(),
+                             .block_rows = block_rows,
+                             .positions = kv_pos.data(),
+                             .n = nkv,
+                             .stride = kKvd,
+                             .positions_ascending = ascending,
+                             .dtype = dtype},
+                      AttentionArgs{.q = q.data(),
+                                    .q_pos = q_pos.data(),
+                                    .n_q = nq,
+                                    .q_stride = kQd,
+                                    .out = out.data(),
+                                    .out_stride = kQd,
+                                    .selection = &sel,
+                                    .last_query_probs = probs.data(),
+                                    .last_query_logits = logits.data()},
+                      pool);
+            std::vector<double> want_probs, want_logits;
+            const std::vector<double> want = NaiveAttention(
+                s, q, k, v, nq, nkv,
+                [&](int64_t i, int kvh, int64_t j) { return selected(i, kvh, j) && kv_pos[j] <= q_pos[i]; },
+                &want_probs, &want_logits);
+            const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows,
+                                                  ascending ? " ascending" : " permuted", per_head ? " per head" : "");
+            const double tol = AttentionTolerance(dtype, kHd, nq);
+            EXPECT_LT(MaxRelErr(out, want), tol) << what;
+            EXPECT_LT(MaxRelErr(probs, want_probs), tol) << what;
+            for (int64_t j = 0; j < nkv; ++j) {
+              if (want_logits[j] < -1e299) {
+                EXPECT_TRUE(std::isinf(logits[j]) && logits[j] < 0) << what << " row " << j;
+              } else {
+                EXPECT_NEAR(logits[j], want_logits[j], 1e-4 * (1 + std::fabs(want_logits[j]))) << what << " row " << j;
+              }
+            }
+          }
+  KvSelection bad;
+  bad.segments.push_back({.q_begin = 0, .q_end = 3, .ranges = {{5, 9}, {8, 12}}});
+  EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "overlapping ranges";
+  bad.segments[0].ranges = {{5, 60}};
+  EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "past the rows";
+  bad.segments[0].ranges = {{5, 9}};
+  EXPECT_FALSE(bad.Validate(4, 50, 2).ok()) << "a query row left out";
+  bad.segments[0].kv_head = 0;
+  EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "KV head 1 missing";
+  bad.segments.push_back({.q_begin = 0, .q_end = 3, .ranges = {{1, 2}}, .kv_head = 1});
+  EXPECT_TRUE(bad.Validate(3, 50, 2).ok()) << bad.Validate(3, 50, 2);
+  EXPECT_FALSE(bad.Validate(3, 50, 3).ok()) << "KV head 2 missing";
+  bad.segments[1].q_end = 2;
+  EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "the heads' query rows differ";
+  bad.segments[1] = {.q_begin = 0, .q_end = 3, .ranges = {{1, 2}}, .kv_head = 2};
+  EXPECT_FALSE(bad.Validate(3, 50, 2).ok()) << "no such KV head";
+}
+
+// PoD's pieces: a position window (proximal: sinks and the recent keys; distant: the
+// rest) and each row's log-sum-exp, against a direct computation; the proximal and
+// distant parts merged by their log-sum-exps (PoD's gate) give the whole attention;
+// and a view of one KV head (blocks offset to the head, rows still the cache's width)
+// gives that head's output of the whole call, as do views whose heads have blocks of
+// their own (the KV cache's), whose proximal part reads no key distant to every query
+// (PoD drops them). One query row over 3000 keys takes the split (flash-decoding)
+// path, 40 rows the gathered one. F32, F16, BF16 and Q8_0 caches.
+TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
+  ThreadPool pool(2);
+  constexpr int kHeads = 4, kKvHeads = 2;
+  constexpr int64_t kBlock = 16;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
+    for (auto [nq, nkv] : {std::pair<int64_t, int64_t>{1, 3000}, {1, 60}, {5, 60}, {40, 60}, {40, 200}}) {
+      const int kHd = dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 16, kQd = kHeads * kHd,
+                kKvd = kKvHeads * kHd;
+      const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.25f};
+      const double tol = AttentionTolerance(dtype, kHd, nq);
+      const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " nkv=", nkv);
+      auto q = Randn(nq * kQd, 21), k = Randn(nkv * kKvd, 22), v = Randn(nkv * kKvd, 23);
+      const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
+      std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+      std::iota(kv_pos.begin(), kv_pos.end(), 0);
+      for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
+      const int64_t n_blocks = (nkv + kBlock - 1) / kBlock;
+      std::vector<const void*> kp(n_blocks), vp(n_blocks);
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        kp[b] = KvAt(kh, dtype, b * kBlock * kKvd);
+        vp[b] = KvAt(vh, dtype, b * kBlock * kKvd);
+      }
+      const KvRows kv{.k_blocks = kp.data(),
+                      .v_blocks = vp.data(),
+                      .block_rows = kBlock,
+                      .positions = kv_pos.data(),
+                      .n = nkv,
+                      .stride = kKvd,
+                      .positions_ascending = true,
+                      .dtype = dtype};
+      struct Part {
+        std::vector<float> out, lse;
+      };
+      auto run = [&](PositionWindow::Part part, const KvRows& view) {
+        Part r{std::vector<float>(nq * kQd), std::vector<float>(nq * kHeads)};
+        Attention(s, view,
+                  AttentionArgs{.q = q.data(),
+                                .q_pos = q_pos.data(),
+                                .n_q = nq,
+                                .q_stride = kQd,
+                                .out = r.out.data(),
+                                .out_stride = kQd,
+                                .lse = r.lse.data(),
+                                .lse_stride = kHeads,
+                                .window = {.part = part, .sinks = 4, .recent = 10}},
+                  pool);
+        return r;
+      };
+      const Part all = run(PositionWindow::Part::kAll, kv), prox = run(PositionWindow::Part::kProximal, kv),
+                 dist = run(PositionWindow::Part::kDistant, kv);
+      for (auto [part, got] : {std::pair{PositionWindow::Part::kProximal, &prox},
+                               {PositionWindow::Part::kDistant, &dist},
+                               {PositionWindow::Part::kAll, &all}}) {
+        const PositionWindow w{.part = part, .sinks = 4, .recent = 10};
+        auto sees = [&](int64_t i, int, int64_t j) { return w.Sees(kv_pos[j], q_pos[i]); };
+        std::vector<double> probs, logits;
+        EXPECT_LT(MaxRelErr(got->out, NaiveAttention(s, q, k, v, nq, nkv, sees, &probs, &logits)), tol) << what;
+        std::vector<double> want_lse(nq * kHeads);
+        for (int64_t i = 0; i < nq; ++i) {
+          for (int h = 0; h < kHeads; ++h) {
+            const int kvh = h / (kHeads / kKvHeads);
+            double m = -1e300, sum = 0;
+            std::vector<double> sc;
+            for (int64_t j = 0; j < nkv; ++j) {
+              if (!sees(i, kvh, j)) continue;
+              double d = 0;
+              for (int e = 0; e < kHd; ++e) d += double(q[i * kQd + h * kHd + e]) * k[j * kKvd + kvh * kHd + e];
+              sc.push_back(d * s.scale);
+              m = std::max(m, sc.back());
+            }
+            for (double x : sc) sum += std::exp(x - m);
+            want_lse[i * kHeads + h] = m + std::log(sum);
+          }
+        }
+        for (size_t x = 0; x < want_lse.size(); ++x) EXPECT_NEAR(got->lse[x], want_lse[x], 1e-4) << what;
+      }
+      // The gate g = 1 / (1 + exp(lse_D - lse_P)) merges the parts into the whole.
+      std::vector<double> merged(nq * kQd);
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int h = 0; h < kHeads; ++h) {
+          const double lp = prox.lse[i * kHeads + h], ld = dist.lse[i * kHeads + h];
+          const double g = 1.0 / (1.0 + std::exp(ld - lp));
+          EXPECT_NEAR(all.lse[i * kHeads + h], std::max(lp, ld) + std::log1p(std::exp(-std::fabs(lp - ld))), 1e-4);
+          for (int e = 0; e < kHd; ++e) {
+            const int64_t x = i * kQd + h * kHd + e;
+            merged[x] = g * prox.out[x] + (1 - g) * dist.out[x];
+          }
+        }
+      }
+      EXPECT_LT(MaxRelErr(all.out, merged), tol) << what;
+      // KV head 1 alone: its two query heads, the blocks offset to the head.
+      std::vector<const void*> kp1(n_blocks), vp1(n_blocks);
+      const size_t head_bytes = RowBytes(dtype, kHd);
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        kp1[b] = static_cast<const uint8_t*>(kp[b]) + head_bytes;
+        vp1[b] = static_cast<const uint8_t*>(vp[b]) + head_bytes;
+      }
+      KvRows head1 = kv;
+      head1.k_blocks = kp1.data();
+      head1.v_blocks = vp1.data();
+      std::vector<float> out1(nq * kQd, 0.0f);
+      Attention(AttentionShape{.n_heads = 2, .n_kv_heads = 1, .head_dim = kHd, .scale = s.scale}, head1,
+                AttentionArgs{.q = q.data() + 2 * kHd,
+                              .q_pos = q_pos.data(),
+                              .n_q = nq,
+                              .q_stride = kQd,
+                              .out = out1.data() + 2 * kHd,
+                              .out_stride = kQd},
+                pool);
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int e = 0; e < 2 * kHd; ++e) {
+          EXPECT_NEAR(out1[i * kQd + 2 * kHd + e], all.out[i * kQd + 2 * kHd + e], 1e-5) << what;
+        }
+      }
+      // The KV cache's layout: each head in blocks of its own (pointers head-major),
+      // the same results; in the proximal window the key blocks distant to every query
+      // (dropped by PoD) are never read: null here.
+      std::vector<std::vector<uint8_t>> k_heads(kKvHeads), v_heads(kKvHeads);
+      std::vector<const void*> ks(kKvHeads * n_blocks), vs(kKvHeads * n_blocks), ks_dropped;
+      for (int h = 0; h < kKvHeads; ++h) {
+        k_heads[h].resize(nkv * head_bytes);
+        v_heads[h].resize(nkv * head_bytes);
+        for (int64_t j = 0; j < nkv; ++j) {
+          std::memcpy(k_heads[h].data() + j * head_bytes, kv.k(j, h * kHd), head_bytes);
+          std::memcpy(v_heads[h].data() + j * head_bytes, kv.v(j, h * kHd), head_bytes);
+        }
+        for (int64_t b = 0; b < n_blocks; ++b) {
+          ks[h * n_blocks + b] = k_heads[h].data() + b * kBlock * head_bytes;
+          vs[h * n_blocks + b] = v_heads[h].data() + b * kBlock * head_bytes;
+        }
+      }
+      ks_dropped = ks;
+      int64_t dropped = 0;
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const int64_t last = std::min(nkv, (b + 1) * kBlock) - 1;
+        if (kv_pos[b * kBlock] >= 4 && kv_pos[last] <= q_pos[0] - 10) {
+          for (int h = 0; h < kKvHeads; ++h) ks_dropped[h * n_blocks + b] = nullptr;
+          ++dropped;
+        }
+      }
+      if (q_pos[0] - 10 >= 2 * kBlock) {
+        EXPECT_GT(dropped, 0) << what;
+      }
+      KvRows split = kv;
+      split.stride = kHd;
+      split.head_cols = kHd;
+      split.head_blocks = n_blocks;
+      split.k_blocks = ks.data();
+      split.v_blocks = vs.data();
+      KvRows split_dropped = split;
+      split_dropped.k_blocks = ks_dropped.data();
+      for (auto [part, view, want] : {std::tuple{PositionWindow::Part::kAll, &split, &all},
+                                      {PositionWindow::Part::kProximal, &split_dropped, &prox}}) {
+        const Part r = run(part, *view);
+        EXPECT_LT(MaxRelErr(r.out, std::vector<double>(want->out.begin(), want->out.end())), 1e-6)
+            << what << " heads in blocks of their own";
+        for (size_t x = 0; x < r.lse.size(); ++x) EXPECT_NEAR(r.lse[x], want->lse[x], 1e-5) << what;
+      }
+    }
+}
+
+// The tiled online-softmax kernel at awkward sizes against the direct computation:
+// 1, 17, 511 and 4097 keys (several key tiles, partial tiles), 1, 17 and 64 query
+// rows (one or several query tiles), head size 64 (the AVX2 group loops) and 24,
+// GQA 4:1 and, for one query row (the grouped decode loops, which take the heads
+// three or four at a time), 7:1 as Qwen2.5-0.5B's; F32/F16/BF16/Q8_0 rows (Q8_0 at head
+// size 64 only: it takes whole blocks of 32), positions with
+// gaps (as left by pruning) in pages of 16, with and without a selection that drops
+// every third block of 16 rows.
+TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
+  ThreadPool pool(2);
+  for (int hd : {64, 24})
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
+      for (int64_t nkv : {1, 17, 511, 4097})
+        for (int64_t nq : {1, 17, 64})
+          for (bool with_selection : {false, true})
+            for (int kHeads : {8, 14}) {
+              if (nq > nkv || (hd == 24 && nkv == 4097 && dtype != DType::kF32)) continue;
+              if (hd % 32 != 0 && dtype == DType::kQ8_0) continue;
+              if (kHeads == 14 && nq > 1) continue;
+              constexpr int kKvHeads = 2, kBlock = 16;
+              const int qd = kHeads * hd, kvd = kKvHeads * hd;
+              const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = hd, .scale = 0.125f};
+              auto q = Randn(nq * qd, 21), k = Randn(nkv * kvd, 22), v = Randn(nkv * kvd, 23);
+              const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
+              std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+              for (int64_t j = 0, p = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(p += 1 + (j * 13) % 3);
+              for (int64_t i = 0; i < nq; ++i) q_pos[i] = kv_pos[nkv - nq + i];  // the last rows are the queries
+              std::vector<KvRange> ranges;
+              for (int32_t b = 0; b * kBlock < nkv; ++b) {
+                if (with_selection && b % 3 == 1 && (b + 1) * kBlock < nkv) continue;
+                ranges.push_back({b * kBlock, static_cast<int32_t>(std::min<int64_t>(nkv, (b + 1) * kBlock))});
+              }
+              KvSelection sel;
+              sel.segments.push_back({.q_begin = 0, .q_end = static_cast<int32_t>(nq), .ranges = ranges});
+              auto selected = [&](int64_t j) {
+                for (const KvRange& r : ranges) {
+                  if (j >= r.begin && j < r.end) return true;
+                }
+                return false;
+              };
+              std::vector<const void*> kp, vp;
+              for (int64_t b = 0; b * kBlock < nkv; ++b) {
+                kp.push_back(KvAt(kh, dtype, b * kBlock * kvd));
+                vp.push_back(KvAt(vh, dtype, b * kBlock * kvd));
+              }
+              std::vector<float> out(nq * qd), probs(nkv);
+              Attention(s,
+                        KvRows{.k_blocks = kp.data(),
+                               .v_blocks = vp.data(),
+                               .block_rows = kBlock,
+                               .positions = kv_pos.data(),
+                               .n = nkv,
+                               .stride = kvd,
+                               .positions_ascending = true,
+                               .dtype = dtype},
+                        AttentionArgs{.q = q.data(),
+                                      .q_pos = q_pos.data(),
+                                      .n_q = nq,
+                                      .q_stride = qd,
+                                      .out = out.data(),
+                                      .out_stride = qd,
+                                      .selection = with_selection ? &sel : nullptr,
+                                      .last_query_probs = probs.data()},
+                        pool);
+              std::vector<double> want_probs, want_logits;
+              const std::vector<double> want = NaiveAttention(
+                  s, q, k, v, nq, nkv,
+                  [&](int64_t i, int, int64_t j) { return (!with_selection || selected(j)) && kv_pos[j] <= q_pos[i]; },
+                  &want_probs, &want_logits);
+              const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " hd=", hd, " heads=", kHeads,
+                                                    " keys=", nkv, " queries=", nq, with_selection ? " selection" : "");
+              const double tol = AttentionTolerance(dtype, hd, nq);
+              EXPECT_LT(MaxRelErr(out, want), tol) << what;
+              EXPECT_LT(MaxRelErr(probs, want_probs), tol) << what;
+            }
+}
+
+// The BF16 tile kernels of prefill attention against sums in doubles of the same BF16
+// values (queries: their two BF16 parts): rows packed from anywhere in memory, ragged key
+// counts (the packed tiles' zero padding) and query rows (every pass size), head sizes of
+// one and several 64-column passes and a 32-column one. Scores past the nt-th key are not
+// written; the softmax weights' exp and rounding.
+TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
+  const std::vector<CpuIsa> levels = SupportedCpuIsas();
+  if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16 dot products";
+  }
+  ScopedCpuIsa level(CpuIsa::kAvx512Bf16);
+  auto bf16 = [](const std::vector<float>& x) {
+    std::vector<uint16_t> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = Fp32ToBf16(x[i]);
+    return h;
+  };
+  for (int hd : {32, 64, 96, 128})
+    for (int64_t nt : {1, 31, 33, 256})
+      for (int64_t nq : {1, 7, 9, 64}) {
+        const std::string what = absl::StrCat("hd=", hd, " keys=", nt, " rows=", nq);
+        const int64_t padded = avx512_bf16::PaddedKeys(nt), q_stride = 2 * hd + 8, s_stride = nt + 3;
+        const std::vector<float> qf = Randn(nq * hd, 31);
+        std::vector<uint16_t> q(nq * q_stride);
+        for (int64_t i = 0; i < nq; ++i) {
+          avx512_bf16::SplitQuery(qf.data() + i * hd, hd, q.data() + i * q_stride);
+          for (int e = 0; e < hd; ++e) {  // the two parts hold the query to 16 bits
+            const float x = qf[i * hd + e];
+            ASSERT_EQ(q[i * q_stride + e], Fp32ToBf16(x));
+            ASSERT_NEAR(Bf16ToFp32(q[i * q_stride + e]) + Bf16ToFp32(q[i * q_stride + hd + e]), x,
+                        std::fabs(x) * 0x1p-16);
+          }
+        }
+        std::vector<std::vector<uint16_t>> k_rows, v_rows;  // each row an allocation of its own
+        std::vector<const uint16_t*> kp, vp;
+        for (int64_t j = 0; j < nt; ++j) {
+          k_rows.push_back(bf16(Randn(hd, 100 + j)));
+          v_rows.push_back(bf16(Randn(hd, 1000 + j)));
+        }
+        for (int64_t j = 0; j < nt; ++j) {
+          kp.push_back(k_rows[j].data());
+          vp.push_back(v_rows[j].data());
+        }
+        std::vector<uint16_t> keys(padded * hd), values(padded * hd);
+        avx512_bf16::PackKeys(kp.data(), nt, hd, keys.data());
+        avx512_bf16::PackValues(vp.data(), nt, hd, values.data());
+        constexpr float kUnwritten = 12345.0f;
+        std::vector<float> s(nq * s_stride, kUnwritten);
+        avx512_bf16::Scores(q.data(), q_stride, nq, keys.data(), nt, hd, 0.3f, s.data(), s_stride);
+        std::vector<uint16_t> p = bf16(Randn(nq * padded, 32));
+        for (int64_t i = 0; i < nq; ++i) std::fill(p.begin() + i * padded + nt, p.begin() + (i + 1) * padded, 0);
+        if (hd == 32 && nq == 1) {  // the softmax weights of a row, once per key count
+          std::vector<float> row = Randn(nt, 34);
+          row[0] = -std::numeric_limits<float>::infinity();  // masked
+          if (nt > 2) row[2] = -100.0f;                      // underflows to 0
+          std::vector<uint16_t> w(padded, 0xFFFF);
+          const float sum = avx512_bf16::ExpToBf16(row.data(), nt, 0.5f, w.data());
+          double want_sum = 0;
+          for (int64_t j = 0; j < padded; ++j) {
+            const double e = j < nt ? std::exp(double{row[j]} - 0.5) : 0.0;
+            ASSERT_NEAR(Bf16ToFp32(w[j]), e, e * 4e-3 + 1e-30) << what << " weight " << j;
+            want_sum += e;
+          }
+          EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum) << what;
+        }
+        const std::vector<float> o0 = Randn(nq * (hd + 5), 33);
+        std::vector<float> o = o0;
+        avx512_bf16::AddWeightedValues(p.data(), padded, nq, values.data(), nt, hd, o.data(), hd + 5);
+        for (int64_t i = 0; i < nq; ++i) {
+          for (int64_t j = 0; j < s_stride; ++j) {
+            if (j >= nt) {
+              ASSERT_EQ(s[i * s_stride + j], kUnwritten) << what << " row " << i << " column " << j;
+              continue;
+            }
+            double want = 0;
+            for (int e = 0; e < hd; ++e) {
+              const double qe = double{Bf16ToFp32(q[i * q_stride + e])} + Bf16ToFp32(q[i * q_stride + hd + e]);
+              want += qe * Bf16ToFp32(k_rows[j][e]);
+            }
+            want *= 0.3;
+            ASSERT_NEAR(s[i * s_stride + j], want, 1e-5 * (1 + std::fabs(want))) << what << " score " << i << "," << j;
+          }
+          for (int e = 0; e < hd + 5; ++e) {
+            double want = o0[i * (hd + 5) + e];
+            for (int64_t j = 0; e < hd && j < nt; ++j) {
+              want += double{Bf16ToFp32(p[i * padded + j])} * Bf16ToFp32(v_rows[j][e]);
+            }
+            ASSERT_NEAR(o[i * (hd + 5) + e], want, 1e-5 * (1 + std::fabs(want))) << what << " output " << i << "," << e;
+          }
+        }
+      }
+}
+
+// The decode kernels (one query row over BF16 rows read in place, every head of a GQA
+// group at once) against sums in doubles: every group size they take (each its own pass
+// shape), head sizes of one to four 32-column chunks, runs of ragged lengths (the passes'
+// tails) with rows further apart than a head, the scores' heads `out_step` apart and the
+// outputs added to what was there. Prefetching past the last run reads `then`'s rows.
+TEST(AttentionTiles, DecodeKernelsEqualSumsInDoubles) {
+  const std::vector<CpuIsa> levels = SupportedCpuIsas();
+  if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16";
+  }
+  ScopedCpuIsa level(CpuIsa::kAvx512Bf16);
+  const std::vector<int64_t> lengths = {1, 2, 3, 5, 16, 7, 4};
+  for (int g = 1; g <= avx512_bf16::kMaxDecodeHeads; ++g)
+    for (int hd : {32, 64, 96, 128}) {
+      const std::string what = absl::StrCat(g, " heads of ", hd);
+      const int64_t stride = hd + 32;  // elements from a row to the next
+      std::vector<std::vector<uint16_t>> k_store, v_store;
+      std::vector<avx512_bf16::RowRun> k_runs, v_runs;
+      std::vector<const uint16_t*> k_rows, v_rows;  // every row, numbered across the runs
+      for (size_t u = 0; u < lengths.size(); ++u) {
+        for (auto* store : {&k_store, &v_store}) {
+          const std::vector<float> x =
+              Randn(lengths[u] * stride, static_cast<uint32_t>(store == &k_store ? u : 50 + u));
+          std::vector<uint16_t> h(x.size());
+          for (size_t i = 0; i < x.size(); ++i) h[i] = Fp32ToBf16(x[i]);
+          store->push_back(std::move(h));
+        }
+        k_runs.push_back({k_store.back().data(), lengths[u]});
+        v_runs.push_back({v_store.back().data(), lengths[u]});
+        for (int64_t r = 0; r < lengths[u]; ++r) {
+          k_rows.push_back(k_store.back().data() + r * stride);
+          v_rows.push_back(v_store.back().data() + r * stride);
+        }
+      }
+      const auto n = static_cast<int64_t>(k_rows.size()), out_step = n + 3;
+      const std::vector<float> q = Randn(g * hd, 60);
+      std::vector<float> s(g * out_step, 12345.0f);
+      avx512_bf16::DecodeScores(q.data(), g, k_runs.data(), std::ssize(k_runs), v_runs.data(), std::ssize(v_runs),
+                                stride, hd, 0.3f, s.data(), out_step, /*ahead=*/2);
+      const std::vector<float> p = Randn(g * out_step, 61);
+      const std::vector<float> o0 = Randn(g * hd, 62);
+      std::vector<float> o = o0;
+      avx512_bf16::DecodeValues(p.data(), out_step, g, v_runs.data(), std::ssize(v_runs), stride, hd, o.data(),
+                                /*ahead=*/2);
+      for (int h = 0; h < g; ++h) {
+        for (int64_t j = 0; j < out_step; ++j) {
+          if (j >= n) {
+            ASSERT_EQ(s[h * out_step + j], 12345.0f) << what << ": head " << h << " wrote past the rows";
+            continue;
+          }
+          double want = 0, norm = 0;
+          for (int e = 0; e < hd; ++e) {
+            const double t = double{q[h * hd + e]} * Bf16ToFp32(k_rows[j][e]);
+            want += t;
+            norm += std::fabs(t);
+          }
+          ASSERT_NEAR(s[h * out_step + j], 0.3 * want, 1e-6 * (1 + norm)) << what << ": score " << h << "," << j;
+        }
+        for (int e = 0; e < hd; ++e) {
+          double want = o0[h * hd + e], norm = std::fabs(want);
+          for (int64_t j = 0; j < n; ++j) {
+            const double t = double{p[h * out_step + j]} * Bf16ToFp32(v_rows[j][e]);
+            want += t;
+            norm += std::fabs(t);
+          }
+          ASSERT_NEAR(o[h * hd + e], want, 1e-6 * (1 + norm)) << what << ": output " << h << "," << e;
+        }
+      }
+    }
+}
+
+}  // namespace
+}  // namespace ps
