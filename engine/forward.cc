@@ -185,21 +185,26 @@ absl::Status Transformer::EditRows(int layer, std::span<const SeqInput> batch, s
   return EnsureCapacity(total);  // x_ holds `total` rows already: kept
 }
 
-absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, Context& ctx, int64_t offset, int64_t n,
-                                 KvCache& kv, HostReads& reads) {
+AttentionShape Transformer::Shape() const {
+  const ModelConfig& c = model_.config();
+  return AttentionShape{.n_heads = c.n_heads,
+                        .n_kv_heads = c.n_kv_heads,
+                        .head_dim = c.head_dim,
+                        .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+}
+
+absl::Status Transformer::Attend(int layer, int stop_layer, size_t i, const SeqInput& in, Context& ctx, KvCache& kv,
+                                 HostReads& reads) {
   const ModelConfig& c = model_.config();
   const int qd = c.q_dim(), kvd = c.kv_dim();
-  PS_RETURN_IF_ERROR(kv.Append(in.seq_id, layer, std::span<const int32_t>(positions_.data() + offset, n),
-                               k_.data() + offset * kvd, v_.data() + offset * kvd));
+  const int64_t offset = segments_[i].offset, n = segments_[i].n;
   // A prefix pass ends with the last row's attention at its last layer.
   const int64_t q_first = layer == stop_layer ? offset + n - 1 : offset;
   const int64_t n_q = offset + n - q_first;
   PruningStrategy* strategy = in.strategy;
-  const AttentionShape shape{.n_heads = c.n_heads,
-                             .n_kv_heads = c.n_kv_heads,
-                             .head_dim = c.head_dim,
-                             .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
-  selection_.segments.clear();
+  const AttentionShape shape = Shape();
+  KvSelection& selection = selections_[i];
+  selection.segments.clear();
   if (strategy != nullptr) {
     q_rows_.View(q_.data() + q_first * qd, n_q, qd, &reads);
     k_rows_.View(k_.data() + offset * kvd, n, kvd, &reads);
@@ -209,13 +214,13 @@ absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, 
                                       .new_positions = std::span<const int32_t>(positions_.data() + offset, n),
                                       .k = &k_rows_,
                                       .shape = shape},
-                       ctx, &selection_);
+                       ctx, &selection);
     PS_RETURN_IF_ERROR(reads.error);
   }
   PS_RETURN_IF_ERROR(kv.WaitMoves(in.seq_id, layer));  // blocks a strategy moved for this attention
   const LastQueryStat stat = strategy != nullptr ? strategy->WantsLastQuery(layer) : LastQueryStat::kNone;
   if (const SharedScores* share = strategy != nullptr ? strategy->ShareScores(layer) : nullptr; share != nullptr) {
-    if (!selection_.all() || stat != LastQueryStat::kNone) {
+    if (!selection.all() || stat != LastQueryStat::kNone) {
       return absl::InternalError(absl::StrCat("strategy ", std::string(strategy->name()), " shares scores at layer ",
                                               layer, " with a KV selection or last-query statistics"));
     }
@@ -231,27 +236,31 @@ absl::Status Transformer::Attend(int layer, int stop_layer, const SeqInput& in, 
                                                .out_stride = qd},
                            shared_);
   }
-  PS_ASSIGN_OR_RETURN(const KvRows rows, kv.View(in.seq_id, layer, &selection_));
-  PS_RETURN_IF_ERROR(selection_.Validate(n_q, rows.n, c.n_kv_heads));
+  PS_ASSIGN_OR_RETURN(const KvRows rows, kv.View(in.seq_id, layer, &selection, -1, &tables_[i]));
+  PS_RETURN_IF_ERROR(selection.Validate(n_q, rows.n, c.n_kv_heads));
   if (stat != LastQueryStat::kNone) {
     PS_RETURN_IF_ERROR(stat_.Reserve(backend_, rows.n));
   }
-  backend_.Attention(shape, rows,
-                     AttentionArgs{.q = q_.data() + q_first * qd,
-                                   .q_pos = positions_.data() + q_first,
-                                   .n_q = n_q,
-                                   .q_stride = qd,
-                                   .out = att_.data() + q_first * qd,
-                                   .out_stride = qd,
-                                   .selection = selection_.all() ? nullptr : &selection_,
-                                   .last_query_probs = stat == LastQueryStat::kProbs ? stat_.data() : nullptr,
-                                   .last_query_logits = stat == LastQueryStat::kLogits ? stat_.data() : nullptr});
-  if (stat != LastQueryStat::kNone) {
-    reads.bytes += rows.n * static_cast<int64_t>(sizeof(float));
-    const float* values = HostView(backend_, stat_.data(), rows.n, host_stat_);
-    strategy->AfterAttention(layer, std::span<const float>(values, rows.n),
-                             std::span<const int32_t>(rows.positions, rows.n), ctx);
+  const AttentionCall call{
+      .kv = rows,
+      .args = AttentionArgs{.q = q_.data() + q_first * qd,
+                            .q_pos = positions_.data() + q_first,
+                            .n_q = n_q,
+                            .q_stride = qd,
+                            .out = att_.data() + q_first * qd,
+                            .out_stride = qd,
+                            .selection = selection.all() ? nullptr : &selection,
+                            .last_query_probs = stat == LastQueryStat::kProbs ? stat_.data() : nullptr,
+                            .last_query_logits = stat == LastQueryStat::kLogits ? stat_.data() : nullptr}};
+  if (stat == LastQueryStat::kNone) {
+    calls_.push_back(call);
+    return absl::OkStatus();
   }
+  backend_.Attention(shape, call.kv, call.args);
+  reads.bytes += rows.n * static_cast<int64_t>(sizeof(float));
+  const float* values = HostView(backend_, stat_.data(), rows.n, host_stat_);
+  strategy->AfterAttention(layer, std::span<const float>(values, rows.n),
+                           std::span<const int32_t>(rows.positions, rows.n), ctx);
   return absl::OkStatus();
 }
 
@@ -287,6 +296,8 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
   origins_.clear();
   std::vector<Segment>& seg = segments_;
   seg.resize(batch.size());
+  selections_.resize(batch.size());
+  tables_.resize(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     const StepRows& s = *step_rows[i];
     const int64_t n = status[i].ok() ? static_cast<int64_t>(s.tokens.size()) : 0;
@@ -320,10 +331,26 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     const QkvBias bias = w.bq.empty() ? QkvBias{} : QkvBias{.q = w.bq.data(), .k = w.bk.data(), .v = w.bv.data()};
     backend_.BiasRope(c.rope, std::span<const int32_t>(positions_.data(), n_rows), bias, q_.data(), k_.data(),
                       v_.data(), c.n_heads, c.n_kv_heads, c.head_dim);
+    // Every sequence's K and V (one store for the batch), then its attention: those
+    // whose strategies do not read the result at this layer run together.
+    appends_.clear();
+    appended_.clear();
     for (size_t i = 0; i < batch.size(); ++i) {
       if (seg[i].n == 0 || !status[i].ok()) continue;
-      status[i] = Attend(l, last_layer, batch[i], *contexts[i], seg[i].offset, seg[i].n, kv, reads[i]);
+      appends_.push_back({.seq = batch[i].seq_id,
+                          .positions = std::span<const int32_t>(positions_.data() + seg[i].offset, seg[i].n),
+                          .row = seg[i].offset});
+      appended_.push_back(i);
     }
+    append_status_.resize(appends_.size());
+    kv.AppendAll(l, appends_, k_.data(), v_.data(), append_status_);
+    calls_.clear();
+    for (size_t j = 0; j < appended_.size(); ++j) {
+      const size_t i = appended_[j];
+      status[i] = append_status_[j];
+      if (status[i].ok()) status[i] = Attend(l, last_layer, i, batch[i], *contexts[i], kv, reads[i]);
+    }
+    backend_.Attentions(Shape(), calls_);
     if (prefix && l == last_layer) break;
     backend_.MatMul(w.wo, att_.data(), n_rows, tmp_.data());
     backend_.AddRmsNorm(tmp_.data(), x_.data(), w.ffn_norm.data(), xn_.data(), n_rows, d, c.rms_eps);

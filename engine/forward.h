@@ -71,9 +71,13 @@ class Transformer {
   // attention at last_layer) over the given rows.
   absl::Status Run(std::span<const SeqInput> batch, std::span<const StepRows* const> rows,
                    std::span<Context* const> contexts, int last_layer, KvCache& kv, ForwardOutput* out);
-  // One sequence's attention at `layer` (appends its K/V first); its error fails it alone.
-  absl::Status Attend(int layer, int stop_layer, const SeqInput& in, Context& ctx, int64_t offset, int64_t n,
-                      KvCache& kv, HostReads& reads);
+  // Sequence i's attention at `layer` over its cached rows (its K/V appended): run at
+  // once when its strategy reads the result at this layer, else added to calls_ (run
+  // together after every sequence's); its error fails it alone.
+  absl::Status Attend(int layer, int stop_layer, size_t i, const SeqInput& in, Context& ctx, KvCache& kv,
+                      HostReads& reads);
+  // The model's attention shape.
+  AttentionShape Shape() const;
   // Applies the strategies' RowsForLayer edits before `layer` and drops the rows of
   // failed sequences, compacting the activations.
   absl::Status EditRows(int layer, std::span<const SeqInput> batch, std::span<Context* const> contexts,
@@ -100,7 +104,14 @@ class Transformer {
   std::vector<float> host_stat_;
   std::vector<int32_t> tokens_, positions_, origins_, new_positions_, new_origins_, gather_;
   std::vector<Segment> segments_;
-  KvSelection selection_;
+  // Per sequence: the KV its attention reads, and the view's block table; the
+  // attentions that run together, and the KV appends of a layer.
+  std::vector<KvSelection> selections_;
+  std::vector<KvCache::BlockTable> tables_;
+  std::vector<AttentionCall> calls_;
+  std::vector<KvCache::Rows> appends_;
+  std::vector<size_t> appended_;
+  std::vector<absl::Status> append_status_;
   std::vector<StepRows> step_rows_;  // per sequence, as BeginStep left them
   struct RowEdit {
     std::vector<char> keep;

@@ -114,6 +114,10 @@ class Backend {
   virtual void SiluMul(float* gate, const float* up, int64_t rows, int64_t n) = 0;
   // Causal attention of one sequence's query rows over its selected cached rows.
   virtual void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& args) = 0;
+  // Several sequences' attentions (a decode batch's), which a backend may run as one.
+  virtual void Attentions(const AttentionShape& shape, std::span<const AttentionCall> calls) {
+    for (const AttentionCall& c : calls) Attention(shape, c.kv, c.args);
+  }
   // PoD's merge of a proximal and a distant attention part, for n rows of `heads`
   // heads of `hd` values: o_p = g o_p + (1 - g) o_d with g = ProximalGate(lse_p, lse_d)
   // of the row and head (kernels/shared_math.h; rows p_stride / d_stride apart, the

@@ -166,4 +166,10 @@ struct AttentionArgs {
   PositionWindow window;
 };
 
+// One sequence's attention among several (Backend::Attentions).
+struct AttentionCall {
+  KvRows kv;
+  AttentionArgs args;
+};
+
 }  // namespace ps

@@ -59,43 +59,72 @@ KvCache::~KvCache() { WaitAllMoves().IgnoreError(); }
 
 absl::Status KvCache::Append(int64_t seq, int layer, std::span<const int32_t> positions, const float* k,
                              const float* v) {
-  if (fault::Hit(fault::Point::kKvAppend)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("sequence ", seq, " layer ", layer, ": injected fault: a KV block allocation failed"));
-  }
-  const size_t first = manager_->Table(seq, layer).positions.size();
-  if (!manager_->Append(seq, layer, positions)) {
-    const LayerTable& t = manager_->Table(seq, layer);
-    if (!t.tiers.empty() && t.positions.size() % geometry_.block_tokens != 0 && t.tiers.back() != Tier::kDevice) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("sequence ", seq, " layer ", layer, ": its last, partly filled page is in the host tier"));
-    }
-    return absl::ResourceExhaustedError(absl::StrCat("sequence ", seq, ": not enough reserved KV blocks for ",
-                                                     positions.size(), " tokens at layer ", layer, " (",
-                                                     manager_->Reserved(KvCacheManager::ScratchOwner(seq)), " left)"));
-  }
-  // Row i's head h goes to its page's K (V) block of head h: the input is n * heads
-  // rows of head_dim values.
-  const LayerTable& t = manager_->Table(seq, layer);
-  const size_t n = positions.size(), bt = geometry_.block_tokens, rb = geometry_.head_row_bytes();
-  const int heads = geometry_.n_kv_heads, per_page = geometry_.blocks_per_page();
-  k_rows_.resize(n * heads);
-  v_rows_.resize(n * heads);
-  for (size_t i = 0; i < n; ++i) {
-    const size_t slot = first + i;
-    const int32_t* ids = t.blocks.data() + slot / bt * per_page;
-    for (int h = 0; h < heads; ++h) {
-      PS_CHECK(ids[h] != LayerTable::kDropped) << "append to a page whose keys were dropped";
-      k_rows_[i * heads + h] = device_->data(ids[h]) + (slot % bt) * rb;
-      v_rows_[i * heads + h] = device_->data(ids[heads + h]) + (slot % bt) * rb;
-    }
-  }
-  backend_.StoreKv(geometry_.dtype, geometry_.head_dim(), static_cast<int64_t>(n * heads), k, v, k_rows_.data(),
-                   v_rows_.data());
-  return absl::OkStatus();
+  absl::Status status;
+  AppendAll(layer, {{Rows{.seq = seq, .positions = positions}}}, k, v, {&status, 1});
+  return status;
 }
 
-absl::StatusOr<KvRows> KvCache::View(int64_t seq, int layer, const KvSelection* selection, int key_layer) {
+void KvCache::AppendAll(int layer, std::span<const Rows> rows, const float* k, const float* v,
+                        std::span<absl::Status> status) {
+  PS_CHECK(status.size() == rows.size()) << "statuses not sized by the caller";
+  const size_t bt = geometry_.block_tokens, rb = geometry_.head_row_bytes();
+  const int heads = geometry_.n_kv_heads, per_page = geometry_.blocks_per_page();
+  const int64_t head_dim = geometry_.head_dim();
+  // The rows gathered so far: from row `first` on, the pointers of each row's heads.
+  int64_t first = 0, end = 0;
+  k_rows_.clear();
+  v_rows_.clear();
+  auto store = [&] {
+    if (k_rows_.empty()) return;
+    const int64_t offset = first * heads * head_dim;
+    backend_.StoreKv(geometry_.dtype, head_dim, static_cast<int64_t>(k_rows_.size()), k + offset, v + offset,
+                     k_rows_.data(), v_rows_.data());
+    k_rows_.clear();
+    v_rows_.clear();
+  };
+  for (size_t s = 0; s < rows.size(); ++s) {
+    const auto [seq, positions, row] = rows[s];
+    if (fault::Hit(fault::Point::kKvAppend)) {
+      status[s] = absl::ResourceExhaustedError(
+          absl::StrCat("sequence ", seq, " layer ", layer, ": injected fault: a KV block allocation failed"));
+      continue;
+    }
+    const size_t slot0 = manager_->Table(seq, layer).positions.size();
+    if (!manager_->Append(seq, layer, positions)) {
+      const LayerTable& t = manager_->Table(seq, layer);
+      if (!t.tiers.empty() && t.positions.size() % bt != 0 && t.tiers.back() != Tier::kDevice) {
+        status[s] = absl::FailedPreconditionError(
+            absl::StrCat("sequence ", seq, " layer ", layer, ": its last, partly filled page is in the host tier"));
+      } else {
+        status[s] = absl::ResourceExhaustedError(absl::StrCat(
+            "sequence ", seq, ": not enough reserved KV blocks for ", positions.size(), " tokens at layer ", layer,
+            " (", manager_->Reserved(KvCacheManager::ScratchOwner(seq)), " left)"));
+      }
+      continue;
+    }
+    status[s] = absl::OkStatus();
+    if (row != end) store();
+    if (k_rows_.empty()) first = row;
+    end = row + static_cast<int64_t>(positions.size());
+    // Row i's head h goes to its page's K (V) block of head h: the input is n * heads
+    // rows of head_dim values.
+    const LayerTable& t = manager_->Table(seq, layer);
+    for (size_t i = 0; i < positions.size(); ++i) {
+      const size_t slot = slot0 + i;
+      const int32_t* ids = t.blocks.data() + slot / bt * per_page;
+      for (int h = 0; h < heads; ++h) {
+        PS_CHECK(ids[h] != LayerTable::kDropped) << "append to a page whose keys were dropped";
+        k_rows_.push_back(device_->data(ids[h]) + (slot % bt) * rb);
+        v_rows_.push_back(device_->data(ids[heads + h]) + (slot % bt) * rb);
+      }
+    }
+  }
+  store();
+}
+
+absl::StatusOr<KvRows> KvCache::View(int64_t seq, int layer, const KvSelection* selection, int key_layer,
+                                     BlockTable* table) {
+  if (table == nullptr) table = &table_;
   const LayerTable& t = manager_->Table(seq, layer);
   const LayerTable& tk = key_layer >= 0 ? manager_->Table(seq, key_layer) : t;
   if (tk.positions != t.positions) {
@@ -105,14 +134,16 @@ absl::StatusOr<KvRows> KvCache::View(int64_t seq, int layer, const KvSelection* 
   // Pointers head-major: head h's block of page p at h * pages + p.
   const int64_t pages = t.pages(), bt = geometry_.block_tokens;
   const int heads = geometry_.n_kv_heads, per_page = geometry_.blocks_per_page();
-  k_blocks_.assign(pages * heads, nullptr);
-  v_blocks_.assign(pages * heads, nullptr);
+  std::vector<const void*>& k_blocks = table->k;
+  std::vector<const void*>& v_blocks = table->v;
+  k_blocks.assign(pages * heads, nullptr);
+  v_blocks.assign(pages * heads, nullptr);
   for (int64_t p = 0; p < pages; ++p) {
     if (tk.tiers[p] != Tier::kDevice || t.tiers[p] != Tier::kDevice) continue;
     for (int h = 0; h < heads; ++h) {
       const int32_t k = tk.blocks[p * per_page + h], v = t.blocks[p * per_page + heads + h];
-      if (k != LayerTable::kDropped) k_blocks_[h * pages + p] = device_->data(k);
-      v_blocks_[h * pages + p] = device_->data(v);
+      if (k != LayerTable::kDropped) k_blocks[h * pages + p] = device_->data(k);
+      v_blocks[h * pages + p] = device_->data(v);
     }
   }
   auto check = [&](int64_t begin, int64_t end) -> absl::Status {
@@ -131,8 +162,8 @@ absl::StatusOr<KvRows> KvCache::View(int64_t seq, int layer, const KvSelection* 
       for (const KvRange& r : s.ranges) PS_RETURN_IF_ERROR(check(r.begin, r.end));
     }
   }
-  return KvRows{.k_blocks = k_blocks_.data(),
-                .v_blocks = v_blocks_.data(),
+  return KvRows{.k_blocks = k_blocks.data(),
+                .v_blocks = v_blocks.data(),
                 .block_rows = bt,
                 .positions = t.positions.data(),
                 .n = static_cast<int64_t>(t.positions.size()),

@@ -45,12 +45,27 @@ class KvCache {
   // layer). ResourceExhausted when the sequence's reservation (or the device tier)
   // is short, FailedPrecondition when the layer's last block is in the host tier.
   absl::Status Append(int64_t seq, int layer, std::span<const int32_t> positions, const float* k, const float* v);
+  // One sequence's rows for AppendAll: positions.size() rows of K and V from row `row` of k and v on.
+  struct Rows {
+    int64_t seq = 0;
+    std::span<const int32_t> positions;
+    int64_t row = 0;
+  };
+  // Append for several sequences at one layer (the forward pass's batch), the rows of
+  // consecutive sequences stored by one backend call; status[i] is rows[i]'s.
+  void AppendAll(int layer, std::span<const Rows> rows, const float* k, const float* v, std::span<absl::Status> status);
   // The rows of (seq, layer) for attention (heads in blocks of their own, KvRows::
   // head_cols); FailedPrecondition when a page the selection reads (null: all of
   // them) is in the host tier. Dropped keys have null blocks. With key_layer >= 0 the
   // keys come from that layer (its rows must hold the same positions) and the values
-  // from `layer` (PoD's shared scores). Valid until the next View, Append or Free.
-  absl::StatusOr<KvRows> View(int64_t seq, int layer, const KvSelection* selection, int key_layer = -1);
+  // from `layer` (PoD's shared scores). The block table is written to `table`, else to
+  // the cache's own (valid until the next View); the view is valid until the next
+  // Append or Free of the sequence.
+  struct BlockTable {
+    std::vector<const void*> k, v;
+  };
+  absl::StatusOr<KvRows> View(int64_t seq, int layer, const KvSelection* selection, int key_layer = -1,
+                              BlockTable* table = nullptr);
   // Frees the K blocks of KV head kv_head in `pages` of (seq, layer): keys no
   // attention reads again (PoD's distant keys above a group's base layer). Their
   // device blocks are credited to the sequence's reservation.
@@ -99,7 +114,7 @@ class KvCache {
   std::vector<PendingMove> moves_;
   double move_wait_seconds_ = 0;
   // Scratch reused across calls: the last View's block table and StoreKv's row pointers.
-  std::vector<const void*> k_blocks_, v_blocks_;
+  BlockTable table_;
   std::vector<uint8_t*> k_rows_, v_rows_;
 };
 

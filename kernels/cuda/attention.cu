@@ -47,13 +47,15 @@ __device__ float BlockReduce(float v, float* scratch) {
   return r;
 }
 
-// Block (query row blockIdx.x, head blockIdx.y).
-__global__ void AttentionKernel(AttentionDeviceArgs a) {
+// Block (query row blockIdx.x, head blockIdx.y) of call blockIdx.z.
+__global__ void AttentionKernel(const AttentionDeviceArgs* calls) {
   __shared__ float q[kMaxHeadDim];
   __shared__ float acc[kMaxHeadDim];
   __shared__ float p[kThreads];
   __shared__ float scratch[kThreads];
+  const AttentionDeviceArgs a = calls[blockIdx.z];
   const int64_t qi = blockIdx.x;
+  if (qi >= a.n_q) return;  // a call with fewer query rows than the largest
   const int h = blockIdx.y, hd = a.head_dim;
   const int kvh = h / (a.n_heads / a.n_kv_heads);
   const int32_t q_pos = a.q_pos[qi];
@@ -159,11 +161,13 @@ __device__ inline int64_t SplitRow(const AttentionDeviceArgs& a, int z, int64_t 
   return ((z * a.n_q + qi) * a.n_heads + h) * static_cast<int64_t>(a.head_dim + 2);
 }
 
-// Block (query row blockIdx.x, head blockIdx.y), a thread per output column: merges
-// the splits' partial softmaxes into the output, the log-sum-exp and the last row's
-// maximum and sum.
-__global__ void MergeSplitsKernel(AttentionDeviceArgs a) {
+// Block (query row blockIdx.x, head blockIdx.y) of call blockIdx.z, a thread per output
+// column: merges the splits' partial softmaxes into the output, the log-sum-exp and the
+// last row's maximum and sum (calls whose keys were not split are done).
+__global__ void MergeSplitsKernel(const AttentionDeviceArgs* calls) {
+  const AttentionDeviceArgs a = calls[blockIdx.z];
   const int64_t qi = blockIdx.x;
+  if (a.splits == 1 || qi >= a.n_q) return;
   const int h = blockIdx.y, c = threadIdx.x, hd = a.head_dim;
   float m = -INFINITY;
   for (int z = 0; z < a.splits; ++z) m = fmaxf(m, a.split_out[SplitRow(a, z, qi, h) + hd]);
@@ -187,10 +191,14 @@ __global__ void MergeSplitsKernel(AttentionDeviceArgs a) {
   }
 }
 
+// Block (query tile blockIdx.x, KV head blockIdx.y) of split blockIdx.z % max_splits of
+// call blockIdx.z / max_splits.
 template <typename T>
-__global__ void __launch_bounds__(kTileThreads) TiledAttentionKernel(AttentionDeviceArgs a, int group) {
+__global__ void __launch_bounds__(kTileThreads)
+    TiledAttentionKernel(const AttentionDeviceArgs* calls, int group, int max_splits) {
   namespace wmma = nvcuda::wmma;
   extern __shared__ __align__(128) unsigned char smem[];
+  const AttentionDeviceArgs a = calls[blockIdx.z / max_splits];
   const int hd = a.head_dim, kp = hd + 8, pp = kTileKeys + 8, sp = kTileKeys + 4, op = hd + 4;
   T* qs = reinterpret_cast<T*>(smem);
   T* ks = qs + kTileRows * kp;
@@ -204,10 +212,12 @@ __global__ void __launch_bounds__(kTileThreads) TiledAttentionKernel(AttentionDe
   int* row_pos = row_q + kTileRows;
   int* key_pos = row_pos + kTileRows;
 
+  const int split = static_cast<int>(blockIdx.z % max_splits);
   const int kvh = blockIdx.y, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int q_per_tile = kTileRows / group;
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * q_per_tile;
   const int64_t q1 = min(a.n_q, q0 + q_per_tile);
+  if (q0 >= a.n_q || split >= a.splits) return;  // past this call's tiles or splits
   const float neg_inf = -INFINITY;
   for (int r = tid; r < kTileRows; r += kTileThreads) {
     const int64_t qi = q0 + r / group;
@@ -230,8 +240,7 @@ __global__ void __launch_bounds__(kTileThreads) TiledAttentionKernel(AttentionDe
   const int64_t head_block = a.head_blocks > 0 ? kvh * a.head_blocks : 0;
   const int64_t head_col = a.head_blocks > 0 ? 0 : static_cast<int64_t>(kvh) * hd;
   const int pieces = hd / 8;  // 16-byte pieces of a key row
-  const int split = blockIdx.z;
-  int tile_no = 0;  // the key tiles in visiting order: split z takes every splits-th from z
+  int tile_no = 0;            // the key tiles in visiting order: split z takes every splits-th from z
   __syncthreads();
 
   for (int s = 0; s < a.n_segments; ++s) {
@@ -389,6 +398,37 @@ __global__ void LastQueryStatsKernel(const float* last_logits, const float* last
 
 unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 
+// Calls [0, n) (calls on the host, device_calls on the device) on the tiled kernel.
+template <typename T>
+absl::Status LaunchTiled(const AttentionDeviceArgs* calls, const AttentionDeviceArgs* device_calls, int n) {
+  // Above 48 KiB of shared memory a kernel must ask for it, once.
+  static const cudaError_t attribute =
+      cudaFuncSetAttribute(TiledAttentionKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(TiledSharedBytes(kTiledMaxHeadDim)));
+  if (attribute != cudaSuccess) {
+    return absl::InternalError(std::string("TiledAttentionKernel shared memory: ") + cudaGetErrorString(attribute));
+  }
+  const AttentionDeviceArgs& first = calls[0];
+  int64_t n_q = 0;
+  int max_splits = 1;
+  for (int i = 0; i < n; ++i) {
+    n_q = std::max(n_q, calls[i].n_q);
+    max_splits = std::max(max_splits, calls[i].splits);
+  }
+  const int group = first.n_heads / first.n_kv_heads;
+  const int64_t q_per_tile = kTileRows / group;
+  const auto tiles = static_cast<unsigned>((n_q + q_per_tile - 1) / q_per_tile);
+  if (tiles == 0 || first.n_heads == 0) return absl::OkStatus();
+  TiledAttentionKernel<T><<<dim3(tiles, static_cast<unsigned>(first.n_kv_heads), static_cast<unsigned>(n * max_splits)),
+                            kTileThreads, TiledSharedBytes(first.head_dim)>>>(device_calls, group, max_splits);
+  if (absl::Status s = Launched("TiledAttentionKernel"); !s.ok() || max_splits == 1) return s;
+  MergeSplitsKernel<<<dim3(static_cast<unsigned>(n_q), static_cast<unsigned>(first.n_heads), static_cast<unsigned>(n)),
+                      first.head_dim>>>(device_calls);
+  return Launched("MergeSplitsKernel");
+}
+
+}  // namespace
+
 // Whether the tiled kernel takes a call: 16-bit KV in 16-byte aligned rows, a head
 // dimension of a multiple of 16 up to 128, whole GQA groups of at most a tile, and
 // $PS_CUDA_ATTENTION not "naive" (which keeps every call on the first kernel: for
@@ -403,51 +443,65 @@ bool TiledApplies(const AttentionDeviceArgs& a) {
          a.n_heads / a.n_kv_heads <= kTileRows && a.stride % 8 == 0 && a.rows_aligned16;
 }
 
-template <typename T>
-absl::Status LaunchTiled(const AttentionDeviceArgs& a) {
-  // Above 48 KiB of shared memory a kernel must ask for it, once.
-  static const cudaError_t attribute =
-      cudaFuncSetAttribute(TiledAttentionKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(TiledSharedBytes(kTiledMaxHeadDim)));
-  if (attribute != cudaSuccess) {
-    return absl::InternalError(std::string("TiledAttentionKernel shared memory: ") + cudaGetErrorString(attribute));
-  }
-  const int group = a.n_heads / a.n_kv_heads;
-  const int64_t q_per_tile = kTileRows / group;
-  const auto tiles = static_cast<unsigned>((a.n_q + q_per_tile - 1) / q_per_tile);
-  TiledAttentionKernel<T><<<dim3(tiles, static_cast<unsigned>(a.n_kv_heads), static_cast<unsigned>(a.splits)),
-                            kTileThreads, TiledSharedBytes(a.head_dim)>>>(a, group);
-  if (absl::Status s = Launched("TiledAttentionKernel"); !s.ok() || a.splits == 1) return s;
-  MergeSplitsKernel<<<dim3(static_cast<unsigned>(a.n_q), static_cast<unsigned>(a.n_heads)), a.head_dim>>>(a);
-  return Launched("MergeSplitsKernel");
-}
-
-}  // namespace
-
-int AttentionSplits(const AttentionDeviceArgs& a, int multiprocessors) {
-  if (!TiledApplies(a) || a.n_q == 0) return 1;
+int64_t TiledBlocks(const AttentionDeviceArgs& a) {
+  if (!TiledApplies(a)) return 0;
   const int64_t q_per_tile = kTileRows / (a.n_heads / a.n_kv_heads);
-  const int64_t blocks = (a.n_q + q_per_tile - 1) / q_per_tile * a.n_kv_heads;
-  const int64_t key_tiles = (a.n + kTileKeys - 1) / kTileKeys;
-  if (blocks >= multiprocessors || key_tiles < 8) return 1;
-  // About two thread blocks per multiprocessor, each with four key tiles or more.
-  return static_cast<int>(std::min<int64_t>({(2 * multiprocessors + blocks - 1) / blocks, key_tiles / 4, 32}));
+  return (a.n_q + q_per_tile - 1) / q_per_tile * a.n_kv_heads;
 }
 
-absl::Status AttentionDevice(const AttentionDeviceArgs& a) {
-  if (a.head_dim > kMaxHeadDim) {
-    return absl::InvalidArgumentError("head_dim " + std::to_string(a.head_dim) + " above " +
-                                      std::to_string(kMaxHeadDim));
+int AttentionSplits(const AttentionDeviceArgs& a, int64_t batch_blocks, int multiprocessors) {
+  if (!TiledApplies(a) || a.n_q == 0) return 1;
+  const int64_t key_tiles = (a.n + kTileKeys - 1) / kTileKeys;
+  if (batch_blocks >= multiprocessors || key_tiles < 8) return 1;
+  // About two thread blocks per multiprocessor, each with four key tiles or more.
+  return static_cast<int>(std::min<int64_t>(
+      {(2 * multiprocessors + batch_blocks - 1) / std::max<int64_t>(batch_blocks, 1), key_tiles / 4, 32}));
+}
+
+absl::Status AttentionDevice(const AttentionDeviceArgs* calls, const AttentionDeviceArgs* device_calls, int n) {
+  int tiled = 0;  // the calls the tiled kernel takes come first
+  for (int i = 0; i < n; ++i) {
+    const AttentionDeviceArgs& a = calls[i];
+    if (a.head_dim > kMaxHeadDim) {
+      return absl::InvalidArgumentError("head_dim " + std::to_string(a.head_dim) + " above " +
+                                        std::to_string(kMaxHeadDim));
+    }
+    if (a.n_heads != calls[0].n_heads || a.n_kv_heads != calls[0].n_kv_heads || a.head_dim != calls[0].head_dim ||
+        a.dtype != calls[0].dtype) {
+      return absl::InvalidArgumentError("attention calls run together must share their shape and KV type");
+    }
+    const bool t = TiledApplies(a);
+    if (t && tiled < i) return absl::InvalidArgumentError("the tiled kernel's attention calls must come first");
+    tiled += t ? 1 : 0;
+    if (a.splits < 1 || (a.splits > 1 && (a.split_out == nullptr || !t))) {
+      return absl::InvalidArgumentError("attention splits need the tiled kernel and split_out");
+    }
   }
-  if (a.n_q == 0 || a.n_heads == 0) return absl::OkStatus();
-  if (a.splits < 1 || (a.splits > 1 && (a.split_out == nullptr || !TiledApplies(a)))) {
-    return absl::InvalidArgumentError("attention splits need the tiled kernel and split_out");
+  // A grid has at most 65,535 blocks along z (calls times splits): larger batches in parts.
+  constexpr int kMaxZ = 65535;
+  for (int i = 0; i < tiled;) {
+    int count = 0, splits = 1;
+    while (i + count < tiled && (count + 1) * std::max(splits, calls[i + count].splits) <= kMaxZ) {
+      splits = std::max(splits, calls[i + count].splits);
+      ++count;
+    }
+    const absl::Status s = calls[0].dtype == DType::kF16
+                               ? LaunchTiled<__half>(calls + i, device_calls + i, count)
+                               : LaunchTiled<__nv_bfloat16>(calls + i, device_calls + i, count);
+    if (!s.ok()) return s;
+    i += count;
   }
-  if (TiledApplies(a)) {
-    return a.dtype == DType::kF16 ? LaunchTiled<__half>(a) : LaunchTiled<__nv_bfloat16>(a);
+  for (int i = tiled; i < n; i += kMaxZ) {
+    const int count = std::min(kMaxZ, n - i);
+    int64_t n_q = 0;
+    for (int j = i; j < i + count; ++j) n_q = std::max(n_q, calls[j].n_q);
+    if (n_q == 0 || calls[i].n_heads == 0) continue;
+    AttentionKernel<<<dim3(static_cast<unsigned>(n_q), static_cast<unsigned>(calls[i].n_heads),
+                           static_cast<unsigned>(count)),
+                      kThreads>>>(device_calls + i);
+    if (absl::Status s = Launched("AttentionKernel"); !s.ok()) return s;
   }
-  AttentionKernel<<<dim3(static_cast<unsigned>(a.n_q), static_cast<unsigned>(a.n_heads)), kThreads>>>(a);
-  return Launched("AttentionKernel");
+  return absl::OkStatus();
 }
 
 absl::Status FillDevice(float* x, int64_t n, float v) {

@@ -5,8 +5,9 @@
 // or BF16 KV, head_dim a multiple of 16 up to 128: a thread block per KV head and
 // tile of query rows, K and V tiles shared by the GQA group, Q and P rounded to the
 // KV's type) and, for everything else, one thread block per (query row, head) in F32
-// ($PS_CUDA_ATTENTION=naive sends every call there). Calls with few query tiles over
-// many keys (decode) split the keys across thread blocks and merge. C++17 (nvcc).
+// ($PS_CUDA_ATTENTION=naive sends every call there). Several sequences' calls run as
+// one launch; calls with few query tiles over many keys (decode) split the keys across
+// thread blocks and merge. C++17 (nvcc).
 #pragma once
 
 #include <cstdint>
@@ -60,11 +61,22 @@ struct AttentionDeviceArgs {
   float* split_out = nullptr;
 };
 
-// How many ways to split the keys of a call so that it fills `multiprocessors` (few
-// query tiles over many keys: decode); 1 when not split (or not on the tiled kernel).
-int AttentionSplits(const AttentionDeviceArgs& a, int multiprocessors);
+// Whether the tiled kernel takes a call (else the F32 one does).
+bool TiledApplies(const AttentionDeviceArgs& a);
+// Thread blocks of a call on the tiled kernel before any split of its keys (0 when the
+// tiled kernel does not take it).
+int64_t TiledBlocks(const AttentionDeviceArgs& a);
+// How many ways to split the keys of a call that runs with others of `batch_blocks`
+// thread blocks in all (TiledBlocks, this call's included) so that together they fill
+// `multiprocessors` (few query tiles over many keys: decode); 1 when not split (or not
+// on the tiled kernel).
+int AttentionSplits(const AttentionDeviceArgs& a, int64_t batch_blocks, int multiprocessors);
 
-absl::Status AttentionDevice(const AttentionDeviceArgs& a);
+// Runs n calls' attentions, a launch per kernel for all (the decode batch's sequences):
+// `calls` on the host, the same n structs at `device_calls` in device memory (what the
+// kernels read). The calls share their shape and KV type, and those the tiled kernel
+// takes come first.
+absl::Status AttentionDevice(const AttentionDeviceArgs* calls, const AttentionDeviceArgs* device_calls, int n);
 
 // Fills n floats with v.
 absl::Status FillDevice(float* x, int64_t n, float v);

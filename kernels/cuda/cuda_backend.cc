@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -144,82 +146,148 @@ class CudaBackend final : public Backend {
     Keep(SiluMulDevice(gate, up, rows * n));
   }
   void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& a) override {
-    // The selection as segments over flat ranges (everything: one segment, one range).
-    segments_.clear();
-    ranges_.clear();
-    if (a.selection == nullptr || a.selection->all()) {
-      segments_.push_back({.q_begin = 0, .q_end = static_cast<int32_t>(a.n_q), .kv_head = -1, .range_end = 1});
-      ranges_ = {0, static_cast<int32_t>(kv.n)};
-    } else {
-      for (const KvSelection::Segment& sel : a.selection->segments) {
-        const auto first = static_cast<int32_t>(ranges_.size() / 2);
-        for (const KvRange& r : sel.ranges) ranges_.insert(ranges_.end(), {r.begin, r.end});
-        segments_.push_back({.q_begin = sel.q_begin,
-                             .q_end = sel.q_end,
-                             .kv_head = sel.kv_head,
-                             .range_begin = first,
-                             .range_end = static_cast<int32_t>(ranges_.size() / 2)});
+    const AttentionCall call{.kv = kv, .args = a};
+    Attentions(shape, {&call, 1});
+  }
+  // Every call's index arrays and arguments go to the device in one staged copy, and the
+  // calls run as one launch per kernel.
+  void Attentions(const AttentionShape& shape, std::span<const AttentionCall> calls) override {
+    if (calls.empty()) return;
+    // Host layout of the staged bytes: each call's segments, ranges, query positions, key
+    // positions and block tables (offsets in `at`), then the calls' arguments.
+    staged_.clear();
+    auto put = [&](const void* p, size_t bytes) {
+      const size_t offset = staged_.size();
+      staged_.resize(offset + (bytes + 7) / 8 * 8);
+      if (bytes > 0) std::memcpy(staged_.data() + offset, p, bytes);
+      return offset;
+    };
+    at_.clear();
+    for (const AttentionCall& c : calls) {
+      const KvRows& kv = c.kv;
+      const AttentionArgs& a = c.args;
+      // The selection as segments over flat ranges (everything: one segment, one range).
+      segments_.clear();
+      ranges_.clear();
+      if (a.selection == nullptr || a.selection->all()) {
+        segments_.push_back({.q_begin = 0, .q_end = static_cast<int32_t>(a.n_q), .kv_head = -1, .range_end = 1});
+        ranges_ = {0, static_cast<int32_t>(kv.n)};
+      } else {
+        for (const KvSelection::Segment& sel : a.selection->segments) {
+          const auto first = static_cast<int32_t>(ranges_.size() / 2);
+          for (const KvRange& r : sel.ranges) ranges_.insert(ranges_.end(), {r.begin, r.end});
+          segments_.push_back({.q_begin = sel.q_begin,
+                               .q_end = sel.q_end,
+                               .kv_head = sel.kv_head,
+                               .range_begin = first,
+                               .range_end = static_cast<int32_t>(ranges_.size() / 2)});
+        }
+      }
+      int64_t n_blocks = kv.block_rows > 0 ? (kv.n + kv.block_rows - 1) / kv.block_rows : 0;
+      if (kv.head_cols > 0) n_blocks += (shape.n_kv_heads - 1) * kv.head_blocks;  // heads in blocks of their own
+      at_.push_back(Offsets{.segments = put(segments_.data(), segments_.size() * sizeof(AttentionSegment)),
+                            .ranges = put(ranges_.data(), ranges_.size() * sizeof(int32_t)),
+                            .q_pos = put(a.q_pos, static_cast<size_t>(a.n_q) * sizeof(int32_t)),
+                            .positions = put(kv.positions, static_cast<size_t>(kv.n) * sizeof(int32_t)),
+                            .k_blocks = put(kv.k_blocks, static_cast<size_t>(n_blocks) * sizeof(void*)),
+                            .v_blocks = put(kv.v_blocks, static_cast<size_t>(n_blocks) * sizeof(void*)),
+                            .n_segments = static_cast<int>(segments_.size()),
+                            .n_blocks = n_blocks});
+    }
+    const size_t args_at = staged_.size();
+    staged_.resize(args_at + calls.size() * sizeof(AttentionDeviceArgs));
+    absl::StatusOr<uint8_t*> base = attention_scratch_.Get(staged_.size());
+    if (!base.ok()) return Keep(base.status());
+    // The arguments, with their arrays' device addresses; the last-query statistics'
+    // and the splits' scratch in two more regions.
+    args_.clear();
+    size_t stats_floats = 0;
+    int64_t batch_blocks = 0;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const KvRows& kv = calls[i].kv;
+      const AttentionArgs& a = calls[i].args;
+      const Offsets& o = at_[i];
+      args_.push_back(AttentionDeviceArgs{
+          .n_heads = shape.n_heads,
+          .n_kv_heads = shape.n_kv_heads,
+          .head_dim = shape.head_dim,
+          .scale = shape.scale,
+          .q = a.q,
+          .q_pos = reinterpret_cast<const int32_t*>(*base + o.q_pos),
+          .n_q = a.n_q,
+          .q_stride = a.q_stride,
+          .out = a.out,
+          .out_stride = a.out_stride,
+          .k_blocks = reinterpret_cast<const void* const*>(*base + o.k_blocks),
+          .v_blocks = reinterpret_cast<const void* const*>(*base + o.v_blocks),
+          .block_rows = kv.block_rows,
+          .stride = kv.stride,
+          .n = kv.n,
+          .head_blocks = kv.head_cols > 0 ? kv.head_blocks : 0,
+          .positions = reinterpret_cast<const int32_t*>(*base + o.positions),
+          .dtype = kv.dtype,
+          .rows_aligned16 = Aligned16(kv.k_blocks, o.n_blocks) && Aligned16(kv.v_blocks, o.n_blocks),
+          .segments = reinterpret_cast<const AttentionSegment*>(*base + o.segments),
+          .n_segments = o.n_segments,
+          .ranges = reinterpret_cast<const int32_t*>(*base + o.ranges),
+          .window_part = static_cast<int>(a.window.part),
+          .sinks = a.window.sinks,
+          .recent = a.window.recent,
+          .lse = a.lse,
+          .lse_stride = a.lse_stride});
+      if (a.last_query_probs != nullptr || a.last_query_logits != nullptr) {
+        stats_floats += static_cast<size_t>(shape.n_heads) * (kv.n + 2);
+      }
+      batch_blocks += TiledBlocks(args_.back());
+    }
+    float* stats = nullptr;
+    if (stats_floats > 0) {
+      absl::StatusOr<uint8_t*> buf = stats_scratch_.Get(stats_floats * sizeof(float));
+      if (!buf.ok()) return Keep(buf.status());
+      stats = reinterpret_cast<float*>(*buf);
+    }
+    size_t split_floats = 0;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      AttentionDeviceArgs& d = args_[i];
+      d.splits = AttentionSplits(d, batch_blocks, MultiprocessorCount());
+      if (d.splits > 1) split_floats += static_cast<size_t>(d.splits) * d.n_q * shape.n_heads * (shape.head_dim + 2);
+      const AttentionArgs& a = calls[i].args;
+      if (a.last_query_probs != nullptr || a.last_query_logits != nullptr) {
+        d.last_logits = stats;
+        d.last_norm = d.last_logits + static_cast<int64_t>(shape.n_heads) * d.n;
+        stats = d.last_norm + 2 * shape.n_heads;
+        Keep(FillDevice(d.last_logits, shape.n_heads * d.n, -INFINITY));
+        Keep(FillDevice(d.last_norm, 2 * shape.n_heads, 0.0f));
       }
     }
-    int64_t n_blocks = kv.block_rows > 0 ? (kv.n + kv.block_rows - 1) / kv.block_rows : 0;
-    if (kv.head_cols > 0) n_blocks += (shape.n_kv_heads - 1) * kv.head_blocks;  // heads in blocks of their own
-    const auto* d_segments = Stage(segments_scratch_, segments_.data(), segments_.size() * sizeof(AttentionSegment));
-    const auto* d_ranges = Stage(ranges_scratch_, ranges_.data(), ranges_.size() * sizeof(int32_t));
-    const auto* d_q_pos = Stage(q_pos_scratch_, a.q_pos, static_cast<size_t>(a.n_q) * sizeof(int32_t));
-    const auto* d_pos = Stage(positions_scratch_, kv.positions, static_cast<size_t>(kv.n) * sizeof(int32_t));
-    const auto* d_k = Stage(k_blocks_scratch_, kv.k_blocks, static_cast<size_t>(n_blocks) * sizeof(void*));
-    const auto* d_v = Stage(v_blocks_scratch_, kv.v_blocks, static_cast<size_t>(n_blocks) * sizeof(void*));
-    if (d_segments == nullptr || d_ranges == nullptr || d_q_pos == nullptr || d_pos == nullptr || d_k == nullptr ||
-        d_v == nullptr) {
-      return;
-    }
-    AttentionDeviceArgs d{.n_heads = shape.n_heads,
-                          .n_kv_heads = shape.n_kv_heads,
-                          .head_dim = shape.head_dim,
-                          .scale = shape.scale,
-                          .q = a.q,
-                          .q_pos = reinterpret_cast<const int32_t*>(d_q_pos),
-                          .n_q = a.n_q,
-                          .q_stride = a.q_stride,
-                          .out = a.out,
-                          .out_stride = a.out_stride,
-                          .k_blocks = reinterpret_cast<const void* const*>(d_k),
-                          .v_blocks = reinterpret_cast<const void* const*>(d_v),
-                          .block_rows = kv.block_rows,
-                          .stride = kv.stride,
-                          .n = kv.n,
-                          .head_blocks = kv.head_cols > 0 ? kv.head_blocks : 0,
-                          .positions = reinterpret_cast<const int32_t*>(d_pos),
-                          .dtype = kv.dtype,
-                          .rows_aligned16 = Aligned16(kv.k_blocks, n_blocks) && Aligned16(kv.v_blocks, n_blocks),
-                          .segments = reinterpret_cast<const AttentionSegment*>(d_segments),
-                          .n_segments = static_cast<int>(segments_.size()),
-                          .ranges = reinterpret_cast<const int32_t*>(d_ranges),
-                          .window_part = static_cast<int>(a.window.part),
-                          .sinks = a.window.sinks,
-                          .recent = a.window.recent,
-                          .lse = a.lse,
-                          .lse_stride = a.lse_stride};
-    const bool stats = a.last_query_probs != nullptr || a.last_query_logits != nullptr;
-    if (stats) {
-      const size_t floats = static_cast<size_t>(shape.n_heads) * (kv.n + 2);
-      absl::StatusOr<uint8_t*> buf = stats_scratch_.Get(floats * sizeof(float));
+    if (split_floats > 0) {
+      absl::StatusOr<uint8_t*> buf = split_scratch_.Get(split_floats * sizeof(float));
       if (!buf.ok()) return Keep(buf.status());
-      d.last_logits = reinterpret_cast<float*>(*buf);
-      d.last_norm = d.last_logits + static_cast<int64_t>(shape.n_heads) * kv.n;
-      Keep(FillDevice(d.last_logits, shape.n_heads * kv.n, -INFINITY));
-      Keep(FillDevice(d.last_norm, 2 * shape.n_heads, 0.0f));
+      auto* split_out = reinterpret_cast<float*>(*buf);
+      for (AttentionDeviceArgs& d : args_) {
+        if (d.splits == 1) continue;
+        d.split_out = split_out;
+        split_out += static_cast<size_t>(d.splits) * d.n_q * shape.n_heads * (shape.head_dim + 2);
+      }
     }
-    d.splits = AttentionSplits(d, MultiprocessorCount());
-    if (d.splits > 1) {
-      const size_t floats = static_cast<size_t>(d.splits) * a.n_q * shape.n_heads * (shape.head_dim + 2);
-      absl::StatusOr<uint8_t*> buf = split_scratch_.Get(floats * sizeof(float));
-      if (!buf.ok()) return Keep(buf.status());
-      d.split_out = reinterpret_cast<float*>(*buf);
+    // The tiled kernel's calls first.
+    auto* sorted = reinterpret_cast<AttentionDeviceArgs*>(staged_.data() + args_at);
+    size_t n_sorted = 0;
+    for (int tiled = 1; tiled >= 0; --tiled) {
+      for (const AttentionDeviceArgs& d : args_) {
+        if (TiledApplies(d) == (tiled == 1)) sorted[n_sorted++] = d;
+      }
     }
-    Keep(AttentionDevice(d));
-    if (stats) {
-      Keep(LastQueryStatsDevice(d.last_logits, d.last_norm, shape.n_heads, kv.n, a.last_query_probs,
+    const uint8_t* d_staged = Stage(attention_scratch_, staged_.data(), staged_.size());
+    if (d_staged == nullptr) return;
+    PS_CHECK(d_staged == *base) << "attention scratch moved";
+    Keep(AttentionDevice(sorted, reinterpret_cast<const AttentionDeviceArgs*>(d_staged + args_at),
+                         static_cast<int>(n_sorted)));
+    for (size_t i = 0; i < calls.size(); ++i) {
+      const AttentionArgs& a = calls[i].args;
+      const AttentionDeviceArgs& d = args_[i];
+      if (d.last_logits == nullptr) continue;
+      Keep(LastQueryStatsDevice(d.last_logits, d.last_norm, shape.n_heads, d.n, a.last_query_probs,
                                 a.last_query_logits));
     }
   }
@@ -314,11 +382,18 @@ class CudaBackend final : public Backend {
   WeightMirrors mirrors_;
   StagingRing staging_;
   Scratch index_, bf16_;
-  // Attention's staged arguments and statistics.
+  // Attention's staged arguments (built on the host, then one copy) and statistics.
   std::vector<AttentionSegment> segments_;
   std::vector<int32_t> ranges_;
-  Scratch segments_scratch_, ranges_scratch_, q_pos_scratch_, positions_scratch_, k_blocks_scratch_, v_blocks_scratch_,
-      stats_scratch_, split_scratch_;
+  std::vector<uint8_t> staged_;
+  struct Offsets {  // of a call's arrays in staged_
+    size_t segments, ranges, q_pos, positions, k_blocks, v_blocks;
+    int n_segments;
+    int64_t n_blocks;
+  };
+  std::vector<AttentionDeviceArgs> args_;
+  std::vector<Offsets> at_;
+  Scratch attention_scratch_, stats_scratch_, split_scratch_;
   std::vector<uint8_t*> pointers_;
 };
 

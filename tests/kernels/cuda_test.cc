@@ -482,6 +482,72 @@ TEST_F(CudaBackendTest, TiledAttentionMatchesCpuAcrossShapes) {
   }
 }
 
+// Several sequences' attentions run together (Backend::Attentions: one staged copy, one
+// launch per kernel), as a decode batch does: each call's output equals the CPU's for
+// that call alone. Calls of 1 to 4,097 keys and 1 or 17 query rows (some split their
+// keys, some not), one block-sparse, one with the last row's statistics; BF16 KV (the
+// tiled kernel) and F32 KV (the F32 kernel).
+TEST_F(CudaBackendTest, AttentionsOfABatchMatchTheCpuCallByCall) {
+  const AttentionShape shape{.n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .scale = 1.0f / std::sqrt(128.0f)};
+  const int64_t qd = 32 * 128, kvd = 8 * 128;
+  struct Call {
+    int64_t n, n_q;
+    bool sparse, stats;
+  };
+  const std::vector<Call> calls = {{1, 1, false, false},
+                                   {4097, 1, false, false},
+                                   {300, 1, false, true},
+                                   {1000, 17, true, false},
+                                   {64, 1, false, false}};
+  for (const DType dtype : {DType::kBF16, DType::kF32}) {
+    std::vector<std::unique_ptr<PagedKv>> kvs;
+    std::vector<std::vector<int32_t>> positions(calls.size()), q_pos(calls.size());
+    std::vector<std::vector<float>> q(calls.size()), out(calls.size()), probs(calls.size());
+    std::vector<KvSelection> sparse(calls.size());
+    std::vector<AttentionCall> on_gpu, on_cpu;
+    for (size_t c = 0; c < calls.size(); ++c) {
+      const auto [n, n_q, is_sparse, stats] = calls[c];
+      kvs.push_back(std::make_unique<PagedKv>(*gpu_, dtype, n, kvd));
+      ASSERT_TRUE(kvs.back()->ok());
+      for (int64_t j = 0; j < n; ++j) positions[c].push_back(static_cast<int32_t>(j));
+      for (int64_t i = 0; i < n_q; ++i) q_pos[c].push_back(static_cast<int32_t>(n - n_q + i));
+      q[c] = Randn(n_q * qd, 40 + static_cast<uint32_t>(c));
+      out[c].assign(n_q * qd, 0.0f);
+      probs[c].assign(stats ? n : 0, 0.0f);
+      if (is_sparse) {  // the first 64 keys and the last 200
+        sparse[c].segments.push_back({.q_begin = 0,
+                                      .q_end = static_cast<int32_t>(n_q),
+                                      .ranges = {{0, 64}, {static_cast<int32_t>(n) - 200, static_cast<int32_t>(n)}},
+                                      .kv_head = -1});
+      }
+      const AttentionArgs args{.q = q[c].data(),
+                               .q_pos = q_pos[c].data(),
+                               .n_q = n_q,
+                               .q_stride = qd,
+                               .out = out[c].data(),
+                               .out_stride = qd,
+                               .selection = is_sparse ? &sparse[c] : nullptr,
+                               .last_query_probs = stats ? probs[c].data() : nullptr};
+      on_cpu.push_back({.kv = kvs[c]->View(false, positions[c]), .args = args});
+      AttentionArgs g = args;
+      g.q = Device(q[c]);
+      g.out = Device(out[c]);
+      g.last_query_probs = stats ? Device(probs[c]) : nullptr;
+      on_gpu.push_back({.kv = kvs[c]->View(true, positions[c]), .args = g});
+    }
+    gpu_->Attentions(shape, on_gpu);
+    for (const AttentionCall& c : on_cpu) cpu_.Attention(shape, c.kv, c.args);
+    for (size_t c = 0; c < calls.size(); ++c) {
+      const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " call ", c, " of ", calls[c].n, " keys");
+      ExpectNear(FromDevice(on_gpu[c].args.out, out[c].size()), out[c], AttentionTolerance(dtype), "out " + what);
+      if (calls[c].stats) {
+        ExpectNear(FromDevice(on_gpu[c].args.last_query_probs, probs[c].size()), probs[c],
+                   AttentionTolerance(dtype) / 10, "probs " + what);
+      }
+    }
+  }
+}
+
 // Weights of other types run as BF16 copies (GEMM with F32 accumulation): the result
 // within BF16's rounding of the CPU's.
 TEST_F(CudaBackendTest, HalfWeightsRunAsBf16) {

@@ -104,6 +104,48 @@ TEST_F(KvCacheTest, SameLogitsAsContiguous) {
   EXPECT_TRUE(manager.VerifyIntegrity().ok()) << manager.VerifyIntegrity();
 }
 
+// AppendAll (a layer's appends for a whole batch) stores each sequence's rows where
+// Append would: consecutive sequences' rows in one store, and around a sequence that
+// does not fit (its status says so; the others' are OK and their rows intact).
+TEST_F(KvCacheTest, AppendAllStoresEachSequencesRowsAroundOneThatDoesNotFit) {
+  const ModelConfig& c = model_->config();
+  std::unique_ptr<KvCache> kv = Cache(4);
+  const int64_t kvd = c.kv_dim(), hd = c.head_dim;
+  const int64_t counts[] = {3, 16 * 20, 2, 1};  // the second needs 20 pages
+  std::vector<std::vector<int32_t>> positions;
+  std::vector<KvCache::Rows> rows;
+  int64_t total = 0;
+  for (int s = 0; s < 4; ++s) {
+    positions.emplace_back(counts[s]);
+    for (int64_t i = 0; i < counts[s]; ++i) positions[s][i] = static_cast<int32_t>(i);
+    rows.push_back({.seq = 10 + s, .positions = positions[s], .row = total});
+    total += counts[s];
+  }
+  std::vector<float> k(total * kvd), v(total * kvd);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<float>(i);
+    v[i] = -static_cast<float>(i);
+  }
+  std::vector<absl::Status> status(4);
+  kv->AppendAll(/*layer=*/1, rows, k.data(), v.data(), status);
+  EXPECT_EQ(status[1].code(), absl::StatusCode::kResourceExhausted) << status[1];
+  for (int s : {0, 2, 3}) {
+    ASSERT_TRUE(status[s].ok()) << status[s];
+    absl::StatusOr<KvRows> view = kv->View(10 + s, 1, nullptr);
+    ASSERT_TRUE(view.ok()) << view.status();
+    ASSERT_EQ(view->n, counts[s]);
+    for (int64_t j = 0; j < counts[s]; ++j) {
+      for (int64_t col = 0; col < kvd; col += hd / 2) {
+        const int64_t at = (rows[s].row + j) * kvd + col;
+        EXPECT_EQ(*static_cast<const float*>(view->k(j, col)), k[at]) << "sequence " << s << " row " << j;
+        EXPECT_EQ(*static_cast<const float*>(view->v(j, col)), v[at]) << "sequence " << s << " row " << j;
+      }
+    }
+  }
+  for (int s = 0; s < 4; ++s) kv->Free(10 + s);
+  EXPECT_EQ(kv->manager().UsedBlocks(Tier::kDevice), 0);
+}
+
 // Chunked prefill: a 300-token prompt fed in chunks of 64 (each chunk attending to
 // the KV of the chunks before it) gives the logits of one whole-prompt pass.
 TEST_F(KvCacheTest, PrefillInChunksOf64GivesTheLogitsOfOneChunk) {
@@ -180,12 +222,11 @@ TEST_F(KvCacheTest, HalfPrecisionKvStaysCloseToF32) {
 TEST_F(KvCacheTest, Q8KvNeedsHeadsOfWholeBlocks) {
   const ModelConfig& c = model_->config();
   auto make = [&](int kv_dim, int n_kv_heads) {
-    return KvCache::Create(KvCacheOptions{.geometry = {.n_layers = c.n_layers,
-                                                       .kv_dim = kv_dim,
-                                                       .n_kv_heads = n_kv_heads,
-                                                       .dtype = DType::kQ8_0},
-                                          .device_blocks = 64},
-                           backend_);
+    return KvCache::Create(
+        KvCacheOptions{
+            .geometry = {.n_layers = c.n_layers, .kv_dim = kv_dim, .n_kv_heads = n_kv_heads, .dtype = DType::kQ8_0},
+            .device_blocks = 64},
+        backend_);
   };
   const absl::Status refused = make(c.kv_dim(), c.n_kv_heads).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
