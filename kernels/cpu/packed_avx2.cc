@@ -7,22 +7,11 @@
 
 #include <cstring>
 
-#include "base/fp16.h"
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/packed_x86.h"
 #include "kernels/cpu/quant_block_avx2.h"
 
 namespace ps::packed_internal::avx2 {
-namespace {
-
-inline int32_t HorizontalSum(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_hadd_epi32(s, s);
-  s = _mm_hadd_epi32(s, s);
-  return _mm_cvtsi128_si32(s);
-}
-
-}  // namespace
 
 void GroupDot(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const* xb, int rows, float* y,
               int64_t y_stride) {
@@ -40,16 +29,21 @@ void Broadcast(const ActBlock* x, int64_t blocks, uint8_t* out) {
 }
 
 void Quantize(const float* x, int64_t n, ActBlock* out) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < n / 32; ++b, x += 32) {
     __m256 v[4];
     const float max = ps::avx2::LoadAbsMax32(x, v);
     __m256i q[4];
     const __m256i bytes = ps::avx2::QuantizeBytes32(v, max != 0 ? 127.0f / max : 0.0f, q);
     ActBlock& a = out[b];
-    a.sum_lo = HorizontalSum(_mm256_add_epi32(q[0], q[1]));
-    a.sum_hi = HorizontalSum(_mm256_add_epi32(q[2], q[3]));
+    // The quants plus 128 (unsigned) summed 8 at a time by vpsadbw: 64-bit lanes of quants
+    // 0-7, 8-15, 16-23 and 24-31.
+    const __m256i sums = _mm256_sad_epu8(_mm256_xor_si256(bytes, flip), _mm256_setzero_si256());
+    const __m128i lo = _mm256_castsi256_si128(sums), hi = _mm256_extracti128_si256(sums, 1);
+    a.sum_lo = _mm_cvtsi128_si32(lo) + _mm_extract_epi32(lo, 2) - 128 * 16;
+    a.sum_hi = _mm_cvtsi128_si32(hi) + _mm_extract_epi32(hi, 2) - 128 * 16;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.qs), bytes);
-    a.d = Fp16ToFp32(Fp32ToFp16(max / 127.0f));
+    a.d = _cvtsh_ss(_cvtss_sh(max / 127.0f, _MM_FROUND_TO_NEAREST_INT));  // as Fp16ToFp32(Fp32ToFp16(...))
     a.s = a.d * static_cast<float>(a.sum_lo + a.sum_hi);
   }
 }

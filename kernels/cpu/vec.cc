@@ -99,8 +99,17 @@ PS_CLONES void AddInPlace(const float* x, float* y, int64_t n) {
 }
 
 PS_CLONES void RmsNorm(const float* x, const float* w, float* out, int64_t n, float eps) {
-  double ss = 0;  // double: the reference (llama.cpp ggml_rms_norm) accumulates in double too
-  for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  // Double, as the reference (llama.cpp ggml_rms_norm) accumulates: each square is exact
+  // there, so 8 running sums (vectors, not one chain of dependent adds) change nothing a
+  // float result can show.
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(x[i + k]) * x[i + k];
+  }
+  for (; i < n; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
+  double ss = 0;
+  for (double a : acc) ss += a;
   const float scale = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
 }
