@@ -271,18 +271,18 @@ class CudaBackend final : public Backend {
       }
     }
     // The tiled kernel's calls first.
-    auto* sorted = reinterpret_cast<AttentionDeviceArgs*>(staged_.data() + args_at);
-    size_t n_sorted = 0;
+    sorted_.clear();
     for (int tiled = 1; tiled >= 0; --tiled) {
       for (const AttentionDeviceArgs& d : args_) {
-        if (TiledApplies(d) == (tiled == 1)) sorted[n_sorted++] = d;
+        if (TiledApplies(d) == (tiled == 1)) sorted_.push_back(d);
       }
     }
+    std::memcpy(staged_.data() + args_at, sorted_.data(), sorted_.size() * sizeof(AttentionDeviceArgs));
     const uint8_t* d_staged = Stage(attention_scratch_, staged_.data(), staged_.size());
     if (d_staged == nullptr) return;
     PS_CHECK(d_staged == *base) << "attention scratch moved";
-    Keep(AttentionDevice(sorted, reinterpret_cast<const AttentionDeviceArgs*>(d_staged + args_at),
-                         static_cast<int>(n_sorted)));
+    Keep(AttentionDevice(sorted_.data(), reinterpret_cast<const AttentionDeviceArgs*>(d_staged + args_at),
+                         static_cast<int>(sorted_.size())));
     for (size_t i = 0; i < calls.size(); ++i) {
       const AttentionArgs& a = calls[i].args;
       const AttentionDeviceArgs& d = args_[i];
@@ -391,7 +391,7 @@ class CudaBackend final : public Backend {
     int n_segments;
     int64_t n_blocks;
   };
-  std::vector<AttentionDeviceArgs> args_;
+  std::vector<AttentionDeviceArgs> args_, sorted_;  // in the calls' order; the tiled kernel's first
   std::vector<Offsets> at_;
   Scratch attention_scratch_, stats_scratch_, split_scratch_;
   std::vector<uint8_t*> pointers_;
