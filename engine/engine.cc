@@ -53,7 +53,7 @@ struct Engine::Seq {
   double rows_computed = 0;                   // prompt token-layer pairs (Usage::prompt_tokens_computed)
   std::vector<int64_t> layer_rows;            // prompt rows entering each layer, first pass
   std::vector<int32_t> kept_prompt;           // prompt indices that reached the last layer, first pass
-  int64_t peak_blocks = 0;                    // KV blocks held at most, both tiers
+  int64_t peak_blocks = 0;                    // KV blocks held at most, both tiers, scratch passes included
   int64_t peak_device_blocks = 0;             // ... in the device tier
 };
 
@@ -107,6 +107,7 @@ void Engine::End(int64_t seq_id, SeqStatus status, std::string error, SeqOutcome
   out->ended = true;
   Usage& u = out->usage;
   u.prompt_tokens = static_cast<int>(s.spec.prompt.size());
+  u.strategy = s.strategy != nullptr ? std::string(s.strategy->name()) : "full";
   u.completion_tokens = s.decoder.num_generated();
   u.prompt_tokens_computed = s.rows_computed / n_layers;
   for (int l = 0; l < n_layers; ++l) {
@@ -114,9 +115,9 @@ void Engine::End(int64_t seq_id, SeqStatus status, std::string error, SeqOutcome
       u.kept_per_layer.emplace_back(l, static_cast<int>(s.layer_rows[l]));
     }
   }
-  u.kv_blocks = std::max(s.peak_blocks,
-                         kv_->manager().BlocksIn(seq_id, Tier::kDevice) + kv_->manager().BlocksIn(seq_id, Tier::kHost));
-  u.kv_device_blocks = std::max(s.peak_device_blocks, kv_->manager().BlocksIn(seq_id, Tier::kDevice));
+  const KvCacheManager::Peak peak = kv_->manager().PeakBlocks(seq_id);
+  u.kv_blocks = std::max(s.peak_blocks, peak.total);
+  u.kv_device_blocks = std::max(s.peak_device_blocks, peak.device);
   if (s.spec.report_pruning) out->kept_spans = Spans(s.kept_prompt, s.spec.prompt, model_.tokenizer());
   if (!out->token || !out->token->finished) out->held_text = s.decoder.Flush();  // not lost on a cancel or error
   kv_->Free(seq_id);
@@ -239,9 +240,9 @@ void Engine::Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& l
     }
     s.computed += n;
     s.next_position = out_.next_position[b];
-    s.peak_blocks =
-        std::max(s.peak_blocks, kv_->manager().BlocksIn(id, Tier::kDevice) + kv_->manager().BlocksIn(id, Tier::kHost));
-    s.peak_device_blocks = std::max(s.peak_device_blocks, kv_->manager().BlocksIn(id, Tier::kDevice));
+    const KvCacheManager::Peak peak = kv_->manager().PeakBlocks(id);  // forgotten if the sequence is dropped
+    s.peak_blocks = std::max(s.peak_blocks, peak.total);
+    s.peak_device_blocks = std::max(s.peak_device_blocks, peak.device);
     o.computed = s.computed;
     o.added_rows = s.strategy != nullptr ? s.strategy->MaxAddedRows() : 0;
     if (batch[b].no_logits) continue;

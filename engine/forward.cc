@@ -61,6 +61,9 @@ class Transformer::Context final : public SeqContext {
   absl::Status MovePages(int layer, std::span<const int32_t> pages, Tier to) override {
     return kv_.Move(in_.seq_id, layer, pages, to);
   }
+  absl::Status DropHeadPages(int layer, int kv_head, std::span<const int32_t> pages) override {
+    return kv_.DropHead(in_.seq_id, layer, kv_head, pages);
+  }
 
   int64_t rows_computed() const { return rows_computed_; }
   int64_t host_bytes() const { return host_bytes_; }
@@ -351,7 +354,12 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
       if (status[i].ok()) status[i] = Attend(l, last_layer, i, batch[i], *contexts[i], kv, reads[i]);
     }
     backend_.Attentions(Shape(), calls_);
-    if (prefix && l == last_layer) break;
+    if (prefix) {
+      // A prefix pass runs its prompt in this one step: no later layer reads this
+      // layer's scratch KV, so it goes now (the pass holds one layer's at a time).
+      for (const SeqInput& in : batch) kv.FreeLayer(in.seq_id, l);
+      if (l == last_layer) break;
+    }
     backend_.MatMul(w.wo, att_.data(), n_rows, tmp_.data());
     backend_.AddRmsNorm(tmp_.data(), x_.data(), w.ffn_norm.data(), xn_.data(), n_rows, d, c.rms_eps);
     const MatMulOutput gate_up[] = {{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}};

@@ -42,6 +42,7 @@ struct Usage {
   double queue_seconds = 0;
   double ttft_seconds = 0;
   double total_seconds = 0;
+  std::string strategy;  // the strategy that ran (`auto` names its choice)
 };
 
 // Prompt tokens [begin, end) that reached the last layer in the first pass, with their text.

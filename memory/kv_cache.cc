@@ -181,9 +181,20 @@ absl::Status KvCache::DropKeys(int64_t seq, int layer, int kv_head, std::span<co
   return absl::OkStatus();
 }
 
+absl::Status KvCache::DropHead(int64_t seq, int layer, int kv_head, std::span<const int32_t> pages) {
+  PS_RETURN_IF_ERROR(DropKeys(seq, layer, kv_head, pages));
+  manager_->Drop(seq, layer, pages, geometry_.n_kv_heads + kv_head);  // the V blocks follow the K blocks
+  return absl::OkStatus();
+}
+
 void KvCache::Free(int64_t seq) {
   WaitMoves(seq, -1).IgnoreError();  // the blocks may be read or written by a copy until then
   manager_->Free(seq);
+}
+
+void KvCache::FreeLayer(int64_t seq, int layer) {
+  WaitMoves(seq, layer).IgnoreError();  // as in Free: the blocks go whatever the copies did
+  manager_->FreeLayer(seq, layer);
 }
 
 absl::Status KvCache::Finish(SwapTicket ticket, const SwapPlan& plan) {
@@ -212,7 +223,9 @@ absl::Status KvCache::Move(int64_t seq, int layer, std::span<const int32_t> page
                                                      pages.size(), " pages to the ", std::string(TierName(to)),
                                                      " tier"));
   }
-  if (plan->copies.empty()) return absl::OkStatus();
+  // A plan of releases only (pages with clean host copies) goes through the queue
+  // too: its device blocks are released once earlier work on them is fenced.
+  if (plan->copies.empty() && plan->release_after.empty()) return absl::OkStatus();
   const SwapTicket ticket = swap_->Submit(plan->copies);
   moves_.push_back(
       {.seq = seq, .layer = layer, .pages = {pages.begin(), pages.end()}, .ticket = ticket, .plan = std::move(*plan)});

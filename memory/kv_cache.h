@@ -70,8 +70,14 @@ class KvCache {
   // attention reads again (PoD's distant keys above a group's base layer). Their
   // device blocks are credited to the sequence's reservation.
   absl::Status DropKeys(int64_t seq, int layer, int kv_head, std::span<const int32_t> pages);
+  // Frees the K and the V blocks of KV head kv_head in `pages` of (seq, layer): rows
+  // that head's attention never reads again (KV eviction). Credited as DropKeys.
+  absl::Status DropHead(int64_t seq, int layer, int kv_head, std::span<const int32_t> pages);
   // Frees everything the sequence holds, once its moves are done.
   void Free(int64_t seq);
+  // Frees the sequence's KV of one layer, once its moves there are done: a scratch
+  // pass's layer that no later layer reads.
+  void FreeLayer(int64_t seq, int layer);
 
   // Whole-sequence moves (preemption): submit the plan's copies, then Finish waits
   // for them and releases the source blocks (also on failure: the destination then

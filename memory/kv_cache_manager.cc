@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -62,8 +63,28 @@ int64_t KvCacheManager::BlocksIn(int64_t seq, Tier tier) const {
   return it == seqs_.end() ? 0 : it->second.held[static_cast<int>(tier)];
 }
 
+KvCacheManager::Peak KvCacheManager::PeakBlocks(int64_t seq) const {
+  auto it = peaks_.find(seq);
+  return it == peaks_.end() ? Peak{} : it->second;
+}
+
+void KvCacheManager::NotePeak(int64_t seq) {
+  const int64_t owner = ScratchOwner(seq);
+  Peak now;
+  for (int64_t id : {owner, ~owner}) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    const SeqKv& s = it->second;
+    now.device += s.held[static_cast<int>(Tier::kDevice)];
+    now.total += s.held[0] + s.held[1] + s.host_copies;
+  }
+  Peak& peak = peaks_[owner];
+  peak.device = std::max(peak.device, now.device);
+  peak.total = std::max(peak.total, now.total);
+}
+
 int64_t KvCacheManager::Available(Tier tier) const {
-  if (tier == Tier::kHost) return host_.num_free();
+  if (tier == Tier::kHost) return host_.num_free() + host_copies_;
   return device_.num_free() + releasing_ - reserved_total_;
 }
 
@@ -118,6 +139,14 @@ bool KvCacheManager::Append(int64_t seq, int layer, std::span<const int32_t> pos
   const int64_t pages = after > capacity ? (after - capacity + block_tokens_ - 1) / block_tokens_ : 0;
   std::optional<std::vector<int32_t>> ids = TakeDevice(seq, pages * blocks_per_page_);
   if (!ids) return false;
+  if (!t.host_copies.empty()) {
+    if (filled < capacity) {  // the tail page is written: its host copies go stale
+      for (int i = 0; i < blocks_per_page_; ++i) {
+        ReleaseHostCopy(s, t, (t.pages() - 1) * blocks_per_page_ + i);
+      }
+    }
+    t.host_copies.resize(t.blocks.size() + ids->size(), LayerTable::kDropped);
+  }
   t.tiers.insert(t.tiers.end(), pages, Tier::kDevice);
   t.blocks.insert(t.blocks.end(), ids->begin(), ids->end());
   s.held[static_cast<int>(Tier::kDevice)] += pages * blocks_per_page_;
@@ -125,6 +154,7 @@ bool KvCacheManager::Append(int64_t seq, int layer, std::span<const int32_t> pos
     if (!t.positions.empty() && p <= t.positions.back()) t.ascending = false;
     t.positions.push_back(p);
   }
+  if (pages > 0) NotePeak(seq);
   return true;
 }
 
@@ -132,36 +162,85 @@ std::optional<SwapPlan> KvCacheManager::PlanMoveAll(int64_t seq, Tier from, Tier
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return SwapPlan{};
   const int64_t n = BlocksIn(seq, from);
-  std::optional<std::vector<int32_t>> ids =
-      to == Tier::kDevice ? TakeDevice(seq, n) : host_.Allocate(static_cast<int32_t>(n));
+  int64_t to_copy = 0;
+  for (const LayerTable& t : it->second.layers) {
+    for (int64_t p = 0; p < t.pages(); ++p) {
+      int64_t c = 0;
+      if (t.tiers[p] == from) LiveBlocks(t, p, to, &c);
+      to_copy += c;
+    }
+  }
+  std::optional<std::vector<int32_t>> ids = to == Tier::kDevice ? TakeDevice(seq, to_copy) : TakeHost(to_copy, seq);
   if (!ids) return std::nullopt;
   SwapPlan plan;
   size_t k = 0;
   it->second.held[static_cast<int>(from)] -= n;
   it->second.held[static_cast<int>(to)] += n;
+  AddHostCopies(it->second, to_copy - n);  // taken back into the tables (none when moving to the device)
   for (LayerTable& t : it->second.layers) {
     for (int64_t p = 0; p < t.pages(); ++p) {
-      if (t.tiers[p] == from) MovePage(t, p, to, *ids, &k, &plan);
+      if (t.tiers[p] == from) MovePage(t, p, to, *ids, &k, /*keep_clean=*/false, &plan);
     }
   }
   if (from == Tier::kDevice) releasing_ += n;
+  NotePeak(seq);
   return plan;
 }
 
-int64_t KvCacheManager::LiveBlocks(const LayerTable& t, int64_t p) const {
-  const int32_t* ids = t.blocks.data() + p * blocks_per_page_;
-  return std::count_if(ids, ids + blocks_per_page_, [](int32_t id) { return id != LayerTable::kDropped; });
+int64_t KvCacheManager::LiveBlocks(const LayerTable& t, int64_t p, Tier to, int64_t* to_copy) const {
+  int64_t live = 0;
+  *to_copy = 0;
+  for (int64_t i = p * blocks_per_page_; i < (p + 1) * blocks_per_page_; ++i) {
+    if (t.blocks[i] == LayerTable::kDropped) continue;
+    ++live;
+    const bool clean = to == Tier::kHost && !t.host_copies.empty() && t.host_copies[i] != LayerTable::kDropped;
+    *to_copy += !clean;
+  }
+  return live;
+}
+
+void KvCacheManager::ReleaseHostCopy(SeqKv& s, LayerTable& t, int64_t i) {
+  if (t.host_copies.empty() || t.host_copies[i] == LayerTable::kDropped) return;
+  host_.Release(t.host_copies[i]);
+  t.host_copies[i] = LayerTable::kDropped;
+  AddHostCopies(s, -1);
+}
+
+std::optional<std::vector<int32_t>> KvCacheManager::TakeHost(int64_t n, int64_t except) {
+  for (auto& [id, s] : seqs_) {
+    if (host_.num_free() >= n || host_copies_ == 0) break;
+    if (id == except || s.host_copies == 0) continue;
+    for (LayerTable& t : s.layers) {
+      for (int64_t i = 0; i < static_cast<int64_t>(t.host_copies.size()) && host_.num_free() < n; ++i) {
+        ReleaseHostCopy(s, t, i);
+      }
+    }
+  }
+  return host_.Allocate(static_cast<int32_t>(n));
 }
 
 void KvCacheManager::MovePage(LayerTable& t, int64_t p, Tier to, const std::vector<int32_t>& ids, size_t* next,
-                              SwapPlan* plan) {
+                              bool keep_clean, SwapPlan* plan) {
   const Tier from = t.tiers[p];
-  for (int i = 0; i < blocks_per_page_; ++i) {
-    int32_t& id = t.blocks[p * blocks_per_page_ + i];
+  if (keep_clean && to == Tier::kDevice && t.host_copies.empty()) {
+    t.host_copies.assign(t.blocks.size(), LayerTable::kDropped);
+  }
+  for (int64_t i = p * blocks_per_page_; i < (p + 1) * blocks_per_page_; ++i) {
+    int32_t& id = t.blocks[i];
     if (id == LayerTable::kDropped) continue;
+    int32_t* copy = t.host_copies.empty() ? nullptr : &t.host_copies[i];
+    if (to == Tier::kHost && copy != nullptr && *copy != LayerTable::kDropped) {
+      plan->release_after.push_back({from, id});  // the host still holds these bytes
+      id = std::exchange(*copy, LayerTable::kDropped);
+      continue;
+    }
     const int32_t dst = ids[(*next)++];
     plan->copies.push_back({from, id, to, dst});
-    plan->release_after.push_back({from, id});
+    if (keep_clean && to == Tier::kDevice) {
+      *copy = id;
+    } else {
+      plan->release_after.push_back({from, id});
+    }
     id = dst;
   }
   t.tiers[p] = to;
@@ -177,24 +256,27 @@ std::optional<SwapPlan> KvCacheManager::PlanMove(int64_t seq, int layer, std::sp
   if (it == seqs_.end() || layer < 0 || layer >= n_layers_) return std::nullopt;
   LayerTable& t = it->second.layers[layer];
   std::vector<int32_t> moving;
-  int64_t n = 0;
+  int64_t n = 0, to_copy = 0;
   for (int32_t p : pages) {
     if (p < 0 || p >= t.pages()) return std::nullopt;
     if (t.tiers[p] != to && std::find(moving.begin(), moving.end(), p) == moving.end()) {
       moving.push_back(p);
-      n += LiveBlocks(t, p);
+      int64_t c = 0;
+      n += LiveBlocks(t, p, to, &c);
+      to_copy += c;
     }
   }
-  std::optional<std::vector<int32_t>> ids =
-      to == Tier::kDevice ? TakeDevice(seq, n) : host_.Allocate(static_cast<int32_t>(n));
+  std::optional<std::vector<int32_t>> ids = to == Tier::kDevice ? TakeDevice(seq, to_copy) : TakeHost(to_copy, seq);
   if (!ids) return std::nullopt;
   SwapPlan plan{.credit_seq = seq};
   const Tier from = to == Tier::kDevice ? Tier::kHost : Tier::kDevice;
   it->second.held[static_cast<int>(from)] -= n;
   it->second.held[static_cast<int>(to)] += n;
   size_t k = 0;
-  for (int32_t p : moving) MovePage(t, p, to, *ids, &k, &plan);
+  for (int32_t p : moving) MovePage(t, p, to, *ids, &k, /*keep_clean=*/true, &plan);
+  AddHostCopies(it->second, to == Tier::kDevice ? to_copy : to_copy - n);  // kept, or taken back into the table
   if (to == Tier::kHost) releasing_ += n;
+  NotePeak(seq);
   return plan;
 }
 
@@ -208,6 +290,7 @@ int64_t KvCacheManager::Drop(int64_t seq, int layer, std::span<const int32_t> pa
     PS_CHECK(p >= 0 && p < t.pages()) << "drop from page " << p << " of " << t.pages();
     int32_t& id = t.blocks[p * blocks_per_page_ + index];
     if (id == LayerTable::kDropped) continue;
+    ReleaseHostCopy(it->second, t, p * blocks_per_page_ + index);
     pool(t.tiers[p]).Release(id);
     id = LayerTable::kDropped;
     ++freed[static_cast<int>(t.tiers[p])];
@@ -229,17 +312,33 @@ void KvCacheManager::Complete(const SwapPlan& plan) {
   if (plan.credit_seq >= 0) Credit(plan.credit_seq, device_released);
 }
 
+int64_t KvCacheManager::ReleaseLayer(SeqKv& s, LayerTable& t) {
+  int64_t freed[2] = {0, 0};
+  ForLiveBlocks(t, blocks_per_page_, [&](int64_t p, int32_t id) {
+    pool(t.tiers[p]).Release(id);
+    ++freed[static_cast<int>(t.tiers[p])];
+  });
+  for (int64_t i = 0; i < static_cast<int64_t>(t.host_copies.size()); ++i) ReleaseHostCopy(s, t, i);
+  s.held[0] -= freed[0];
+  s.held[1] -= freed[1];
+  t = LayerTable{};
+  return freed[static_cast<int>(Tier::kDevice)];
+}
+
+void KvCacheManager::FreeLayer(int64_t seq, int layer) {
+  auto it = seqs_.find(seq);
+  PS_CHECK(layer >= 0 && layer < n_layers_) << "free layer " << layer << " of sequence " << seq;
+  if (it == seqs_.end()) return;
+  Credit(ScratchOwner(seq), ReleaseLayer(it->second, it->second.layers[layer]));
+}
+
 void KvCacheManager::Free(int64_t seq) {
   aux_.Release(seq);
+  if (seq >= 0) peaks_.erase(seq);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
   int64_t device_freed = 0;
-  for (const LayerTable& t : it->second.layers) {
-    ForLiveBlocks(t, blocks_per_page_, [&](int64_t p, int32_t id) {
-      pool(t.tiers[p]).Release(id);
-      device_freed += t.tiers[p] == Tier::kDevice;
-    });
-  }
+  for (LayerTable& t : it->second.layers) device_freed += ReleaseLayer(it->second, t);
   seqs_.erase(it);
   if (seq < 0) Credit(ScratchOwner(seq), device_freed);
 }
@@ -265,11 +364,35 @@ absl::Status KvCacheManager::VerifyIntegrity() const {
         ++refs[{t.tiers[p], id}];
         ++held[static_cast<int>(t.tiers[p])];
       });
+      if (!t.host_copies.empty() && t.host_copies.size() != t.blocks.size()) {
+        return absl::InternalError(absl::StrCat("sequence ", seq, " layer ", l, ": host copies not sized by blocks"));
+      }
+      for (size_t i = 0; i < t.host_copies.size(); ++i) {
+        if (t.host_copies[i] == LayerTable::kDropped) continue;
+        if (t.tiers[i / blocks_per_page_] != Tier::kDevice || t.blocks[i] == LayerTable::kDropped) {
+          return absl::InternalError(
+              absl::StrCat("sequence ", seq, " layer ", l, ": a host copy of block ", i, ", not a live device block"));
+        }
+        ++refs[{Tier::kHost, t.host_copies[i]}];
+      }
+    }
+    int64_t copies = 0;
+    for (const LayerTable& t : s.layers) {
+      copies += std::ranges::count_if(t.host_copies, [](int32_t id) { return id != LayerTable::kDropped; });
+    }
+    if (copies != s.host_copies) {
+      return absl::InternalError(
+          absl::StrCat("sequence ", seq, ": ", s.host_copies, " host copies counted, ", copies, " in the tables"));
     }
     if (held[0] != s.held[0] || held[1] != s.held[1]) {
       return absl::InternalError(absl::StrCat("sequence ", seq, ": block counts ", s.held[0], "/", s.held[1],
                                               " for tables holding ", held[0], "/", held[1]));
     }
+  }
+  int64_t copies = 0;
+  for (const auto& [seq, s] : seqs_) copies += s.host_copies;
+  if (copies != host_copies_) {
+    return absl::InternalError(absl::StrCat(host_copies_, " host copies counted, ", copies, " held by sequences"));
   }
   int64_t owned[2] = {0, 0};
   for (const auto& [loc, n] : refs) {

@@ -44,6 +44,10 @@ struct LayerTable {
   std::vector<int32_t> blocks;             // [pages, blocks_per_page]: the pages' block ids
   std::vector<int32_t> positions;          // [filled slots]
   bool ascending = true;                   // positions strictly ascending in slot order
+  // [pages, blocks_per_page] once a page has come back from the host tier (PlanMove):
+  // for a device block, the host block still holding the same bytes (kDropped: none),
+  // so that moving it out again releases the device block without a copy. Empty: none.
+  std::vector<int32_t> host_copies;
 
   int64_t pages() const { return static_cast<int64_t>(tiers.size()); }
 };
@@ -81,10 +85,19 @@ class KvCacheManager {
   int64_t BlocksNeeded(int64_t seq, int64_t n_tokens) const;
   // Blocks of the sequence's tables in `tier` (the Aux Cache not included); O(1).
   int64_t BlocksIn(int64_t seq, Tier tier) const;
+  // The most blocks `seq` (>= 0) has held at once since its first block, its scratch
+  // passes' and clean host copies included: in the device tier, and in both tiers.
+  // Forgotten when the sequence is freed.
+  struct Peak {
+    int64_t device = 0;
+    int64_t total = 0;
+  };
+  Peak PeakBlocks(int64_t seq) const;
   int64_t TotalBlocks(Tier tier) const { return pool(tier).num_blocks(); }
   int64_t UsedBlocks(Tier tier) const { return pool(tier).num_blocks() - pool(tier).num_free(); }
   // Blocks a reservation (device) or a swap-out (host) can still take: device
-  // blocks free or being released by planned swap-outs, less what is reserved.
+  // blocks free or being released by planned swap-outs, less what is reserved;
+  // host blocks free or holding clean copies.
   int64_t Available(Tier tier) const;
   // Reserves n device blocks for `seq` in this step; false (nothing reserved) when
   // fewer are available. Always true when unmetered.
@@ -103,6 +116,9 @@ class KvCacheManager {
   std::optional<SwapPlan> PlanSwapIn(int64_t seq);
   // Pages `pages` (indices into the layer's table) of (seq, layer) to `to`; those
   // already there are skipped. Device blocks come from the sequence's reservation.
+  // Pages brought to the device tier keep their host blocks as clean copies (until
+  // an append writes the page), so a later move back to the host tier copies nothing
+  // (SlimInfer's Algorithm 1); both this and PlanSwapOut use such copies.
   std::optional<SwapPlan> PlanMove(int64_t seq, int layer, std::span<const int32_t> pages, Tier to);
   // The copies of `plan` are done: its source blocks are released.
   void Complete(const SwapPlan& plan);
@@ -117,6 +133,10 @@ class KvCacheManager {
   // (no copy may be reading or writing it); those dropped already are skipped.
   // Device blocks are credited to the sequence's reservation. The number freed.
   int64_t Drop(int64_t seq, int layer, std::span<const int32_t> pages, int index);
+  // Frees every block of (seq, layer), now (no copy may be reading or writing them),
+  // and empties its table: a scratch pass's layer whose KV no later layer reads.
+  // Device blocks are credited to the sequence's (or scratch owner's) reservation.
+  void FreeLayer(int64_t seq, int layer);
   // The table of (seq, layer); empty if the sequence holds nothing there.
   const LayerTable& Table(int64_t seq, int layer) const;
   bool Contains(int64_t seq) const { return seqs_.count(seq) != 0; }
@@ -142,11 +162,14 @@ class KvCacheManager {
   std::optional<std::vector<int32_t>> TakeDevice(int64_t seq, int64_t n);
   void Credit(int64_t seq, int64_t n);
   std::optional<SwapPlan> PlanMoveAll(int64_t seq, Tier from, Tier to);
-  // Re-points the live blocks of page p of t to `ids` (from *next on) in tier `to`,
-  // planning their copies.
-  void MovePage(LayerTable& t, int64_t p, Tier to, const std::vector<int32_t>& ids, size_t* next, SwapPlan* plan);
-  // Blocks of page p of t not dropped.
-  int64_t LiveBlocks(const LayerTable& t, int64_t p) const;
+  // Re-points the live blocks of page p of t to tier `to`: a device block with a
+  // clean host copy to that copy (no copy planned), the others to `ids` (from *next
+  // on), planning their copies; with keep_clean, host blocks stay as clean copies.
+  void MovePage(LayerTable& t, int64_t p, Tier to, const std::vector<int32_t>& ids, size_t* next, bool keep_clean,
+                SwapPlan* plan);
+  // Blocks of page p of t not dropped; *to_copy: those of them a move to `to` must
+  // copy (not those with a clean copy there).
+  int64_t LiveBlocks(const LayerTable& t, int64_t p, Tier to, int64_t* to_copy) const;
 
   BlockPool& device_;
   BlockPool& host_;
@@ -157,8 +180,26 @@ class KvCacheManager {
   struct SeqKv {
     std::vector<LayerTable> layers;
     int64_t held[2] = {0, 0};  // table blocks per tier
+    int64_t host_copies = 0;   // clean host copies (LayerTable::host_copies)
   };
-  SeqKv& Seq(int64_t seq);               // created on first use
+  SeqKv& Seq(int64_t seq);  // created on first use
+  // Releases every block of table t of s (clean copies included) and empties it;
+  // the device blocks released.
+  int64_t ReleaseLayer(SeqKv& s, LayerTable& t);
+  // Releases the clean host copy of block i of t's flat block array (a table of s),
+  // if it has one.
+  void ReleaseHostCopy(SeqKv& s, LayerTable& t, int64_t i);
+  void AddHostCopies(SeqKv& s, int64_t n) {
+    s.host_copies += n;
+    host_copies_ += n;
+  }
+  // n host blocks, releasing clean copies (of sequences other than `except`) when
+  // the free ones are too few: a copy only saves a later copy, a free block is needed now.
+  std::optional<std::vector<int32_t>> TakeHost(int64_t n, int64_t except);
+  int64_t host_copies_ = 0;  // clean host copies, every sequence's
+  // Updates the peak of seq's owner (ScratchOwner) after blocks were taken.
+  void NotePeak(int64_t seq);
+  std::map<int64_t, Peak> peaks_;        // by owner
   std::map<int64_t, SeqKv> seqs_;        // ordered: deterministic iteration
   std::map<int64_t, int64_t> reserved_;  // seq -> device blocks it may still take this step
   int64_t reserved_total_ = 0;

@@ -47,6 +47,9 @@ absl::Status SetOne(Message* m, const FieldDescriptor* f, absl::string_view text
       rep ? r->AddBool(m, f, v) : r->SetBool(m, f, v);
       return absl::OkStatus();
     }
+    case FieldDescriptor::CPPTYPE_STRING:
+      rep ? r->AddString(m, f, std::string(text)) : r->SetString(m, f, std::string(text));
+      return absl::OkStatus();
     default: return absl::InvalidArgumentError(absl::StrCat(f->name(), ": this field cannot be set from text"));
   }
 }
@@ -60,6 +63,7 @@ std::string ValueText(const Message& m, const FieldDescriptor* f, int i) {
     case FieldDescriptor::CPPTYPE_FLOAT: return absl::StrCat(rep ? r->GetRepeatedFloat(m, f, i) : r->GetFloat(m, f));
     case FieldDescriptor::CPPTYPE_BOOL:
       return (rep ? r->GetRepeatedBool(m, f, i) : r->GetBool(m, f)) ? "true" : "false";
+    case FieldDescriptor::CPPTYPE_STRING: return rep ? r->GetRepeatedString(m, f, i) : r->GetString(m, f);
     default: return "?";
   }
 }

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The long-context benchmark: every strategy on the default model through the real
-# server. Builds what it needs, fetches the model, starts pruneserve on a free
-# loopback port, runs pruneserve-eval (its table on stdout, one CSV row per request
-# in build/eval.csv or $PS_EVAL_CSV) and stops the server. Extra arguments go to
-# pruneserve-eval, e.g. `scripts/eval.sh --lengths 2048,8192 --depths 10,50,90`.
-# Without them: lengths 1024..8192, depths 0..100 by 25, all four tasks (about an hour on 2 cores).
+# The long-context evaluation: every strategy on a model through the real server.
+# Builds what it needs, starts pruneserve on a free loopback port with every prompt
+# taken in one engine step (the same for `full` and the strategies), runs
+# pruneserve-eval and stops the server. Results are appended to $PS_EVAL_CSV
+# (default build/eval.csv) one row per request, and a rerun resumes where the last
+# one stopped; the table is printed from every row there. Extra arguments go to
+# pruneserve-eval, e.g. `scripts/eval.sh --lengths 4096 --phases accuracy --limit 100`
+# (`--help` lists them). Without them: lengths 4k..32k (up to the context), all
+# seven tasks, 20/10/3/2 prompts per task at 4k/8k/16k/32k, then the timing repeats:
+# hours on 2 cores, resumable.
 # PS_EVAL_MODEL=FILE serves another model, e.g. the 0.5B evaluation model
 # (models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf, fetched by `scripts/fetch_model.sh --eval`).
 # The model's calibration (FILE.calibration.json from build/pruneserve-calibrate), when
@@ -28,7 +32,8 @@ if [ -f "$model.calibration.json" ]; then
   server_args+=(--pod-groups "$model.calibration.json")
 fi
 build/pruneserve --model "$model" --host 127.0.0.1 --port 0 --port-file "$tmp/ports" \
-  --metrics-port -1 --log-level warn "${server_args[@]}" > "$tmp/server.log" 2>&1 &
+  --metrics-port -1 --log-level warn --prefill-chunk 65536 --max-batch-tokens 65536 \
+  "${server_args[@]}" > "$tmp/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$tmp"' EXIT
 for _ in $(seq 600); do

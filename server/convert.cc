@@ -156,6 +156,7 @@ pb::GenerateResponse ToProto(const RequestEvent& ev, bool want_logprobs) {
   u->set_total_time_seconds(ev.usage.total_seconds);
   u->set_kv_blocks(static_cast<uint64_t>(ev.usage.kv_blocks));
   u->set_kv_device_blocks(static_cast<uint64_t>(ev.usage.kv_device_blocks));
+  u->set_strategy(ev.usage.strategy);
   for (const auto& [layer, tokens] : ev.usage.kept_per_layer) {
     pb::LayerTokens* lt = u->add_kept_per_layer();
     lt->set_layer(static_cast<uint32_t>(layer));
@@ -172,6 +173,7 @@ pb::GenerateResponse ToProto(const RequestEvent& ev, bool want_logprobs) {
       kept += static_cast<uint32_t>(span.end - span.begin);
     }
     report->set_kept_tokens(kept);
+    report->set_strategy(ev.usage.strategy);
   }
   return out;
 }

@@ -1,59 +1,49 @@
-// pruneserve-eval: long-context retrieval through a running pruneserve (gRPC), so
-// the figures include scheduling. Tasks: needle-in-a-haystack on Paul Graham's
-// essays with the standard San Francisco needle ("needle") and a numeric magic
-// number ("magic"), passkey retrieval in repeated filler ("passkey"), and four
-// magic numbers for different keys of which one is asked ("multikey"); needles at
-// depths 0-100% of contexts from 1k tokens to the model's limit. Every prompt runs
-// under every strategy in the same run (requests one at a time), scored by exact
-// match of the key in the greedy answer. Prints one table (strategy x length:
-// accuracy, mean TTFT, speedup over full, prompt tokens computed, the most KV
-// blocks a request held, both tiers) and writes one CSV row per request.
+// pruneserve-eval: long-context accuracy and speed of every strategy through a
+// running pruneserve (gRPC), so the figures include scheduling. RULER-style tasks
+// (tools/eval/tasks.h) at each length, generated from a seed and the shared essays;
+// every strategy, `full` included, gets the same prompts in the same order, one
+// request at a time (the server decides how a prompt is stepped: scripts/eval.sh
+// starts it so that every prompt takes one step). Two phases:
+//   accuracy  every prompt once per strategy, greedy, up to --max-new-tokens;
+//   timing    the first --timing-prompts prompts of niah_single per length,
+//             --repeats times per strategy (interleaved), 64 tokens always (EOS
+//             ignored): TTFT, end-to-end time and decode rate, medians.
+// One warm-up request first. Each request appends a row to --csv as it finishes and
+// a rerun skips the rows there (resume); the table (stdout), --summary CSV and
+// --auto-table JSON come from every row of the file.
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <random>
 #include <span>
 
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "base/flags.h"
 #include "base/mapped_file.h"
 #include "proto/field_args.h"
 #include "pruneserve/v1/generation.grpc.pb.h"
+#include "tools/eval/results.h"
+#include "tools/eval/summary.h"
+#include "tools/eval/tasks.h"
 
 namespace {
 
 namespace pb = ::pruneserve::v1;
+using namespace ps::eval;
 
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "pruneserve-eval: %s\n", msg.c_str());
   return 1;
 }
 
-struct Needle {
-  double depth;  // 0..1 of the context
-  std::string text;
-};
-
-struct Prompt {
-  std::string task;
-  int length = 0;    // target prompt tokens
-  int depth = 0;     // percent, of the needle that is asked for
-  std::string text;  // context + question (user message, or plain text without a chat template)
-  std::string key;   // expected in the answer
-};
-
-class Client {
+class Client final : public TextCodec {
  public:
   explicit Client(const std::string& addr)
       : stub_(pb::Generation::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()))) {}
@@ -62,20 +52,27 @@ class Client {
     grpc::ClientContext ctx;
     return stub_->GetModelInfo(&ctx, {}, info);
   }
-  grpc::Status Tokenize(const std::string& text, pb::TokenizeResponse* out) {
+  absl::StatusOr<Tokens> Tokenize(const std::string& text) override {
     grpc::ClientContext ctx;
     pb::TokenizeRequest req;
     req.set_text(text);
     req.set_add_special_tokens(false);
-    return stub_->Tokenize(&ctx, req, out);
+    pb::TokenizeResponse resp;
+    if (grpc::Status s = stub_->Tokenize(&ctx, req, &resp); !s.ok()) {
+      return absl::UnavailableError("Tokenize: " + s.error_message());
+    }
+    return Tokens{.ids = {resp.token_ids().begin(), resp.token_ids().end()},
+                  .pieces = {resp.pieces().begin(), resp.pieces().end()}};
   }
-  std::string Detokenize(std::span<const int32_t> ids) {
+  absl::StatusOr<std::string> Detokenize(std::span<const int32_t> ids) override {
     grpc::ClientContext ctx;
     pb::DetokenizeRequest req;
     req.mutable_token_ids()->Add(ids.begin(), ids.end());
     pb::DetokenizeResponse resp;
-    const grpc::Status s = stub_->Detokenize(&ctx, req, &resp);
-    return s.ok() ? resp.text() : std::string();
+    if (grpc::Status s = stub_->Detokenize(&ctx, req, &resp); !s.ok()) {
+      return absl::UnavailableError("Detokenize: " + s.error_message());
+    }
+    return resp.text();
   }
   // One greedy request; the answer text and the Finished event.
   grpc::Status Generate(const pb::GenerateRequest& req, std::string* answer, pb::Finished* finished) {
@@ -93,69 +90,88 @@ class Client {
   std::unique_ptr<pb::Generation::Stub> stub_;
 };
 
-// `budget` tokens of `filler` (repeated as needed) with the needles inserted at
-// their depths, each after the nearest sentence end before it.
-std::string Haystack(Client& client, const pb::TokenizeResponse& filler, int budget, std::vector<Needle> needles) {
-  const int n = filler.token_ids_size();
-  std::vector<int32_t> ids(budget);
-  std::vector<bool> sentence_end(budget);
-  for (int i = 0; i < budget; ++i) {
-    ids[i] = filler.token_ids(i % n);
-    const std::string& piece = filler.pieces(i % n);
-    sentence_end[i] = !piece.empty() && (piece.back() == '.' || piece.back() == '\n');
+// The CPU this runs on (the server is on the same machine in scripts/eval.sh).
+std::string CpuName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, name, family, model;
+  bool avx512 = false, bf16 = false;
+  auto value = [&] { return std::string(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1))); };
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "model name") && name.empty()) name = value();
+    if (absl::StartsWith(line, "cpu family") && family.empty()) family = value();
+    if (absl::StartsWith(line, "model\t") && model.empty()) model = value();
+    if (absl::StartsWith(line, "flags")) {
+      avx512 = avx512 || absl::StrContains(line, "avx512f");
+      bf16 = bf16 || absl::StrContains(line, "avx512_bf16");
+    }
   }
-  std::sort(needles.begin(), needles.end(), [](const Needle& a, const Needle& b) { return a.depth < b.depth; });
-  std::string out;
-  int from = 0;
-  for (const Needle& needle : needles) {
-    int at = std::clamp(static_cast<int>(needle.depth * budget), 0, budget);
-    while (at > from && at < budget && !sentence_end[at - 1]) --at;
-    out += client.Detokenize(std::span<const int32_t>(ids.data() + from, at - from));
-    absl::StrAppend(&out, at > 0 ? " " : "", needle.text, " ");
-    from = at;
-  }
-  out += client.Detokenize(std::span<const int32_t>(ids.data() + from, budget - from));
-  return out;
+  return absl::StrCat(name.empty() ? "unknown" : name, " family ", family, " model ", model,
+                      bf16     ? ", AVX-512 BF16"
+                      : avx512 ? ", AVX-512"
+                               : ", AVX2");
 }
 
-std::string Lower(std::string s) {
-  absl::AsciiStrToLower(&s);
-  return s;
-}
+// --prompts "4096:20,8192:10": prompts per length; lengths not named take the default.
+int DefaultPrompts(int length) { return length <= 4096 ? 20 : length <= 8192 ? 10 : length <= 16384 ? 3 : 2; }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string addr = "127.0.0.1:50051", haystack_dir = "../shared/testdata/haystack/paul_graham_essays", csv_path,
-              tasks_flag = "needle,magic,passkey,multikey",
-              strategies_flag = "full,lazyllm,gemfilter,critiprefill,sliminfer";
-  std::vector<int64_t> lengths, depths = {0, 25, 50, 75, 100};
+  std::string addr = "127.0.0.1:50051", haystack_dir = "../shared/testdata/haystack/paul_graham_essays",
+              csv_path = "build/eval.csv", summary_path, auto_path, prompts_flag, phases_flag = "accuracy,timing",
+              tasks_flag = absl::StrJoin(TaskNames(), ","),
+              strategies_flag = "full,lazyllm,gemfilter,critiprefill,sliminfer,pod,streamingllm,snapkv";
+  std::vector<int64_t> lengths;
   std::vector<std::string> strategy_args;
-  int64_t max_new = 24, seed = 1;
-  ps::FlagParser flags(
-      "pruneserve-eval",
-      "Long-context retrieval (needle, magic number, passkey, multi-key) through a running pruneserve, "
-      "every prompt under every strategy; prints a table and writes CSV.");
+  int64_t max_new = 64, seed = 1, timing_prompts = 2, repeats = 3, limit = 0;
+  ps::FlagParser flags("pruneserve-eval",
+                       "RULER-style long-context tasks through a running pruneserve, every prompt under every "
+                       "strategy; appends one CSV row per request (a rerun resumes), prints the table.");
   flags.AddString("addr", &addr, "server address");
-  flags.AddString("haystack", &haystack_dir, "text file, or folder whose files (in name order) make the haystack");
+  flags.AddString("haystack", &haystack_dir, "text file, or folder whose files (in name order) make the filler");
   flags.AddIntList("lengths", &lengths,
-                   "prompt lengths in tokens (default: 1024, doubling, up to the model's context)");
-  flags.AddIntList("depths", &depths, "needle depths in percent of the context");
-  flags.AddString("tasks", &tasks_flag, "comma-separated: needle, magic, passkey, multikey");
+                   "prompt lengths in tokens (default: 4096, doubling, up to 32768 and the context)");
+  flags.AddString("prompts", &prompts_flag,
+                  "prompts per task and length as LENGTH:N,...; others: 20 up to 4k, 10 up to 8k, 3 up to 16k, 2");
+  flags.AddString("tasks", &tasks_flag, "comma-separated tasks: " + absl::StrJoin(TaskNames(), ", "));
   flags.AddString("strategies", &strategies_flag,
                   "comma-separated strategies; full is the speedup baseline; NAME:key=value[:key=value] is a "
-                  "variant with its own parameters, e.g. pod:delta=0.3,pod:delta=0.7,sliminfer:budgets=4096,2048");
+                  "variant with its own parameters, e.g. pod:delta=0.3,sliminfer:budgets=4096,2048");
   flags.AddStringList("strategy-arg", &strategy_args,
                       "STRATEGY.key=value for a strategy's parameters (else server defaults)");
-  flags.AddInt("max-new-tokens", &max_new, "answer length");
-  flags.AddInt("seed", &seed, "seed of the magic numbers and passkeys");
-  flags.AddString("csv", &csv_path, "write one row per request here");
+  flags.AddString("phases", &phases_flag, "accuracy, timing, or both (comma-separated)");
+  flags.AddInt("max-new-tokens", &max_new, "answer length at most (accuracy phase)");
+  flags.AddInt("timing-prompts", &timing_prompts, "niah_single prompts per length in the timing phase");
+  flags.AddInt("repeats", &repeats, "timing requests per prompt and strategy");
+  flags.AddInt("seed", &seed, "seed of the prompts");
+  flags.AddInt("limit", &limit, "stop after this many new requests (0: none); the table covers what is there");
+  flags.AddString("csv", &csv_path, "results file: rows are appended, and rows already there are not rerun");
+  flags.AddString("summary", &summary_path, "write the table as CSV here");
+  flags.AddString("auto-table", &auto_path, "write the `auto` strategy's table (JSON) here");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
   if (flags.help_requested()) {
     std::printf("%s", flags.Help().c_str());
     return 0;
   }
   const std::vector<std::string> tasks = absl::StrSplit(tasks_flag, ',', absl::SkipEmpty());
+  for (const std::string& t : tasks) {
+    if (std::find(TaskNames().begin(), TaskNames().end(), t) == TaskNames().end()) {
+      return Fail(absl::StrCat("unknown task ", t, " (known: ", absl::StrJoin(TaskNames(), ", "), ")"));
+    }
+  }
+  const std::vector<std::string> phases = absl::StrSplit(phases_flag, ',', absl::SkipEmpty());
+  for (const std::string& p : phases) {
+    if (p != "accuracy" && p != "timing") return Fail("--phases: accuracy or timing, not " + p);
+  }
+  std::map<int, int> prompts_at;
+  for (absl::string_view item : absl::StrSplit(prompts_flag, ',', absl::SkipEmpty())) {
+    const std::vector<std::string> kv = absl::StrSplit(item, ':');
+    int l = 0, n = 0;
+    if (kv.size() != 2 || !absl::SimpleAtoi(kv[0], &l) || !absl::SimpleAtoi(kv[1], &n) || n < 0) {
+      return Fail(absl::StrCat("--prompts: '", item, "' is not LENGTH:N"));
+    }
+    prompts_at[l] = n;
+  }
   // Split at commas, but a piece that starts with a digit continues a variant's list value (budgets=512,256).
   std::vector<std::string> strategies;
   for (absl::string_view piece : absl::StrSplit(strategies_flag, ',', absl::SkipEmpty())) {
@@ -165,10 +181,9 @@ int main(int argc, char** argv) {
       strategies.emplace_back(piece);
     }
   }
-  for (const std::string& t : tasks) {
-    if (t != "needle" && t != "magic" && t != "passkey" && t != "multikey") return Fail("unknown task " + t);
+  if (strategies.empty() || max_new < 1 || repeats < 1 || timing_prompts < 0) {
+    return Fail("--strategies must name one at least; --max-new-tokens, --repeats >= 1");
   }
-  if (strategies.empty() || max_new < 1) return Fail("--strategies must name one at least; --max-new-tokens >= 1");
   std::map<std::string, std::vector<std::string>> args_of;
   for (const std::string& a : strategy_args) {
     const size_t dot = a.find('.');
@@ -191,149 +206,137 @@ int main(int argc, char** argv) {
   const bool chat = info.chat_template() != "unknown";
   const int context = static_cast<int>(info.context_length());
   if (lengths.empty()) {
-    for (int l = 1024; l < context; l *= 2) lengths.push_back(l);
-    lengths.push_back(context);
+    for (int l = 4096; l <= std::min(context, 32768); l *= 2) lengths.push_back(l);
   }
+  const std::string model = info.name(), cpu = CpuName();
 
-  // Fillers: the essays (needle, magic, multikey) and the passkey sentences.
   const absl::StatusOr<std::string> essays = ps::ReadTextCorpus(haystack_dir);
   if (!essays.ok()) return Fail(absl::StrCat("--haystack: ", essays.status().message()));
-  pb::TokenizeResponse essay_tokens, passkey_tokens;
-  if (grpc::Status s = client.Tokenize(*essays, &essay_tokens); !s.ok()) return Fail("Tokenize: " + s.error_message());
-  if (grpc::Status s =
-          client.Tokenize("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ",
-                          &passkey_tokens);
-      !s.ok()) {
-    return Fail("Tokenize: " + s.error_message());
-  }
+  const absl::StatusOr<TextCodec::Tokens> filler = client.Tokenize(*essays);
+  if (!filler.ok()) return Fail(std::string(filler.status().message()));
 
-  std::mt19937 rng(static_cast<uint32_t>(seed));
-  auto number = [&](int digits) {
-    std::string s = std::to_string(1 + rng() % 9);
-    while (static_cast<int>(s.size()) < digits) s += std::to_string(rng() % 10);
-    return s;
-  };
-  const std::vector<std::string> keys = {"apple", "river", "lantern", "violin"};
-  std::vector<Prompt> prompts;
-  for (int64_t length : lengths) {
-    for (int64_t depth : depths) {
-      for (const std::string& task : tasks) {
-        Prompt p{.task = task, .length = static_cast<int>(length), .depth = static_cast<int>(depth)};
-        std::vector<Needle> needles;
-        std::string question;
-        const double d = depth / 100.0;
-        if (task == "needle") {
-          needles = {
-              {d, "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."}};
-          question = "What is the best thing to do in San Francisco?";
-          p.key = "Dolores Park";
-        } else if (task == "magic") {
-          p.key = number(7);
-          needles = {{d, absl::StrCat("The special magic number is: ", p.key, ".")}};
-          question = "What is the special magic number mentioned in the text? Answer with the number only.";
-        } else if (task == "passkey") {
-          p.key = number(5);
-          needles = {{d, absl::StrCat("The pass key is ", p.key, ". Remember it. ", p.key, " is the pass key.")}};
-          question = "What is the pass key? Answer with the number only.";
-        } else {  // multikey: the asked key at the depth, the others spread around it
-          for (size_t k = 0; k < keys.size(); ++k) {
-            const std::string n = number(7);
-            const double at = k == 2 ? d : std::fmod(d + 0.2 * (static_cast<double>(k) + 1.0), 1.0);
-            needles.push_back({at, absl::StrCat("The special magic number for ", keys[k], " is: ", n, ".")});
-            if (k == 2) p.key = n;
-          }
-          question = absl::StrCat("What is the special magic number for ", keys[2], "? Answer with the number only.");
-        }
-        // Room for the question, the needles and the chat template's tokens.
-        pb::TokenizeResponse extra;
-        std::string extra_text = question;
-        for (const Needle& n : needles) absl::StrAppend(&extra_text, " ", n.text);
-        if (grpc::Status s = client.Tokenize(extra_text, &extra); !s.ok())
-          return Fail("Tokenize: " + s.error_message());
-        const int budget = static_cast<int>(length) - extra.token_ids_size() - 48 - static_cast<int>(max_new);
-        if (budget < 16) return Fail(absl::StrCat("length ", length, " leaves no room for a haystack"));
-        const std::string hay = Haystack(client, task == "passkey" ? passkey_tokens : essay_tokens, budget, needles);
-        p.text =
-            chat ? absl::StrCat(hay, "\n\n", question) : absl::StrCat(hay, "\n\nQuestion: ", question, "\nAnswer:");
-        prompts.push_back(std::move(p));
-      }
+  absl::StatusOr<std::vector<ResultRow>> rows = ReadResults(csv_path);
+  if (!rows.ok()) return Fail(std::string(rows.status().message()));
+  std::set<std::string> done;
+  for (const ResultRow& r : *rows) done.insert(r.Key());
+  absl::StatusOr<ResultWriter> writer = ResultWriter::Open(csv_path);
+  if (!writer.ok()) return Fail(std::string(writer.status().message()));
+
+  int64_t requests = 0;
+  bool warmed = false;
+  // One request, recorded unless it is the warm-up. False: the run stops (--limit).
+  auto run = [&](const EvalPrompt& p, const std::string& label, const std::string& phase, int repeat,
+                 bool* failed) -> bool {
+    ResultRow r{.model = model,
+                .cpu = cpu,
+                .task = p.task,
+                .length = p.length,
+                .index = p.index,
+                .strategy = label,
+                .phase = phase,
+                .repeat = repeat};
+    if (done.contains(r.Key())) return true;
+    if (limit > 0 && requests >= limit) return false;
+    pb::GenerateRequest req;
+    if (chat) {
+      pb::ChatMessage* m = req.mutable_messages()->add_messages();
+      m->set_role("user");
+      m->set_content(p.text);
+    } else {
+      req.set_text(p.text);
     }
-  }
-
-  std::ofstream csv;
-  if (!csv_path.empty()) {
-    csv.open(csv_path);
-    if (!csv) return Fail("cannot write " + csv_path);
-    csv << "model,task,length,depth,strategy,prompt_tokens,correct,ttft_s,prompt_computed_pct,kv_blocks,kv_device_"
-           "blocks,answer\n";
-  }
-  struct Cell {
-    int n = 0, correct = 0;
-    double ttft = 0, computed = 0;
-    uint64_t kv_blocks = 0, kv_device_blocks = 0;
-  };
-  std::map<std::pair<std::string, int>, Cell> cells;  // (strategy, length)
-  std::fprintf(stderr, "%s: %zu prompts x %zu strategies\n", info.name().c_str(), prompts.size(), strategies.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const Prompt& p = prompts[i];
-    for (const std::string& strategy : strategies) {
-      pb::GenerateRequest req;
-      if (chat) {
-        pb::ChatMessage* m = req.mutable_messages()->add_messages();
-        m->set_role("user");
-        m->set_content(p.text);
-      } else {
-        req.set_text(p.text);
-      }
-      req.mutable_sampling()->set_temperature(0);
-      req.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(max_new));
-      *req.mutable_pruning() = configs[strategy];
+    req.mutable_sampling()->set_temperature(0);
+    const bool timing = phase == "timing";
+    req.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(timing ? 64 : max_new));
+    req.mutable_stopping()->set_ignore_eos(timing);
+    *req.mutable_pruning() = configs[label];
+    for (bool warm_up = !warmed;; warm_up = false) {
       std::string answer;
       pb::Finished fin;
       const grpc::Status s = client.Generate(req, &answer, &fin);
-      if (!s.ok()) return Fail(absl::StrCat(p.task, " at ", p.length, " tokens, ", strategy, ": ", s.error_message()));
-      const bool correct = Lower(answer).find(Lower(p.key)) != std::string::npos;
+      if (!s.ok()) {
+        std::fprintf(stderr, "pruneserve-eval: %s %d tokens #%d, %s: %s\n", p.task.c_str(), p.length, p.index,
+                     label.c_str(), s.error_message().c_str());
+        *failed = true;
+        return false;
+      }
+      if (warm_up) {
+        warmed = true;
+        continue;
+      }
       const pb::Usage& u = fin.usage();
-      const double computed = u.prompt_tokens() > 0 ? 100.0 * u.prompt_tokens_computed() / u.prompt_tokens() : 0;
-      Cell& c = cells[{strategy, p.length}];
-      ++c.n;
-      c.correct += correct;
-      c.ttft += u.time_to_first_token_seconds();
-      c.computed += computed;
-      c.kv_blocks = std::max<uint64_t>(c.kv_blocks, u.kv_blocks());
-      c.kv_device_blocks = std::max<uint64_t>(c.kv_device_blocks, u.kv_device_blocks());
-      std::fprintf(stderr, "[%zu/%zu] %-8s %6d tok depth %3d%% %-16s %s ttft %.2f s computed %.0f%%\n", i + 1,
-                   prompts.size(), p.task.c_str(), u.prompt_tokens(), p.depth, strategy.c_str(),
-                   correct ? "ok  " : "miss", u.time_to_first_token_seconds(), computed);
-      if (csv.is_open()) {
-        std::string quoted = answer;
-        absl::StrReplaceAll({{"\"", "\"\""}, {"\n", "\\n"}, {"\r", "\\r"}}, &quoted);  // one row per line
-        const std::string label = absl::StrContains(strategy, ',') ? absl::StrCat("\"", strategy, "\"") : strategy;
-        csv << absl::StrFormat("%s,%s,%d,%d,%s,%u,%d,%.4f,%.1f,%u,%u,\"%s\"\n", info.name(), p.task, p.length, p.depth,
-                               label, u.prompt_tokens(), correct ? 1 : 0, u.time_to_first_token_seconds(), computed,
-                               u.kv_blocks(), u.kv_device_blocks(), quoted);
+      r.prompt_tokens = static_cast<int>(u.prompt_tokens());
+      r.completion_tokens = static_cast<int>(u.completion_tokens());
+      r.score = Score(answer, p.answers, p.scoring);
+      r.ttft_s = u.time_to_first_token_seconds();
+      r.total_s = u.total_time_seconds();
+      const double decode_s = u.total_time_seconds() - u.time_to_first_token_seconds();
+      r.decode_tok_s = r.completion_tokens > 1 && decode_s > 0 ? (r.completion_tokens - 1) / decode_s : 0;
+      r.computed_pct = u.prompt_tokens() > 0 ? 100.0 * u.prompt_tokens_computed() / u.prompt_tokens() : 0;
+      r.kv_blocks = static_cast<int64_t>(u.kv_blocks());
+      r.kv_device_blocks = static_cast<int64_t>(u.kv_device_blocks());
+      r.chosen = u.strategy();
+      r.answer = answer;
+      writer->Append(r);
+      done.insert(r.Key());
+      rows->push_back(r);
+      ++requests;
+      std::fprintf(stderr, "[%s] %-15s %6d tok #%-2d %-18s score %.2f ttft %6.2f s e2e %6.2f s computed %3.0f%%\n",
+                   phase.c_str(), p.task.c_str(), r.prompt_tokens, p.index, label.c_str(), r.score, r.ttft_s, r.total_s,
+                   r.computed_pct);
+      return true;
+    }
+  };
+
+  bool failed = false, go_on = true;
+  std::map<std::pair<std::string, int>, EvalPrompt> made;  // (task, index) at the current length
+  auto prompt = [&](const std::string& task, int length, int index) -> const EvalPrompt* {
+    auto it = made.find({task, index});
+    if (it != made.end()) return &it->second;
+    absl::StatusOr<EvalPrompt> p = MakePrompt(
+        client, *filler, task, {.length = length, .index = index, .seed = static_cast<uint64_t>(seed), .chat = chat});
+    if (!p.ok()) {
+      std::fprintf(stderr, "pruneserve-eval: %s at %d tokens: %s\n", task.c_str(), length,
+                   std::string(p.status().message()).c_str());
+      failed = true;
+      return nullptr;
+    }
+    return &made.emplace(std::make_pair(task, index), std::move(*p)).first->second;
+  };
+  for (int64_t length64 : lengths) {
+    const int length = static_cast<int>(length64);
+    made.clear();
+    const int n = prompts_at.contains(length) ? prompts_at[length] : DefaultPrompts(length);
+    if (std::find(phases.begin(), phases.end(), "accuracy") != phases.end()) {
+      for (int i = 0; i < n && go_on; ++i) {
+        for (const std::string& task : tasks) {
+          const EvalPrompt* p = go_on ? prompt(task, length, i) : nullptr;
+          for (const std::string& label : strategies)
+            go_on = go_on && p != nullptr && run(*p, label, "accuracy", 0, &failed);
+        }
+      }
+    }
+    if (std::find(phases.begin(), phases.end(), "timing") != phases.end()) {
+      for (int i = 0; i < timing_prompts && go_on; ++i) {
+        const EvalPrompt* p = prompt("niah_single", length, i);
+        for (int rep = 0; rep < repeats && go_on; ++rep) {
+          for (const std::string& label : strategies)
+            go_on = go_on && p != nullptr && run(*p, label, "timing", rep, &failed);
+        }
       }
     }
   }
 
-  std::printf("\n%s (%s), tasks %s, depths %s\n", info.name().c_str(), addr.c_str(), tasks_flag.c_str(),
-              absl::StrJoin(depths, ",").c_str());
-  std::printf("%-16s %7s %9s %9s %8s %9s %10s %10s\n", "strategy", "length", "accuracy", "ttft_s", "speedup",
-              "computed", "kv_blocks", "kv_device");
-  for (int64_t length : lengths) {
-    const auto base = cells.find({"full", static_cast<int>(length)});
-    for (const std::string& strategy : strategies) {
-      const Cell& c = cells[{strategy, static_cast<int>(length)}];
-      if (c.n == 0) continue;
-      const double ttft = c.ttft / c.n;
-      const std::string speedup = base != cells.end() && base->second.n > 0 && ttft > 0
-                                      ? absl::StrFormat("%.2fx", base->second.ttft / base->second.n / ttft)
-                                      : "-";
-      std::printf("%-16s %7lld %8.1f%% %9.3f %8s %8.1f%% %10llu %10llu\n", strategy.c_str(),
-                  static_cast<long long>(length), 100.0 * c.correct / c.n, ttft, speedup.c_str(), c.computed / c.n,
-                  static_cast<unsigned long long>(c.kv_blocks), static_cast<unsigned long long>(c.kv_device_blocks));
-    }
-  }
-  if (csv.is_open()) std::printf("rows: %s\n", csv_path.c_str());
-  return 0;
+  const std::vector<LengthSummary> summary = Summarize(*rows, model, strategies);
+  std::printf("%s on %s; results: %s\n%s", model.c_str(), addr.c_str(), csv_path.c_str(),
+              FormatTable(summary, tasks).c_str());
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream out(path);
+    out << text;
+    return static_cast<bool>(out);
+  };
+  if (!summary_path.empty() && !write(summary_path, SummaryCsv(model, summary)))
+    return Fail("cannot write " + summary_path);
+  if (!auto_path.empty() && !write(auto_path, AutoTableJson(model, summary))) return Fail("cannot write " + auto_path);
+  return failed ? 1 : 0;
 }

@@ -86,8 +86,7 @@ std::vector<float> BlockCriticality(std::span<const float> q_rep, std::span<cons
   return out;
 }
 
-void CritiPrefill::ScoreSegment(int layer, const AttentionShape& s, const float* q_reps, int64_t segment,
-                                int kv_head) {
+void CritiPrefill::ScoreSegment(int layer, const AttentionShape& s, const float* q_reps, int64_t segment, int kv_head) {
   const int hd = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const int64_t begin = segment * params_.segment_size, q_dim = static_cast<int64_t>(s.n_heads) * hd;
   // The group's heads' columns of the segment's max row and min row.

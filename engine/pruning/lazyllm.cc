@@ -6,21 +6,41 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "engine/pruning/selection.h"
+#include "engine/pruning/sliminfer.h"
 #include "pruneserve/v1/generation.pb.h"
 
 namespace ps {
 namespace {
 
+// A named schedule: layers and keep fractions.
+struct Preset {
+  std::string name;
+  std::vector<int> layers;
+  std::vector<float> keep;
+};
+
 class Params final : public StrategyParams {
  public:
-  explicit Params(LazyLlmParams p) : p_(std::move(p)) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
+  Params(LazyLlmParams p, std::vector<Preset> presets) : p_(std::move(p)), presets_(std::move(presets)) {}
+  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_, presets_); }
 
   absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
     const auto& m = static_cast<const pruneserve::v1::LazyLLM&>(msg);
     PS_RETURN_IF_ERROR(MergeIntField(m.has_max_revivals(), m.max_revivals(), field, "max_revivals", &p_.max_revivals));
+    if (m.has_preset()) {
+      auto it = std::ranges::find(presets_, m.preset(), &Preset::name);
+      if (it == presets_.end()) {
+        std::vector<std::string> names;
+        for (const Preset& p : presets_) names.push_back(p.name);
+        return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".preset: unknown '", m.preset(),
+                                                       "' (known: ", absl::StrJoin(names, ", "), ")"));
+      }
+      p_.layers = it->layers;
+      p_.keep = it->keep;
+    }
     if (m.layers_size() == 0 && m.keep_size() == 0) return absl::OkStatus();  // the schedule's defaults stay
     // The schedule is given whole: both lists (Validate checks they match).
     if (m.layers_size() == 0)
@@ -75,6 +95,7 @@ class Params final : public StrategyParams {
 
  private:
   LazyLlmParams p_;
+  std::vector<Preset> presets_;  // for this model
 };
 
 }  // namespace
@@ -82,28 +103,35 @@ class Params final : public StrategyParams {
 std::unique_ptr<StrategyParams> LazyLlmDefaults(const ModelConfig& config, const CalibrationPtr& calibration) {
   // Chosen on SmolLM2-135M with pruneserve-eval (README "Pruning strategies"):
   // pruning before ~60% of the depth cost that model its retrieval.
-  // Two revivals per pruning layer and step keep a decode step at a handful of rows:
-  // on the 0.5B model at 7.6k tokens, 64 new tokens decoded at ~0.9x `full`'s rate
-  // (unbounded: 0.3x), the whole request in ~0.65x `full`'s time.
   // A calibrated model prunes from the layer after the one that locates a planted
   // needle (tools/pruneserve-calibrate), with the same keep fractions.
+  // Revival is unbounded, as the paper's (max_revivals caps it: a revived token is
+  // computed from its layer to the end, which slows decoding after a long prompt).
   const int n = config.n_layers;
-  LazyLlmParams p{.max_revivals = 2};
+  LazyLlmParams p;
   const std::vector<float> keep = {0.3f, 0.1f};
   if (calibration != nullptr && !calibration->lazyllm_layers.empty()) {
     for (size_t i = 0; i < calibration->lazyllm_layers.size() && i < keep.size(); ++i) {
       p.layers.push_back(calibration->lazyllm_layers[i]);
       p.keep.push_back(keep[i]);
     }
-    return std::make_unique<Params>(std::move(p));
+  } else {
+    for (auto [depth, k] : {std::pair{0.6, keep[0]}, {0.8, keep[1]}}) {
+      const int layer = std::clamp(static_cast<int>(std::lround(depth * n)), 1, std::max(1, n - 1));
+      if (n < 2 || (!p.layers.empty() && layer <= p.layers.back())) continue;
+      p.layers.push_back(layer);
+      p.keep.push_back(k);
+    }
   }
-  for (auto [depth, k] : {std::pair{0.6, keep[0]}, {0.8, keep[1]}}) {
-    const int layer = std::clamp(static_cast<int>(std::lround(depth * n)), 1, std::max(1, n - 1));
-    if (n < 2 || (!p.layers.empty() && layer <= p.layers.back())) continue;
-    p.layers.push_back(layer);
-    p.keep.push_back(k);
+  // SlimInfer's authors ran LazyLLM pruning at their slim layers (scores from the
+  // slim layer, rows pruned from the next) keeping 50% at each.
+  Preset slim{.name = "sliminfer"};
+  for (int l : SlimInferSchedule(config).layers) {
+    slim.layers.push_back(l + 1);
+    slim.keep.push_back(0.5f);
   }
-  return std::make_unique<Params>(std::move(p));
+  std::vector<Preset> presets = {{.name = "default", .layers = p.layers, .keep = p.keep}, std::move(slim)};
+  return std::make_unique<Params>(std::move(p), std::move(presets));
 }
 
 LazyLlm::LazyLlm(const LazyLlmParams& params, const ModelConfig& config)

@@ -7,10 +7,10 @@
 // waiting in the Aux Cache, and a later step that selects them again at L_j
 // revives them (aux_rows.h). The newest token is always kept. From the first
 // pruning layer on, the step's queries attend only to the selected tokens (paper
-// Fig. 3) through the KV selection. A step revives at most max_revivals tokens per
-// pruning layer (the best-scored; 0: all, as the paper): a revived token is
-// computed from its layer to the end, and reviving thousands in every decode step
-// made decoding ~10x slower than `full`.
+// Fig. 3) through the KV selection. A step revives every selected token waiting in
+// the Aux Cache, as the paper, or at most max_revivals per pruning layer (the
+// best-scored): a revived token is computed from its layer to the end, and
+// reviving thousands in every decode step made decoding ~10x slower than `full`.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +32,9 @@ struct LazyLlmParams {
   int max_revivals = 0;  // tokens revived per pruning layer and step at most (0: unbounded)
 };
 
-// The registry's defaults: layers at 60% and 80% of the depth, keep 0.3 and 0.1.
+// The registry's defaults: layers at 60% and 80% of the depth (or the calibration's),
+// keep 0.3 and 0.1, revival unbounded; presets "default" and "sliminfer" (50% kept
+// from the layer after each of SlimInfer's slim layers).
 std::unique_ptr<StrategyParams> LazyLlmDefaults(const ModelConfig& config, const CalibrationPtr& calibration);
 
 class LazyLlm : public PruningStrategy {

@@ -11,6 +11,8 @@
 #include "engine/pruning/lazyllm.h"
 #include "engine/pruning/pod.h"
 #include "engine/pruning/sliminfer.h"
+#include "engine/pruning/snapkv.h"
+#include "engine/pruning/streamingllm.h"
 #include "proto/field_args.h"
 #include "pruneserve/v1/generation.pb.h"
 
@@ -36,6 +38,13 @@ struct Registry {
        "PoD: per KV head, layers grouped by attention similarity share the distant tokens' scores of the group's "
        "lowest layer (needs --pod-groups; stock weights, which the paper post-trains for it)",
        PodDefaults},
+      {"streamingllm",
+       "StreamingLLM (KV-cache baseline): after a dense prefill, only the attention sinks' and the recent tokens' KV "
+       "stays",
+       StreamingLlmDefaults},
+      {"snapkv",
+       "SnapKV (KV-cache baseline): after a dense prefill, each KV head keeps the KV its last queries attend to most",
+       SnapKvDefaults},
   };
 };
 

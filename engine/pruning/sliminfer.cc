@@ -92,18 +92,30 @@ class Params final : public StrategyParams {
 
 }  // namespace
 
-std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config, const CalibrationPtr& calibration) {
-  (void)calibration;
+SlimInferParams SlimInferSchedule(const ModelConfig& config) {
+  // The paper's two schedules: (layer of its model's depth, tokens kept).
+  struct Point {
+    int layer, tokens;
+  };
+  constexpr Point kLlama[] = {{10, 8192}, {20, 4096}, {30, 2048}};  // LLaMA-3.1-8B, 32 layers
+  constexpr Point kQwen[] = {{9, 12288}, {18, 6144}, {26, 4096}};   // Qwen2.5-7B, 28 layers
+  const bool qwen = config.arch == Arch::kQwen2;
+  const std::span<const Point> schedule = qwen ? std::span<const Point>(kQwen) : std::span<const Point>(kLlama);
+  const double depth = qwen ? 28.0 : 32.0;
   const int n = config.n_layers;
-  const int ctx = std::max(config.n_ctx, 1024);
   SlimInferParams p;
-  for (auto [depth, divisor] : {std::pair{10, 4}, {20, 8}, {30, 16}}) {
-    const int layer = std::min(static_cast<int>(std::lround(depth * n / 32.0)), n - 2);
+  for (const Point& at : schedule) {
+    const int layer = std::min(static_cast<int>(std::lround(at.layer * n / depth)), n - 2);
     if (layer < 0 || (!p.layers.empty() && layer <= p.layers.back())) continue;
     p.layers.push_back(layer);
-    p.budgets.push_back(ctx / divisor);
+    p.budgets.push_back(at.tokens);
   }
-  return std::make_unique<Params>(std::move(p));
+  return p;
+}
+
+std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config, const CalibrationPtr& calibration) {
+  (void)calibration;
+  return std::make_unique<Params>(SlimInferSchedule(config));
 }
 
 void UnitMeans(std::span<const float> sums, std::span<const int32_t> counts, int width, std::vector<float>* out) {

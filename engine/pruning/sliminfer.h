@@ -45,10 +45,14 @@ struct SlimInferParams {
   float gamma = 0.9f;        // overlap below which decode switches the active set
 };
 
-// The registry's defaults: the paper's LLaMA-3.1-8B schedule (layers 10/20/30 of 32
-// keep 8k/4k/2k tokens of a 32k context) scaled to the model's depth and trained
-// context: layers at 10/32, 20/32 and 30/32 of the depth, budgets n_ctx/4, /8, /16.
+// The registry's defaults, the paper's rule: absolute token budgets at layers placed
+// by relative depth. Qwen2 models take its Qwen2.5-7B schedule (12k/6k/4k after
+// layers 9/18/26 of 28), the others its LLaMA-3.1-8B one (8k/4k/2k after 10/20/30 of
+// 32); the budgets do not scale with the trained context, so a 128k model prunes a
+// 32k prompt as the paper's did.
 std::unique_ptr<StrategyParams> SlimInferDefaults(const ModelConfig& config, const CalibrationPtr& calibration);
+// Those defaults as a struct (LazyLLM's "sliminfer" preset prunes at its layers).
+SlimInferParams SlimInferSchedule(const ModelConfig& config);
 
 // Unit keys from running sums: sums [units, width] of the keys of counts[u] rows
 // each; the mean per unit (zeros where no row was summed) into *out (reused storage:

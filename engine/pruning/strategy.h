@@ -31,8 +31,8 @@ struct StepRows {
 class SeqContext {
  public:
   virtual ~SeqContext() = default;
-  // Runs layers 0..last_layer over `tokens` at `positions` on scratch KV that is
-  // released before this returns. The strategy's hooks see the pass as usual; at
+  // Runs layers 0..last_layer over `tokens` at `positions` on scratch KV, each
+  // layer's released once its attention is done (one layer's at a time). The strategy's hooks see the pass as usual; at
   // `last_layer` only the last row's attention is computed (for AfterAttention).
   virtual absl::Status RunPrefix(std::span<const int32_t> tokens, std::span<const int32_t> positions,
                                  int last_layer) = 0;
@@ -48,6 +48,9 @@ class SeqContext {
   // attention over that layer waits for the copies. ResourceExhausted when the
   // destination has no room (nothing moved).
   virtual absl::Status MovePages(int layer, std::span<const int32_t> pages, Tier to) = 0;
+  // Frees KV head kv_head's K and V rows in `pages` of `layer`: the strategy's
+  // selections never name them again (KV eviction; the pages' other heads stay).
+  virtual absl::Status DropHeadPages(int layer, int kv_head, std::span<const int32_t> pages) = 0;
 };
 
 // One sequence's rows entering a layer, as RowsForLayer may edit them. Hidden states

@@ -98,6 +98,9 @@ class RowsOnlyContext final : public SeqContext {
   absl::Status MovePages(int, std::span<const int32_t>, Tier) override {
     return absl::UnimplementedError("no moves here");
   }
+  absl::Status DropHeadPages(int, int, std::span<const int32_t>) override {
+    return absl::UnimplementedError("no drops here");
+  }
 
  private:
   LayerTable table_;
@@ -203,7 +206,18 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   const pruneserve::v1::LazyLLM lazy = AsProto(d->Get("lazyllm")).lazyllm();
   EXPECT_THAT(lazy.layers(), ElementsAre(18, 24));
   EXPECT_THAT(lazy.keep(), ElementsAre(0.3f, 0.1f));
-  EXPECT_EQ(lazy.max_revivals(), 2u);
+  EXPECT_EQ(lazy.max_revivals(), 0u) << "revival unbounded, as the paper";
+  // The schedule SlimInfer's authors ran LazyLLM with: 50% from the layer after each
+  // slim layer (10/20/30 of 32 here: 9, 19, 28 of 30).
+  const pruneserve::v1::LazyLLM slim_preset =
+      AsProto(d->WithArgs("lazyllm", {"preset=sliminfer"}, "pruning")).lazyllm();
+  EXPECT_THAT(slim_preset.layers(), ElementsAre(10, 20, 29));
+  EXPECT_THAT(slim_preset.keep(), ElementsAre(0.5f, 0.5f, 0.5f));
+  EXPECT_THAT(
+      AsProto(d->WithArgs("lazyllm", {"preset=sliminfer", "layers=5", "keep=0.2"}, "pruning")).lazyllm().layers(),
+      ElementsAre(5))
+      << "an explicit schedule wins";
+  EXPECT_THAT(AsProto(d->WithArgs("lazyllm", {"preset=default"}, "pruning")).lazyllm().layers(), ElementsAre(18, 24));
   const pruneserve::v1::GemFilter gem = AsProto(d->Get("gemfilter")).gemfilter();
   EXPECT_EQ(gem.filter_layer(), 12u);
   EXPECT_EQ(gem.top_k(), 1024u);
@@ -247,6 +261,8 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   EXPECT_THAT(error("lazyllm", {"layers=4,8", "keep=0.4,0.5"}), HasSubstr("pruning.lazyllm.keep[1]"));
   EXPECT_THAT(error("lazyllm", {"layers=4", "keep=0"}), HasSubstr("pruning.lazyllm.keep[0]"));
   EXPECT_THAT(error("lazyllm", {"max_revivals=3000000000"}), HasSubstr("pruning.lazyllm.max_revivals"));
+  EXPECT_THAT(error("lazyllm", {"preset=mild"}),
+              HasSubstr("pruning.lazyllm.preset: unknown 'mild' (known: default, sliminfer)"));
   const absl::StatusOr<PruningParams> capped = d->WithArgs("lazyllm", {"max_revivals=0"}, "pruning");
   EXPECT_EQ(AsProto(capped).lazyllm().max_revivals(), 0u);
   EXPECT_THAT(AsProto(capped).lazyllm().layers(), ElementsAre(18, 24)) << "the schedule keeps its defaults";
@@ -270,12 +286,20 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   EXPECT_THAT(error("sliminfer", {"block_size=60"}), HasSubstr("pruning.sliminfer.block_size"));
   EXPECT_THAT(error("sliminfer", {"gamma=1.5"}), HasSubstr("pruning.sliminfer.gamma"));
   EXPECT_THAT(error("sliminfer", {"window=0"}), HasSubstr("pruning.sliminfer.window"));
-  // The paper's LLaMA-3.1-8B schedule for a 32-layer model with a 32k context.
+  // The paper's LLaMA-3.1-8B schedule for a 32-layer model with a 128k context:
+  // absolute budgets, not a share of the trained context.
   ModelConfig c32 = Layers(32);
-  c32.n_ctx = 32768;
+  c32.n_ctx = 131072;
   const pruneserve::v1::SlimInfer slim = AsProto(StrategyDefaults::ForModel(c32)->Get("sliminfer")).sliminfer();
   EXPECT_THAT(slim.layers(), ElementsAre(10, 20, 30));
   EXPECT_THAT(slim.budgets(), ElementsAre(8192, 4096, 2048));
+  // Its Qwen2.5-7B schedule for Qwen2 models, placed by depth (24 layers: 9/28, 18/28, 26/28).
+  ModelConfig qwen = Layers(24);
+  qwen.arch = Arch::kQwen2;
+  qwen.n_ctx = 32768;
+  const pruneserve::v1::SlimInfer slim_qwen = AsProto(StrategyDefaults::ForModel(qwen)->Get("sliminfer")).sliminfer();
+  EXPECT_THAT(slim_qwen.layers(), ElementsAre(8, 15, 22));
+  EXPECT_THAT(slim_qwen.budgets(), ElementsAre(12288, 6144, 4096));
   EXPECT_EQ(slim.block_size(), 64u);
   EXPECT_EQ(slim.unit_size(), 8u);
   EXPECT_EQ(slim.window(), 4u);

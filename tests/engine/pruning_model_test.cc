@@ -10,8 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/pruning/gemfilter.h"
+#include "engine/pruning/kv_compression.h"
 #include "engine/pruning/lazyllm.h"
 #include "engine/pruning/pod.h"
+#include "engine/pruning/selection.h"
 #include "engine/pruning/sliminfer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -93,6 +95,14 @@ TEST_F(PruningModelTest, NoOpSettingsGiveExactlyFullTokens) {
     EXPECT_EQ(Run(prompt, 40, slim.get(), &rows), full) << b;
     EXPECT_EQ(rows, full_rows) << b;
   }
+  for (const char* r : {"recent=120", "recent=4096"}) {
+    auto stream = Make("streamingllm", {r});
+    EXPECT_EQ(Run(prompt, 40, stream.get(), &rows), full) << r;
+  }
+  for (const char* b : {"budget=120", "budget=4096"}) {
+    auto snap = Make("snapkv", {b});
+    EXPECT_EQ(Run(prompt, 40, snap.get(), &rows), full) << b;
+  }
   // The prompt's logits: equal at the no-op budget, changed by a small one (else the
   // lines above would prove nothing; the tiny model's greedy tokens survive it).
   const std::vector<float> dense = PromptLogits(prompt, nullptr);
@@ -127,6 +137,91 @@ TEST_F(PruningModelTest, StrategiesComputeLessAndGemFilterKeepsTheLastToken) {
   auto late = Make("sliminfer", {"layers=1,3", "budgets=4096,48", "block_size=16", "unit_size=4"});
   Run(prompt, 8, late.get(), &rows);
   EXPECT_EQ(rows, 200 * 4 + (2 * 16 + 8));
+}
+
+// GemFilter's scoring pass frees each layer's scratch KV once the layer's attention is
+// done, and the sequence's peak counts the scratch blocks: the pass holds one layer's
+// prompt blocks at a time, so the peak is the larger of that and the kept tokens' KV.
+TEST_F(PruningModelTest, GemFilterHoldsOneScratchLayerAtATimeAndCountsIt) {
+  const std::vector<int32_t> prompt = Prompt(200);
+  const int layers = model_->config().n_layers;
+  Transformer t(*model_, backend_);
+  std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, 256);
+  const KvCacheManager& m = kv->manager();
+  const int64_t per_page = m.blocks_per_page();
+  const int64_t prompt_blocks = (200 + 15) / 16 * per_page;  // one layer's
+  const int64_t kept_blocks = (64 + 15) / 16 * per_page;     // one layer's
+  std::vector<int32_t> positions(prompt.size());
+  std::iota(positions.begin(), positions.end(), 0);
+  auto gem = Make("gemfilter", {"top_k=64", absl::StrCat("filter_layer=", layers - 2)});
+  SeqInput in{.seq_id = 1, .tokens = prompt, .positions = positions, .strategy = gem.get()};
+  ForwardOutput out;
+  ASSERT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), *kv, &out).ok() && out.status[0].ok());
+  EXPECT_EQ(m.BlocksIn(1, Tier::kDevice), kept_blocks * layers);
+  const KvCacheManager::Peak peak = m.PeakBlocks(1);
+  EXPECT_EQ(peak.device, std::max(prompt_blocks, kept_blocks * layers)) << "not " << (layers - 1) * prompt_blocks;
+  EXPECT_LE(peak.device, 2 * prompt_blocks + kept_blocks * layers);
+  EXPECT_EQ(peak.total, peak.device) << "nothing in the host tier";
+  EXPECT_TRUE(m.VerifyIntegrity().ok()) << m.VerifyIntegrity();
+}
+
+// The KV-cache baselines after a dense prefill: at the first decode step each layer's
+// evicted prompt pages lose their blocks (per KV head), the kept ones and the
+// generated tokens' stay, and decoding goes on over them alone (a read of a freed
+// block would fault: their pointers are null). StreamingLLM keeps the sink page and
+// the recent pages at every head; SnapKV its budget per head, the window included,
+// chosen per head.
+TEST_F(PruningModelTest, KvBaselinesEvictPagesPerHeadAfterThePrompt) {
+  const ModelConfig& c = model_->config();
+  const std::vector<int32_t> prompt = Prompt(200);  // 12 whole pages of 16 and 8 tokens
+  const int64_t per_page = 2 * c.n_kv_heads;
+  auto decode = [&](PruningStrategy* strategy, KvCache& kv) {
+    Transformer t(*model_, backend_);
+    std::vector<int32_t> tokens = prompt, positions(prompt.size());
+    std::iota(positions.begin(), positions.end(), 0);
+    std::vector<int32_t> out_tokens;
+    for (int step = 0; step < 8; ++step) {
+      SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .strategy = strategy};
+      ForwardOutput out;
+      EXPECT_TRUE(t.Forward(std::span<const SeqInput>(&in, 1), kv, &out).ok() && out.status[0].ok());
+      const auto best = std::max_element(out.logits.end() - c.n_vocab, out.logits.end());
+      out_tokens.push_back(static_cast<int32_t>(best - (out.logits.end() - c.n_vocab)));
+      tokens.assign(1, out_tokens.back());
+      positions.assign(1, out.next_position[0]);
+    }
+    return out_tokens;
+  };
+  std::unique_ptr<KvCache> dense_kv = testing::KvFor(*model_, backend_, 256);
+  const std::vector<int32_t> full = decode(nullptr, *dense_kv);
+  const int64_t pages = (200 + 8 + 15) / 16;  // after 8 steps (the last token's KV is not stored yet: 207)
+
+  auto stream = Make("streamingllm", {"sinks=4", "recent=40"});
+  std::unique_ptr<KvCache> kv = testing::KvFor(*model_, backend_, 256);
+  const std::vector<int32_t> streamed = decode(stream.get(), *kv);
+  auto* s = static_cast<KvCompression*>(stream.get());
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (int h = 0; h < c.n_kv_heads; ++h) EXPECT_THAT(s->Kept(l, h), ElementsAre(0, 10, 11)) << l << " " << h;
+  }
+  EXPECT_EQ(kv->manager().BlocksIn(1, Tier::kDevice), c.n_layers * (pages - 9) * per_page) << "9 pages evicted";
+  EXPECT_TRUE(kv->manager().VerifyIntegrity().ok());
+  EXPECT_NE(streamed, full) << "the eviction changes what the model sees (else this test proves little)";
+
+  auto snap = Make("snapkv", {"window=8", "budget=64", "kernel=5"});
+  kv = testing::KvFor(*model_, backend_, 256);
+  decode(snap.get(), *kv);
+  auto* k = static_cast<KvCompression*>(snap.get());
+  std::set<std::vector<int32_t>> distinct;
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      const std::vector<int32_t>& kept = k->Kept(l, h);
+      EXPECT_EQ(kept.size(), 4u) << "64 tokens: 4 whole pages";
+      EXPECT_EQ(kept.back(), 11) << "the window (tokens 192-199): the last whole page and the partial one";
+      distinct.insert(kept);
+    }
+  }
+  EXPECT_GT(distinct.size(), 1u) << "heads choose their own pages";
+  EXPECT_EQ(kv->manager().BlocksIn(1, Tier::kDevice), c.n_layers * (pages - 8) * per_page) << "8 of 12 evicted";
+  EXPECT_TRUE(kv->manager().VerifyIntegrity().ok());
 }
 
 // What the strategies' hooks read on the host in a prompt's step: on a backend whose
@@ -182,8 +277,9 @@ class SeesawLazyLlm : public LazyLlm {
   }
 };
 
-// With max_revivals 3, a step revives at most 3 tokens per pruning layer (the others
-// stay in the Aux Cache) and the invariants hold just the same.
+// Unbounded (the default), a step revives every selected token waiting in the Aux
+// Cache; with max_revivals 3, at most 3 per pruning layer (the others stay there, out
+// of the selection); the invariants hold in both.
 TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
   for (int cap : {0, 3}) {
     SCOPED_TRACE(absl::StrCat("max_revivals=", cap));
@@ -194,7 +290,7 @@ TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
     std::vector<int32_t> tokens = Prompt(64), positions(64);
     std::iota(positions.begin(), positions.end(), 0);
     ForwardOutput out;
-    int64_t revived_rows = 0, revived_before = 0;
+    int64_t revived_rows = 0, revived_before = 0, short_selections = 0;
     for (int step = 0; step < 12; ++step) {
       lazy.step = step;
       SeqInput in{.seq_id = 1, .tokens = tokens, .positions = positions, .strategy = &lazy};
@@ -207,6 +303,16 @@ TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
         EXPECT_LE(lazy.revived() - revived_before, 2 * cap) << "step " << step;
       }
       revived_before = lazy.revived();
+      // Uncapped (the paper, the default), every selected token waiting in the Aux
+      // Cache comes back, so the last pruning layer's selection is whole; capped, the
+      // tokens left waiting leave it.
+      int64_t selected = 0;
+      for (int32_t p = 0; p < context; ++p) selected += lazy.Selected(p);
+      if (cap == 0) {
+        EXPECT_EQ(selected, KeepCount(0.3, context)) << "step " << step;
+      } else {
+        short_selections += selected < KeepCount(0.3, context);
+      }
       for (int l = 0; l < c.n_layers; ++l) {
         std::set<int32_t> in_kv;
         for (int32_t p : kv->manager().Table(1, l).positions) {
@@ -229,6 +335,9 @@ TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
       positions.assign(1, context);
     }
     EXPECT_GT(lazy.revived(), 20) << "the test meant to force revivals";
+    if (cap > 0) {
+      EXPECT_GT(short_selections, 0) << "the cap left tokens waiting";
+    }
     EXPECT_GT(revived_rows, lazy.revived()) << "revived tokens are computed from their layer on";
     int64_t in_aux = 0;
     for (int32_t p = 0; p < 64 + 12; ++p) in_aux += lazy.InAux(p);

@@ -195,9 +195,69 @@ TEST(KvCacheManagerMetered, PerBlockMovesAndBack) {
   m.Complete(*back);
   EXPECT_EQ(m.Table(1, 0).tiers[0], Tier::kDevice);
   EXPECT_EQ(m.Table(1, 0).blocks[0], 4);
-  EXPECT_EQ(host.num_free(), 8);
+  EXPECT_EQ(host.num_free(), 7) << "host block 0 stays as the page's clean copy";
+  EXPECT_INTACT(m);
+  // The second offload of the page copies nothing: the device block is released and
+  // the table points at the clean copy again.
+  auto again = m.PlanMove(1, 0, first, Tier::kHost);
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->copies.empty());
+  ASSERT_EQ(again->release_after.size(), 1u);
+  EXPECT_EQ(again->release_after[0], (BlockLoc{Tier::kDevice, 4}));
+  EXPECT_EQ(m.Table(1, 0).tiers[0], Tier::kHost);
+  EXPECT_EQ(m.Table(1, 0).blocks[0], 0);
+  EXPECT_EQ(host.num_free(), 7);
+  m.Complete(*again);
+  EXPECT_EQ(m.Reserved(1), 1) << "the released device block is credited as after a copy";
+  EXPECT_INTACT(m);
   const int32_t out_of_range[] = {5};
   EXPECT_FALSE(m.PlanMove(1, 0, out_of_range, Tier::kHost).has_value());
+  m.EndStep();
+  EXPECT_INTACT(m);
+}
+
+// A clean copy goes stale when an append writes its page, and is freed with the
+// sequence; a swap-out of the whole sequence uses the copies it finds.
+TEST(KvCacheManagerMetered, HostCopiesGoStaleOnAppendAndFreeWithTheSequence) {
+  BlockPool device(Tier::kDevice, 12, 64), host(Tier::kHost, 8, 64);
+  KvCacheManager m(device, host, {.n_layers = 1, .block_tokens = 16, .metered = true});
+  ASSERT_TRUE(m.Reserve(1, 6));
+  ASSERT_TRUE(m.Append(1, 0, Positions(0, 40)));  // pages 0, 1 full; page 2 holds 8 of 16
+  const int32_t pages[] = {1, 2};
+  for (Tier to : {Tier::kHost, Tier::kDevice}) {
+    auto plan = m.PlanMove(1, 0, pages, to);
+    ASSERT_TRUE(plan);
+    EXPECT_EQ(plan->copies.size(), 2u);
+    m.Complete(*plan);
+  }
+  EXPECT_EQ(host.num_free(), 6) << "two clean copies";
+  ASSERT_TRUE(m.Append(1, 0, Positions(40, 4)));  // writes page 2
+  EXPECT_EQ(host.num_free(), 7) << "page 2's copy is stale and freed";
+  EXPECT_INTACT(m);
+  auto swap = m.PlanSwapOut(1);
+  ASSERT_TRUE(swap);
+  EXPECT_EQ(swap->copies.size(), 2u) << "pages 0 and 2; page 1 uses its clean copy";
+  EXPECT_EQ(swap->release_after.size(), 3u);
+  m.Complete(*swap);
+  EXPECT_EQ(m.BlocksIn(1, Tier::kHost), 3);
+  EXPECT_EQ(host.num_free(), 5);
+  EXPECT_INTACT(m);
+  auto in = m.PlanSwapIn(1);
+  ASSERT_TRUE(in);
+  EXPECT_EQ(in->copies.size(), 3u);
+  m.Complete(*in);
+  EXPECT_EQ(host.num_free(), 8) << "a swap-in keeps no copies";
+  const int32_t page0[] = {0};
+  for (Tier to : {Tier::kHost, Tier::kDevice}) {
+    auto plan = m.PlanMove(1, 0, page0, to);
+    ASSERT_TRUE(plan);
+    m.Complete(*plan);
+  }
+  EXPECT_EQ(host.num_free(), 7);
+  EXPECT_INTACT(m);
+  m.Free(1);
+  EXPECT_EQ(host.num_free(), 8);
+  EXPECT_EQ(device.num_free(), 12);
   m.EndStep();
   EXPECT_INTACT(m);
 }

@@ -129,7 +129,8 @@ TEST_F(SchedulerTest, AStrategyRegisteredAtRunTimePrunesSelectsAndMovesBlocks) {
   }
   const LoadSnapshot load = s.Load();
   EXPECT_GT(load.swap_bytes_to_host, 0u) << "blocks went to the host tier";
-  EXPECT_EQ(load.swap_bytes_to_host, load.swap_bytes_to_device) << "and all came back";
+  EXPECT_LT(load.swap_bytes_to_host, load.swap_bytes_to_device)
+      << "all came back, and a block's later offloads released it to its clean host copy, copying nothing";
   EXPECT_EQ(load.kv[static_cast<int>(Tier::kDevice)].used, 0);
   EXPECT_EQ(load.kv[static_cast<int>(Tier::kHost)].used, 0);
 }

@@ -287,10 +287,11 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   EXPECT_EQ(info.architecture(), "llama");
   EXPECT_EQ(info.vocab_size(), 512u);
   EXPECT_EQ(info.num_layers(), 5u);
-  EXPECT_EQ(absl::StrJoin(info.strategies(), " "), "full lazyllm gemfilter critiprefill sliminfer pod");
+  EXPECT_EQ(absl::StrJoin(info.strategies(), " "),
+            "full lazyllm gemfilter critiprefill sliminfer pod streamingllm snapkv");
   ASSERT_EQ(info.strategy_summaries_size(), info.strategies_size());
   EXPECT_THAT(info.strategy_summaries(5), ::testing::HasSubstr("stock weights"));
-  ASSERT_EQ(info.strategy_defaults_size(), 6);
+  ASSERT_EQ(info.strategy_defaults_size(), 8);
   EXPECT_TRUE(info.strategy_defaults(0).has_full());
   EXPECT_EQ(absl::StrJoin(info.strategy_defaults(1).lazyllm().layers(), ","), "3,4");  // 60% and 80% of 5 layers
   EXPECT_EQ(info.strategy_defaults(2).gemfilter().filter_layer(), 2u);                 // 40% of 5 layers
@@ -299,7 +300,8 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   EXPECT_EQ(info.strategy_defaults(3).critiprefill().segment_size(), 512u);
   // 10/32 and 20/32 of 5 layers (30/32 would be the last, which has no layer after it).
   EXPECT_EQ(absl::StrJoin(info.strategy_defaults(4).sliminfer().layers(), ","), "2,3");
-  EXPECT_EQ(absl::StrJoin(info.strategy_defaults(4).sliminfer().budgets(), ","), "512,256");  // a 2048-token context
+  EXPECT_EQ(absl::StrJoin(info.strategy_defaults(4).sliminfer().budgets(), ","),
+            "8192,4096");  // absolute, whatever the context
   EXPECT_EQ(info.device(), "cpu");
   EXPECT_EQ(info.cpu_isa(), CpuIsaName(DetectedCpuIsa()));  // the best this CPU has, by default
   EXPECT_EQ(info.activations(), "int8");

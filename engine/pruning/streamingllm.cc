@@ -1,0 +1,63 @@
+#include "engine/pruning/streamingllm.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "pruneserve/v1/generation.pb.h"
+
+namespace ps {
+namespace {
+
+class Params final : public StrategyParams {
+ public:
+  explicit Params(const StreamingLlmParams& p) : p_(p) {}
+  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
+
+  absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
+    const auto& m = static_cast<const pruneserve::v1::StreamingLLM&>(msg);
+    PS_RETURN_IF_ERROR(MergeIntField(m.has_sinks(), m.sinks(), field, "sinks", &p_.sinks));
+    return MergeIntField(m.has_recent(), m.recent(), field, "recent", &p_.recent);
+  }
+
+  void ToProto(google::protobuf::Message* msg) const override {
+    auto* m = static_cast<pruneserve::v1::StreamingLLM*>(msg);
+    m->set_sinks(static_cast<uint32_t>(p_.sinks));
+    m->set_recent(static_cast<uint32_t>(p_.recent));
+  }
+
+  absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
+    (void)config;
+    if (p_.recent < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(field), ".recent: ", p_.recent, " must be at least 1"));
+    }
+    return absl::OkStatus();
+  }
+
+  bool WholePrompt() const override { return true; }
+  std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
+    return std::make_unique<StreamingLlm>(p_, config);
+  }
+
+ private:
+  StreamingLlmParams p_;
+};
+
+}  // namespace
+
+std::unique_ptr<StrategyParams> StreamingLlmDefaults(const ModelConfig& config, const CalibrationPtr& calibration) {
+  (void)config, (void)calibration;
+  return std::make_unique<Params>(StreamingLlmParams{});
+}
+
+void StreamingLlm::KeepPages(int layer, int32_t full_pages, int block_tokens, std::vector<std::vector<int32_t>>* keep) {
+  (void)layer;
+  const int64_t prompt = prompt_tokens();
+  std::vector<int32_t> pages;
+  for (int32_t p = 0; p < full_pages; ++p) {
+    const int64_t first = static_cast<int64_t>(p) * block_tokens, end = first + block_tokens;
+    if (first < params_.sinks || end > prompt - params_.recent) pages.push_back(p);
+  }
+  keep->assign(n_kv_heads(), pages);
+}
+
+}  // namespace ps

@@ -1,0 +1,148 @@
+#include "tools/eval/summary.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace ps::eval {
+namespace {
+
+Cell Pool(const std::vector<double>& scores) {
+  Cell c{.n = static_cast<int>(scores.size())};
+  if (scores.empty()) return c;
+  double sum = 0;
+  for (double s : scores) sum += s;
+  c.score = sum / static_cast<double>(scores.size());
+  c.interval = MeanInterval(scores);
+  return c;
+}
+
+}  // namespace
+
+std::vector<LengthSummary> Summarize(const std::vector<ResultRow>& rows, const std::string& model,
+                                     const std::vector<std::string>& strategies) {
+  std::set<int> lengths;
+  for (const ResultRow& r : rows) {
+    if (r.model == model) lengths.insert(r.length);
+  }
+  std::vector<LengthSummary> out;
+  for (int length : lengths) {
+    LengthSummary ls{.length = length};
+    std::set<std::string> cpus;
+    for (const std::string& label : strategies) {
+      StrategySummary s{.strategy = label};
+      std::map<std::string, std::vector<double>> by_task;
+      std::vector<double> all, ttft, e2e, rate;
+      double computed = 0;
+      int accuracy_rows = 0;
+      for (const ResultRow& r : rows) {
+        if (r.model != model || r.length != length || r.strategy != label) continue;
+        if (r.phase == "accuracy") {
+          by_task[r.task].push_back(r.score);
+          all.push_back(r.score);
+          computed += r.computed_pct;
+          ++accuracy_rows;
+          s.kv_device_blocks = std::max(s.kv_device_blocks, r.kv_device_blocks);
+          ++s.chosen[r.chosen];
+        } else if (r.phase == "timing") {
+          ttft.push_back(r.ttft_s);
+          e2e.push_back(r.total_s);
+          rate.push_back(r.decode_tok_s);
+          cpus.insert(r.cpu);
+        }
+      }
+      for (const auto& [task, scores] : by_task) s.tasks[task] = Pool(scores);
+      s.all = Pool(all);
+      s.timed = static_cast<int>(ttft.size());
+      s.ttft_s = Median(ttft);
+      s.e2e_s = Median(e2e);
+      s.decode_tok_s = Median(rate);
+      s.computed_pct = accuracy_rows > 0 ? computed / accuracy_rows : std::nan("");
+      ls.strategies.push_back(std::move(s));
+    }
+    const auto full = std::find_if(ls.strategies.begin(), ls.strategies.end(),
+                                   [](const StrategySummary& s) { return s.strategy == "full"; });
+    for (StrategySummary& s : ls.strategies) {
+      s.speedup = full != ls.strategies.end() && s.ttft_s > 0 ? full->ttft_s / s.ttft_s : std::nan("");
+    }
+    ls.cpus.assign(cpus.begin(), cpus.end());
+    out.push_back(std::move(ls));
+  }
+  return out;
+}
+
+std::string FormatTable(const std::vector<LengthSummary>& summary, const std::vector<std::string>& tasks) {
+  std::string out;
+  auto score = [](const Cell& c) {
+    return c.n == 0 ? std::string("-")
+                    : absl::StrFormat("%.2f [%.2f,%.2f] n=%d", c.score, c.interval.lo, c.interval.hi, c.n);
+  };
+  for (const LengthSummary& ls : summary) {
+    absl::StrAppend(&out, "\nlength ", ls.length, " (timing on: ", ls.cpus.empty() ? "-" : absl::StrJoin(ls.cpus, "; "),
+                    ")\n");
+    absl::StrAppend(&out,
+                    absl::StrFormat("%-22s %-28s %8s %8s %8s %8s %9s %10s  %s\n", "strategy", "all tasks", "ttft_s",
+                                    "speedup", "e2e64_s", "tok/s", "computed", "kv_device", "per task"));
+    for (const StrategySummary& s : ls.strategies) {
+      std::vector<std::string> per_task;
+      for (const std::string& t : tasks) {
+        if (auto it = s.tasks.find(t); it != s.tasks.end()) {
+          per_task.push_back(absl::StrFormat("%s %.2f", t, it->second.score));
+        }
+      }
+      auto num = [](double v, int decimals) {
+        return std::isnan(v) ? std::string("-") : absl::StrFormat("%.*f", decimals, v);
+      };
+      absl::StrAppend(&out, absl::StrFormat("%-22s %-28s %8s %8s %8s %8s %8s%% %10d  %s\n", s.strategy, score(s.all),
+                                            num(s.ttft_s, 2), std::isnan(s.speedup) ? "-" : num(s.speedup, 2) + "x",
+                                            num(s.e2e_s, 2), num(s.decode_tok_s, 1), num(s.computed_pct, 1),
+                                            s.kv_device_blocks, absl::StrJoin(per_task, ", ")));
+    }
+  }
+  return out;
+}
+
+std::string SummaryCsv(const std::string& model, const std::vector<LengthSummary>& summary) {
+  std::string out =
+      "model,length,strategy,task,n,score,lo,hi,ttft_s,speedup,e2e64_s,decode_tok_s,prompt_computed_pct,"
+      "kv_device_blocks\n";
+  for (const LengthSummary& ls : summary) {
+    for (const StrategySummary& s : ls.strategies) {
+      auto row = [&](const std::string& task, const Cell& c) {
+        absl::StrAppend(
+            &out, absl::StrFormat("\"%s\",%d,\"%s\",%s,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.2f,%d\n", model,
+                                  ls.length, s.strategy, task, c.n, c.score, c.interval.lo, c.interval.hi, s.ttft_s,
+                                  s.speedup, s.e2e_s, s.decode_tok_s, s.computed_pct, s.kv_device_blocks));
+      };
+      row("all", s.all);
+      for (const auto& [task, c] : s.tasks) row(task, c);
+    }
+  }
+  return out;
+}
+
+std::string AutoTableJson(const std::string& model, const std::vector<LengthSummary>& summary) {
+  nlohmann::json j{{"model", model}, {"lengths", nlohmann::json::array()}};
+  for (const LengthSummary& ls : summary) {
+    nlohmann::json l{{"length", ls.length}, {"strategies", nlohmann::json::array()}};
+    for (const StrategySummary& s : ls.strategies) {
+      if (s.strategy.find(':') != std::string::npos || s.strategy == "auto" || s.all.n == 0) continue;
+      l["strategies"].push_back({{"name", s.strategy},
+                                 {"score", s.all.score},
+                                 {"lo", s.all.interval.lo},
+                                 {"hi", s.all.interval.hi},
+                                 {"n", s.all.n},
+                                 {"speedup", std::isnan(s.speedup) ? 0.0 : s.speedup}});
+    }
+    j["lengths"].push_back(std::move(l));
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace ps::eval
