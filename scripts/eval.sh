@@ -2,18 +2,23 @@
 # The long-context evaluation: every strategy on a model through the real server.
 # Builds what it needs, starts pruneserve on a free loopback port with every prompt
 # taken in one engine step (the same for `full` and the strategies), runs
-# pruneserve-eval and stops the server. Results are appended to $PS_EVAL_CSV
-# (default build/eval.csv) one row per request, and a rerun resumes where the last
-# one stopped; the table is printed from every row there. Extra arguments go to
+# pruneserve-eval and stops the server. Results are appended one row per request (files
+# below), and a rerun resumes where the last one stopped; the table is printed from
+# every row there. Extra arguments go to
 # pruneserve-eval, e.g. `scripts/eval.sh --lengths 4096 --phases accuracy --limit 100`
 # (`--help` lists them). Without them: lengths 4k..32k (up to the context), all
 # seven tasks, 20/10/3/2 prompts per task at 4k/8k/16k/32k, then the timing repeats:
 # hours on 2 cores, resumable.
 # PS_EVAL_MODEL=FILE serves another model, e.g. the 0.5B evaluation model
 # (models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf, fetched by `scripts/fetch_model.sh --eval`).
-# The model's calibration (FILE.calibration.json from build/pruneserve-calibrate), when
-# there is one, goes to the server as --pod-groups (PoD needs it); PS_EVAL_SERVER_ARGS
-# adds server flags.
+# The server finds the model's calibration (FILE.calibration.json from
+# build/pruneserve-calibrate, or its own cache) or measures it at start-up over the
+# essays (PoD needs it; GemFilter and LazyLLM take their layers from it);
+# PS_EVAL_SERVER_ARGS adds server flags.
+# Files (PS_EVAL_DIR, default docs/eval): MODEL.results.csv (one row per request; a rerun
+# resumes), MODEL.summary.csv (the table), MODEL.auto.json (the `auto` strategy's table:
+# the server is given it when it is there, so `auto` runs from the second run on) and,
+# with matplotlib, one accuracy-vs-speedup plot per length (scripts/eval_plots.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -27,10 +32,11 @@ fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target pruneserve pruneserve-cli pruneserve-eval
 tmp=$(mktemp -d)
-server_args=(${PS_EVAL_SERVER_ARGS:-})
-if [ -f "$model.calibration.json" ]; then
-  server_args+=(--pod-groups "$model.calibration.json")
-fi
+dir=${PS_EVAL_DIR:-docs/eval}
+name=$(basename "$model")
+mkdir -p "$dir"
+server_args=(--calibrate-text ../shared/testdata/haystack/paul_graham_essays ${PS_EVAL_SERVER_ARGS:-})
+[ -f "$dir/$name.auto.json" ] && server_args+=(--auto-table "$dir/$name.auto.json")
 build/pruneserve --model "$model" --host 127.0.0.1 --port 0 --port-file "$tmp/ports" \
   --metrics-port -1 --log-level warn --prefill-chunk 65536 --max-batch-tokens 65536 \
   "${server_args[@]}" > "$tmp/server.log" 2>&1 &
@@ -42,9 +48,11 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 port=$(sed -n 's/^grpc=//p' "$tmp/ports")
-for _ in $(seq 600); do
+for _ in $(seq 3000); do  # a first start may calibrate the model (a minute or two)
   [ "$(build/pruneserve-cli --addr "127.0.0.1:$port" health --timeout 1 2>/dev/null)" = "SERVING" ] && break
+  kill -0 $server 2>/dev/null || { cat "$tmp/server.log" >&2; exit 1; }
   sleep 0.1
 done
 build/pruneserve-eval --addr "127.0.0.1:$port" --haystack ../shared/testdata/haystack/paul_graham_essays \
-  --csv "${PS_EVAL_CSV:-build/eval.csv}" "$@"
+  --csv "$dir/$name.results.csv" --summary "$dir/$name.summary.csv" --auto-table "$dir/$name.auto.json" "$@"
+python3 scripts/eval_plots.py "$dir/$name.summary.csv" "$dir" || echo "eval.sh: no plots (scripts/eval_plots.py)" >&2

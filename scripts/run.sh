@@ -3,6 +3,8 @@
 # the server in the background, waits until it is SERVING and streams one chat
 # answer through pruneserve-cli. The server keeps running; the last line says how
 # to stop it. Re-running restarts it. Ports: PS_PORT (50051), PS_METRICS_PORT (9090).
+# The first start also calibrates the model for the strategies that need it (about
+# half a minute, over the shared essays when they are there; cached for later starts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -17,11 +19,14 @@ if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
   kill -TERM "$(cat "$PIDFILE")"
   for _ in $(seq 100); do kill -0 "$(cat "$PIDFILE")" 2>/dev/null || break; sleep 0.1; done
 fi
+CALIBRATE=()
+ESSAYS=../shared/testdata/haystack/paul_graham_essays
+[ -d "$ESSAYS" ] && CALIBRATE=(--calibrate-text "$ESSAYS")
 nohup build/pruneserve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --host 127.0.0.1 --port "$PORT" \
-  --metrics-port "$METRICS_PORT" > build/pruneserve.log 2>&1 &
+  --metrics-port "$METRICS_PORT" "${CALIBRATE[@]}" > build/pruneserve.log 2>&1 &
 echo $! > "$PIDFILE"
 ADDR=127.0.0.1:$PORT
-for _ in $(seq 600); do
+for _ in $(seq 3000); do
   if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
     echo "the server exited; its log (build/pruneserve.log):" >&2
     cat build/pruneserve.log >&2

@@ -292,6 +292,10 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
     out->add_strategy_summaries(s->summary);
     const absl::StatusOr<PruningParams> p = b->defaults.strategies->Get(s->name);
     if (p.ok()) PruningToProto(*p, out->add_strategy_defaults());
+    const bool has = p.ok() && p->params != nullptr;
+    const absl::Status usable = has ? p->params->Validate(b->model->config(), s->name) : absl::OkStatus();
+    out->add_strategy_unavailable(std::string(usable.message()));
+    out->add_strategy_notes(has ? p->params->Caveat() : std::string());
   }
   return Reply(ctx, grpc::Status::OK);
 }

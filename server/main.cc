@@ -25,6 +25,7 @@
 #include "engine/pruning/registry.h"
 #include "memory/kv_geometry.h"
 #include "server/access.h"
+#include "server/calibration_source.h"
 #include "server/generation_service.h"
 #include "server/http_front.h"
 #include "server/serving.h"
@@ -34,8 +35,9 @@ namespace {
 
 struct Options {
   std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap",
-                     kv_dtype = ps::kDefaultKvDTypeName, device = "auto", pod_groups, tls_cert, tls_key, tls_client_ca,
-                     api_key_file, activations = "int8", cpu_isa;
+                     kv_dtype = ps::kDefaultKvDTypeName, device = "auto", pod_groups, calibrate_text, auto_table,
+                     calibration_cache = ps::server::DefaultCacheDir(), tls_cert, tls_key, tls_client_ca, api_key_file,
+                     activations = "int8", cpu_isa;
   std::vector<std::string> strategy_args, served_model_names, inject_faults;
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64, max_batch_tokens = 2048,
           prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,
@@ -101,8 +103,18 @@ void AddFlags(ps::FlagParser& f, Options& o) {
                   "server default of a pruning parameter, STRATEGY.key=value (e.g. lazyllm.keep=0.5,0.3,0.2,0.1, "
                   "gemfilter.top_k=2048); requests override them; GetModelInfo lists the effective defaults");
   f.AddString("pod-groups", &o.pod_groups,
-              "the model's calibration (pruneserve-calibrate writes MODEL.calibration.json): PoD's layer groups "
-              "(PoD is unavailable without it) and calibrated GemFilter / LazyLLM defaults");
+              "the model's calibration file: PoD's layer groups (PoD is unavailable without a calibration) and "
+              "calibrated GemFilter / LazyLLM defaults. Default: MODEL.calibration.json, or the one in "
+              "--calibration-cache, when there is one (pruneserve-calibrate or --calibrate-text write them)");
+  f.AddString("calibrate-text", &o.calibrate_text,
+              "a text file or folder (e.g. ../shared/testdata/haystack/paul_graham_essays): when the model has no "
+              "calibration yet, measure it at start-up over this text (about a minute for a 0.5B model on 2 cores) "
+              "and cache it for the next start");
+  f.AddString("auto-table", &o.auto_table,
+              "the evaluation's table for the `auto` strategy (pruneserve-eval --auto-table writes it; default: "
+              "MODEL.auto.json when there is one); `auto` is unavailable without one");
+  f.AddString("calibration-cache", &o.calibration_cache,
+              "folder for a measured calibration when the model's own folder is read-only");
   f.AddInt("default-max-new-tokens", &o.default_max_new_tokens, "max_new_tokens when a request sets none");
   f.AddFloat("default-temperature", &o.default_temperature, "temperature when a request sets none");
   f.AddFloat("default-top-p", &o.default_top_p, "top_p when a request sets none");
@@ -366,17 +378,14 @@ int main(int argc, char** argv) {
                              .kv_block_tokens = geometry.block_tokens,
                              .kv_token_blocks = geometry.BlocksForTokens(1),
                              .max_stream_backlog = static_cast<size_t>(o.max_stream_backlog)};
-  CalibrationPtr calibration;
-  if (!o.pod_groups.empty()) {
-    absl::StatusOr<Calibration> cal = LoadCalibration(o.pod_groups, c);
-    if (!cal.ok()) return Fail(absl::StrCat("--pod-groups: ", cal.status().message()));
-    calibration = std::make_shared<const Calibration>(*std::move(cal));
-    size_t groups = 0;
-    for (const auto& head : calibration->groups) groups += head.size();
-    spdlog::info("calibration {}: PoD delta {} ({} groups over {} KV heads), needle layer {}", o.pod_groups,
-                 calibration->delta, groups, calibration->n_kv_heads, calibration->needle_layer);
-  }
-  if (absl::StatusOr<StrategyDefaults> d = StrategyDefaults::ForModel(c, o.strategy_args, calibration); d.ok()) {
+  const absl::StatusOr<CalibrationPtr> calibration = server::ResolveCalibration(**model, **backend,
+                                                                                {.file = o.pod_groups,
+                                                                                 .model_path = o.model,
+                                                                                 .text = o.calibrate_text,
+                                                                                 .cache_dir = o.calibration_cache,
+                                                                                 .auto_table = o.auto_table});
+  if (!calibration.ok()) return Fail(std::string(calibration.status().message()));
+  if (absl::StatusOr<StrategyDefaults> d = StrategyDefaults::ForModel(c, o.strategy_args, *calibration); d.ok()) {
     state.defaults.strategies = std::make_shared<const StrategyDefaults>(*std::move(d));
   } else {
     return Fail(absl::StrCat("--strategy-arg: ", d.status().message()));
@@ -385,8 +394,10 @@ int main(int argc, char** argv) {
     const PruningParams p = *state.defaults.strategies->Get(s->name);
     const std::string args = PruningArgsText(p);
     const absl::Status usable = p.params != nullptr ? p.params->Validate(c, s->name) : absl::OkStatus();
-    spdlog::info("strategy {} defaults: {}{}", s->name, args.empty() ? "(none)" : args,
-                 usable.ok() ? "" : absl::StrCat(" (unavailable: ", usable.message(), ")"));
+    const std::string caveat = p.params != nullptr ? p.params->Caveat() : std::string();
+    spdlog::info("strategy {} defaults: {}{}{}", s->name, args.empty() ? "(none)" : args,
+                 usable.ok() ? "" : absl::StrCat(" (unavailable: ", usable.message(), ")"),
+                 caveat.empty() ? "" : absl::StrCat(" (", caveat, ")"));
   }
   absl::StatusOr<std::unique_ptr<server::Serving>> serving = server::Serving::Create(
       **model, **backend,

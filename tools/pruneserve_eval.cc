@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   std::string addr = "127.0.0.1:50051", haystack_dir = "../shared/testdata/haystack/paul_graham_essays",
               csv_path = "build/eval.csv", summary_path, auto_path, prompts_flag, phases_flag = "accuracy,timing",
               tasks_flag = absl::StrJoin(TaskNames(), ","),
-              strategies_flag = "full,lazyllm,gemfilter,critiprefill,sliminfer,pod,streamingllm,snapkv";
+              strategies_flag = "full,lazyllm,gemfilter,critiprefill,sliminfer,pod,streamingllm,snapkv,auto";
   std::vector<int64_t> lengths;
   std::vector<std::string> strategy_args;
   int64_t max_new = 64, seed = 1, timing_prompts = 2, repeats = 3, limit = 0;
@@ -203,6 +203,19 @@ int main(int argc, char** argv) {
   pb::ModelInfo info;
   if (grpc::Status s = client.Info(&info); !s.ok())
     return Fail(absl::StrCat("GetModelInfo at ", addr, ": ", s.error_message()));
+  // A strategy the server cannot serve (PoD without a calibration) is left out, saying why.
+  std::erase_if(strategies, [&](const std::string& label) {
+    const std::string name = label.substr(0, label.find(':'));
+    for (int k = 0; k < info.strategies_size() && k < info.strategy_unavailable_size(); ++k) {
+      if (info.strategies(k) == name && !info.strategy_unavailable(k).empty()) {
+        std::fprintf(stderr, "pruneserve-eval: leaving out %s: %s\n", label.c_str(),
+                     info.strategy_unavailable(k).c_str());
+        return true;
+      }
+    }
+    return false;
+  });
+  if (strategies.empty()) return Fail("no strategy to run");
   const bool chat = info.chat_template() != "unknown";
   const int context = static_cast<int>(info.context_length());
   if (lengths.empty()) {

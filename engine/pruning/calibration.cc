@@ -119,6 +119,45 @@ absl::StatusOr<Calibration> CalibrationFromJson(std::string_view json, const Mod
   return c;
 }
 
+absl::StatusOr<AutoTable> AutoTableFromJson(std::string_view json) {
+  const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  AutoTable t;
+  try {
+    t.model = j.value("model", "");
+    for (const nlohmann::json& l : j.at("lengths")) {
+      AutoTable::Length length{.length = l.at("length").get<int>()};
+      for (const nlohmann::json& s : l.at("strategies")) {
+        length.strategies.push_back({.name = s.at("name").get<std::string>(),
+                                     .score = s.at("score").get<double>(),
+                                     .lo = s.at("lo").get<double>(),
+                                     .hi = s.at("hi").get<double>(),
+                                     .speedup = s.at("speedup").get<double>(),
+                                     .n = s.value("n", 0)});
+      }
+      t.lengths.push_back(std::move(length));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("bad auto table: ", e.what()));
+  }
+  for (size_t i = 0; i < t.lengths.size(); ++i) {
+    if (t.lengths[i].length < 1 || (i > 0 && t.lengths[i].length <= t.lengths[i - 1].length)) {
+      return absl::InvalidArgumentError("auto table: lengths must be positive and ascending");
+    }
+  }
+  return t;
+}
+
+absl::StatusOr<AutoTable> LoadAutoTable(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<AutoTable> t = AutoTableFromJson(text.str());
+  if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", t.status().message()));
+  return t;
+}
+
 absl::StatusOr<Calibration> LoadCalibration(const std::string& path, const ModelConfig& config) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));

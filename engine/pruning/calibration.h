@@ -28,6 +28,25 @@ double JsDivergence(std::span<const float> p, std::span<const float> q);
 // itself; this reading keeps delta's direction: more sharing as it grows.)
 std::vector<std::vector<int>> GreedyLayerGroups(const std::vector<std::vector<double>>& sim, double delta);
 
+// The evaluation's table (pruneserve-eval --auto-table), which the `auto` strategy
+// picks from: per prompt length, each strategy's accuracy pooled over the tasks with
+// its 95% interval, and its TTFT speedup over `full`.
+struct AutoTable {
+  struct Entry {
+    std::string name;
+    double score = 0, lo = 0, hi = 0, speedup = 0;
+    int n = 0;  // prompts scored
+  };
+  struct Length {
+    int length = 0;
+    std::vector<Entry> strategies;  // `full` among them
+  };
+  std::string model;
+  std::vector<Length> lengths;  // ascending
+};
+absl::StatusOr<AutoTable> AutoTableFromJson(std::string_view json);
+absl::StatusOr<AutoTable> LoadAutoTable(const std::string& path);
+
 struct Calibration {
   std::string model;  // the model's name, as GetModelInfo gives it
   int n_layers = 0;
@@ -43,6 +62,9 @@ struct Calibration {
   // samples (-1: none did), and the LazyLLM pruning layers derived from it.
   int needle_layer = -1;
   std::vector<int> lazyllm_layers;
+  // The evaluation's table for `auto` (a file of its own, attached by the server);
+  // null: none. A calibration may hold only this (no groups: PoD stays unavailable).
+  std::shared_ptr<const AutoTable> auto_table;
 
   // groups regrouped at another threshold (same similarities).
   void Regroup(double new_delta);

@@ -12,14 +12,20 @@
 namespace ps {
 namespace {
 
+constexpr char kUncalibrated[] =
+    "uncalibrated: its layers follow the depth rule, which may miss what the model attends to; start the server "
+    "with --calibrate-text (or run pruneserve-calibrate) to measure them";
+
 class Params final : public StrategyParams {
  public:
-  explicit Params(const GemFilterParams& p) : p_(p) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
+  // calibrated: filter_layer comes from the model's calibration.
+  Params(const GemFilterParams& p, bool calibrated) : p_(p), calibrated_(calibrated) {}
+  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_, calibrated_); }
 
   absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
     const auto& m = static_cast<const pruneserve::v1::GemFilter&>(msg);
     PS_RETURN_IF_ERROR(MergeIntField(m.has_filter_layer(), m.filter_layer(), field, "filter_layer", &p_.filter_layer));
+    calibrated_ = calibrated_ || m.has_filter_layer();  // chosen by whoever set it
     PS_RETURN_IF_ERROR(MergeIntField(m.has_top_k(), m.top_k(), field, "top_k", &p_.top_k));
     PS_RETURN_IF_ERROR(MergeIntField(m.has_pool_kernel(), m.pool_kernel(), field, "pool_kernel", &p_.pool_kernel));
     if (m.has_original_positions()) p_.original_positions = m.original_positions();
@@ -49,6 +55,7 @@ class Params final : public StrategyParams {
     return absl::OkStatus();
   }
 
+  std::string Caveat() const override { return calibrated_ ? std::string() : kUncalibrated; }
   bool WholePrompt() const override { return true; }
   std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
     (void)config;
@@ -57,6 +64,7 @@ class Params final : public StrategyParams {
 
  private:
   GemFilterParams p_;
+  bool calibrated_;
 };
 
 }  // namespace
@@ -68,7 +76,8 @@ std::unique_ptr<StrategyParams> GemFilterDefaults(const ModelConfig& config, con
   const int layer = calibration != nullptr && calibration->needle_layer >= 0
                         ? calibration->needle_layer
                         : std::clamp(static_cast<int>(std::lround(0.4 * n)), 0, std::max(0, n - 1));
-  return std::make_unique<Params>(GemFilterParams{.filter_layer = layer});
+  return std::make_unique<Params>(GemFilterParams{.filter_layer = layer},
+                                  calibration != nullptr && calibration->needle_layer >= 0);
 }
 
 absl::Status GemFilter::BeginStep(StepRows* rows, SeqContext& ctx) {

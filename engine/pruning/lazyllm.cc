@@ -22,10 +22,16 @@ struct Preset {
   std::vector<float> keep;
 };
 
+constexpr char kUncalibrated[] =
+    "uncalibrated: its layers follow the depth rule, which may miss what the model attends to; start the server "
+    "with --calibrate-text (or run pruneserve-calibrate) to measure them";
+
 class Params final : public StrategyParams {
  public:
-  Params(LazyLlmParams p, std::vector<Preset> presets) : p_(std::move(p)), presets_(std::move(presets)) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_, presets_); }
+  // calibrated: the schedule comes from the model's calibration.
+  Params(LazyLlmParams p, std::vector<Preset> presets, bool calibrated)
+      : p_(std::move(p)), presets_(std::move(presets)), calibrated_(calibrated) {}
+  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_, presets_, calibrated_); }
 
   absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
     const auto& m = static_cast<const pruneserve::v1::LazyLLM&>(msg);
@@ -40,11 +46,13 @@ class Params final : public StrategyParams {
       }
       p_.layers = it->layers;
       p_.keep = it->keep;
+      calibrated_ = calibrated_ || it->name != "default";  // a schedule chosen by name
     }
     if (m.layers_size() == 0 && m.keep_size() == 0) return absl::OkStatus();  // the schedule's defaults stay
     // The schedule is given whole: both lists (Validate checks they match).
     if (m.layers_size() == 0)
       return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".layers: required with keep"));
+    calibrated_ = true;  // a schedule given whole
     p_.layers.clear();
     for (int i = 0; i < m.layers_size(); ++i) {
       if (m.layers(i) > static_cast<uint32_t>(INT32_MAX)) {
@@ -88,6 +96,7 @@ class Params final : public StrategyParams {
     return absl::OkStatus();
   }
 
+  std::string Caveat() const override { return calibrated_ ? std::string() : kUncalibrated; }
   bool WholePrompt() const override { return !p_.layers.empty(); }
   std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
     return std::make_unique<LazyLlm>(p_, config);
@@ -96,6 +105,7 @@ class Params final : public StrategyParams {
  private:
   LazyLlmParams p_;
   std::vector<Preset> presets_;  // for this model
+  bool calibrated_;
 };
 
 }  // namespace
@@ -131,7 +141,8 @@ std::unique_ptr<StrategyParams> LazyLlmDefaults(const ModelConfig& config, const
     slim.keep.push_back(0.5f);
   }
   std::vector<Preset> presets = {{.name = "default", .layers = p.layers, .keep = p.keep}, std::move(slim)};
-  return std::make_unique<Params>(std::move(p), std::move(presets));
+  const bool calibrated = calibration != nullptr && !calibration->lazyllm_layers.empty();
+  return std::make_unique<Params>(std::move(p), std::move(presets), calibrated);
 }
 
 LazyLlm::LazyLlm(const LazyLlmParams& params, const ModelConfig& config)

@@ -36,11 +36,12 @@ class Params final : public StrategyParams {
     auto bad = [&](std::string_view key, auto&&... what) {
       return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".", std::string(key), ": ", what...));
     };
-    if (p_.calibration == nullptr) {
+    if (p_.calibration == nullptr || p_.calibration->groups.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(std::string(field),
-                                                        ": PoD needs the model's layer groups; measure them with "
-                                                        "pruneserve-calibrate --model MODEL and start the server with "
-                                                        "--pod-groups MODEL.calibration.json"));
+                                                        ": PoD needs the model's layer groups; start the server "
+                                                        "with --calibrate-text TEXT to measure them, or give it "
+                                                        "--pod-groups MODEL.calibration.json from "
+                                                        "pruneserve-calibrate --model MODEL"));
     }
     if (!(p_.delta >= 0.0 && p_.delta <= 1.0)) return bad("delta", p_.delta, " must be in [0, 1]");
     if (p_.calibration->similarity.empty() && std::abs(p_.delta - p_.calibration->delta) > 1e-6) {

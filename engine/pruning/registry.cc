@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "engine/pruning/auto.h"
 #include "engine/pruning/critiprefill.h"
 #include "engine/pruning/gemfilter.h"
 #include "engine/pruning/lazyllm.h"
@@ -45,6 +46,10 @@ struct Registry {
       {"snapkv",
        "SnapKV (KV-cache baseline): after a dense prefill, each KV head keeps the KV its last queries attend to most",
        SnapKvDefaults},
+      {"auto",
+       "auto: per request, the fastest strategy that kept full's accuracy at the prompt's length in the "
+       "evaluation's table (needs --auto-table), full otherwise",
+       AutoDefaults},
   };
 };
 

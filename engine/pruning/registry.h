@@ -41,6 +41,9 @@ class StrategyParams {
   virtual void ToProto(google::protobuf::Message* msg) const = 0;
   // Checks against the model; errors name the field as `<field>.<key>`.
   virtual absl::Status Validate(const ModelConfig& config, std::string_view field) const = 0;
+  // What to know of these parameters on this model (defaults that a calibration
+  // would set and did not), or "".
+  virtual std::string Caveat() const { return {}; }
   // The prompt must be computed in a single step (the strategy scores tokens from
   // the last prompt token), not in chunks.
   virtual bool WholePrompt() const { return false; }

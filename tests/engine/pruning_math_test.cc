@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/pruning/auto.h"
 #include "engine/pruning/critiprefill.h"
 #include "engine/pruning/gemfilter.h"
 #include "engine/pruning/pod.h"
@@ -229,9 +230,9 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
     EXPECT_EQ(p->name(), s->name);
     if (p->params == nullptr) continue;
     const absl::Status valid = p->params->Validate(c, "pruning");
-    if (s->name == "pod") {  // no calibration given: unavailable, saying what it needs
+    if (s->name == "pod" || s->name == "auto") {  // no calibration or table: unavailable, saying what it needs
       EXPECT_EQ(valid.code(), absl::StatusCode::kFailedPrecondition);
-      EXPECT_THAT(std::string(valid.message()), HasSubstr("--pod-groups"));
+      EXPECT_THAT(std::string(valid.message()), HasSubstr(s->name == "pod" ? "--pod-groups" : "--auto-table"));
     } else {
       EXPECT_TRUE(valid.ok()) << s->name << ": " << valid;
     }
@@ -306,6 +307,41 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   EXPECT_FLOAT_EQ(slim.gamma(), 0.9f);
   EXPECT_THAT(error("full", {"top_k=4"}), HasSubstr("full has no parameters"));
   EXPECT_FALSE(FindStrategy("h2o").ok());
+}
+
+// auto's pick: at the longest measured length not above the prompt, the fastest
+// strategy (at least min_speedup) whose score is inside full's interval.
+TEST(Auto, PicksTheFastestStrategyInsideFullsInterval) {
+  const AutoTable table{
+      .lengths = {{.length = 4096,
+                   .strategies = {{.name = "full", .score = 0.9, .lo = 0.8, .hi = 0.97, .speedup = 1},
+                                  {.name = "lazyllm", .score = 0.85, .lo = 0.7, .hi = 0.9, .speedup = 1.5},
+                                  {.name = "gemfilter", .score = 0.5, .lo = 0.3, .hi = 0.7, .speedup = 2.5}}},
+                  {.length = 16384,
+                   .strategies = {{.name = "full", .score = 0.8, .lo = 0.6, .hi = 0.9, .speedup = 1},
+                                  {.name = "lazyllm", .score = 0.7, .lo = 0.5, .hi = 0.8, .speedup = 1.6},
+                                  {.name = "gemfilter", .score = 0.65, .lo = 0.4, .hi = 0.8, .speedup = 2.4},
+                                  {.name = "critiprefill", .score = 0.75, .lo = 0.5, .hi = 0.9, .speedup = 1.05}}}}};
+  auto all = [](const std::string&) { return true; };
+  EXPECT_EQ(AutoChoice(table, 1000, 1.1f, all), "full") << "shorter than every measured length";
+  EXPECT_EQ(AutoChoice(table, 8000, 1.1f, all), "lazyllm") << "gemfilter is faster but lost the answer";
+  EXPECT_EQ(AutoChoice(table, 40000, 1.1f, all), "gemfilter") << "the 16k row: both inside full's interval";
+  EXPECT_EQ(AutoChoice(table, 40000, 2.5f, all), "full") << "none fast enough";
+  EXPECT_EQ(AutoChoice(table, 40000, 1.1f, [](const std::string& s) { return s != "gemfilter"; }), "lazyllm")
+      << "a strategy the server cannot serve is passed over";
+  EXPECT_EQ(AutoChoice(AutoTable{}, 40000, 1.1f, all), "full");
+  const absl::StatusOr<AutoTable> parsed = AutoTableFromJson(
+      R"({"model": "m", "lengths": [{"length": 4096, "strategies": [{"name": "full", "score": 0.9, "lo": 0.8,)"
+      R"( "hi": 0.97, "speedup": 1.0, "n": 140}]}]})");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->lengths[0].strategies[0].n, 140);
+  EXPECT_FALSE(
+      AutoTableFromJson(R"({"lengths": [{"length": 8, "strategies": []}, {"length": 4, "strategies": []}]})").ok())
+      << "lengths ascending";
+  // Without a table auto is unavailable, saying what it needs.
+  const absl::StatusOr<PruningParams> p = StrategyDefaults::ForModel(Layers(30))->Get("auto");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->params->Validate(Layers(30), "pruning.auto").code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(Pod, GateAndMergeOnHandBuiltNumbers) {

@@ -59,7 +59,10 @@ class ServerProcess {
                                      "--port-file",
                                      port_file,
                                      "--log-level",
-                                     "info"};
+                                     "info",
+                                     // Hermetic: no calibration cached by another run (args may name another).
+                                     "--calibration-cache",
+                                     dir_ + "/calibration"};
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());

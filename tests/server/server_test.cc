@@ -288,10 +288,10 @@ TEST_F(ServerTest, TokenizeDetokenizeModelInfo) {
   EXPECT_EQ(info.vocab_size(), 512u);
   EXPECT_EQ(info.num_layers(), 5u);
   EXPECT_EQ(absl::StrJoin(info.strategies(), " "),
-            "full lazyllm gemfilter critiprefill sliminfer pod streamingllm snapkv");
+            "full lazyllm gemfilter critiprefill sliminfer pod streamingllm snapkv auto");
   ASSERT_EQ(info.strategy_summaries_size(), info.strategies_size());
   EXPECT_THAT(info.strategy_summaries(5), ::testing::HasSubstr("stock weights"));
-  ASSERT_EQ(info.strategy_defaults_size(), 8);
+  ASSERT_EQ(info.strategy_defaults_size(), 9);
   EXPECT_TRUE(info.strategy_defaults(0).has_full());
   EXPECT_EQ(absl::StrJoin(info.strategy_defaults(1).lazyllm().layers(), ","), "3,4");  // 60% and 80% of 5 layers
   EXPECT_EQ(info.strategy_defaults(2).gemfilter().filter_layer(), 2u);                 // 40% of 5 layers
@@ -468,6 +468,97 @@ TEST(ServerCalibration, PodGroupsFileEnablesPod) {
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_THAT(refused.output, ::testing::HasSubstr("calibrated for 7 layers"));
   std::remove(file.c_str());
+}
+
+// Without a calibration PoD is listed unavailable with the reason and GemFilter and
+// LazyLLM carry a note; --calibrate-text measures one at start-up, caches it in the
+// cache folder (never next to the model) and a second start reuses it.
+TEST(ServerCalibration, MeasuredAtStartUpCachedAndReused) {
+  auto info = [](ServerProcess& s) {
+    auto stub = s.Stub();
+    grpc::ClientContext ctx;
+    pb::ModelInfo i;
+    EXPECT_TRUE(stub->GetModelInfo(&ctx, {}, &i).ok());
+    std::map<std::string, std::pair<std::string, std::string>> out;  // strategy -> (unavailable, note)
+    for (int k = 0; k < i.strategies_size(); ++k) {
+      out[i.strategies(k)] = {i.strategy_unavailable(k), i.strategy_notes(k)};
+    }
+    return out;
+  };
+  {
+    ServerProcess plain({"--model", kStories, "--threads", "2"});
+    auto s = info(plain);
+    EXPECT_THAT(s["pod"].first, ::testing::HasSubstr("PoD needs the model's layer groups"));
+    EXPECT_THAT(s["gemfilter"].second, ::testing::HasSubstr("uncalibrated"));
+    EXPECT_THAT(s["lazyllm"].second, ::testing::HasSubstr("uncalibrated"));
+    EXPECT_EQ(s["full"], std::make_pair(std::string(), std::string()));
+    EXPECT_EQ(s["snapkv"], std::make_pair(std::string(), std::string()));
+  }
+  const std::string cache = ::testing::TempDir() + "/calibration_cache_" + std::to_string(::getpid());
+  std::filesystem::remove_all(cache);
+  const std::vector<std::string> args = {"--model",
+                                         kStories,
+                                         "--threads",
+                                         "2",
+                                         "--calibrate-text",
+                                         std::string(PS_TESTDATA) + "/haystack/paul_graham_essays",
+                                         "--calibration-cache",
+                                         cache};
+  {
+    ServerProcess measuring(args);
+    EXPECT_THAT(measuring.Log(), ::testing::HasSubstr("calibrating"));
+    EXPECT_EQ(info(measuring)["pod"].first, "") << "PoD serves";
+    EXPECT_FALSE(std::filesystem::exists(kStories + ".calibration.json")) << "the shared model folder stays as it is";
+  }
+  std::vector<std::string> cached;
+  for (const auto& e : std::filesystem::directory_iterator(cache)) cached.push_back(e.path().string());
+  ASSERT_EQ(cached.size(), 1u);
+  EXPECT_THAT(cached[0], ::testing::MatchesRegex(".*/stories260K\\.gguf\\.[0-9a-f]+\\.calibration\\.json"));
+  ServerProcess reusing(args);
+  EXPECT_THAT(reusing.Log(), ::testing::Not(::testing::HasSubstr("calibrating")));
+  EXPECT_THAT(reusing.Log(), ::testing::HasSubstr("calibration " + cached[0]));
+  EXPECT_EQ(info(reusing)["pod"].first, "");
+  std::filesystem::remove_all(cache);
+}
+
+// auto over the wire: unavailable without the evaluation's table; with one, a long
+// prompt runs the strategy the table picks (its tokens and rows, its name in
+// Usage.strategy) and a short one runs `full`.
+TEST(ServerAuto, PicksByTheTableAndSaysWhich) {
+  const std::string table = ::testing::TempDir() + "/auto_table_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(table) << R"({"model": "llama", "lengths": [{"length": 64, "strategies": [)"
+                          R"({"name": "full", "score": 0.9, "lo": 0.8, "hi": 0.95, "speedup": 1.0, "n": 20},)"
+                          R"({"name": "lazyllm", "score": 0.9, "lo": 0.8, "hi": 0.95, "speedup": 1.6, "n": 20},)"
+                          R"({"name": "gemfilter", "score": 0.2, "lo": 0.1, "hi": 0.4, "speedup": 3.0, "n": 20}]}]})";
+  std::vector<int32_t> long_prompt = {1}, short_prompt = {1, 300, 301, 302};
+  for (int k = 0; k < 100; ++k) long_prompt.push_back(300 + (k * 29) % 200);
+  auto run = [](ServerProcess& s, const std::vector<int32_t>& prompt, const std::string& strategy) {
+    auto stub = s.Stub();
+    pb::GenerateRequest req = GreedyRequest(prompt, 8);
+    if (strategy == "auto") req.mutable_pruning()->mutable_auto_();
+    if (strategy == "lazyllm") req.mutable_pruning()->mutable_lazyllm();
+    return RunStream(*stub, req);
+  };
+  {
+    ServerProcess without({"--model", kStories, "--threads", "2"});
+    const StreamResult r = run(without, long_prompt, "auto");
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(r.status.error_message(), ::testing::HasSubstr("--auto-table"));
+  }
+  ServerProcess with({"--model", kStories, "--threads", "2", "--auto-table", table});
+  const StreamResult picked = run(with, long_prompt, "auto");
+  ASSERT_TRUE(picked.status.ok()) << picked.status.error_message();
+  EXPECT_EQ(picked.finished.usage().strategy(), "lazyllm") << "gemfilter is faster but lost the answer";
+  const StreamResult lazy = run(with, long_prompt, "lazyllm");
+  EXPECT_EQ(lazy.finished.usage().strategy(), "lazyllm");
+  EXPECT_EQ(picked.tokens, lazy.tokens);
+  EXPECT_DOUBLE_EQ(picked.finished.usage().prompt_tokens_computed(), lazy.finished.usage().prompt_tokens_computed());
+  EXPECT_LT(picked.finished.usage().prompt_tokens_computed(), static_cast<double>(long_prompt.size()));
+  const StreamResult short_one = run(with, short_prompt, "auto");
+  ASSERT_TRUE(short_one.status.ok());
+  EXPECT_EQ(short_one.finished.usage().strategy(), "full") << "shorter than every measured length";
+  EXPECT_EQ(absl::StrJoin(short_one.tokens, " "), absl::StrJoin(Offline(short_prompt, 8), " "));
+  std::remove(table.c_str());
 }
 
 TEST(ServerLimits, QueueFullIsResourceExhausted) {
