@@ -148,6 +148,8 @@ int main(int argc, char** argv) {
   flags.AddString("csv", &csv_path, "results file: rows are appended, and rows already there are not rerun");
   flags.AddString("summary", &summary_path, "write the table as CSV here");
   flags.AddString("auto-table", &auto_path, "write the `auto` strategy's table (JSON) here");
+  std::string show;
+  flags.AddString("show", &show, "TASK:LENGTH:INDEX: print that prompt and its expected answers, run nothing");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
   if (flags.help_requested()) {
     std::printf("%s", flags.Help().c_str());
@@ -228,6 +230,19 @@ int main(int argc, char** argv) {
   const absl::StatusOr<TextCodec::Tokens> filler = client.Tokenize(*essays);
   if (!filler.ok()) return Fail(std::string(filler.status().message()));
 
+  if (!show.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(show, ':');
+    int length = 0, index = 0;
+    if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &length) || !absl::SimpleAtoi(parts[2], &index)) {
+      return Fail("--show: TASK:LENGTH:INDEX, not " + show);
+    }
+    absl::StatusOr<EvalPrompt> p = MakePrompt(client, *filler, parts[0],
+                                              {.length = length, .index = index, .seed = static_cast<uint64_t>(seed),
+                                               .chat = chat});
+    if (!p.ok()) return Fail(std::string(p.status().message()));
+    std::printf("%s\n\nexpected: %s\n", p->text.c_str(), absl::StrJoin(p->answers, " | ").c_str());
+    return 0;
+  }
   absl::StatusOr<std::vector<ResultRow>> rows = ReadResults(csv_path);
   if (!rows.ok()) return Fail(std::string(rows.status().message()));
   std::set<std::string> done;

@@ -3,11 +3,13 @@
 // intervals on hand-checked numbers, the results file's round trip and resume keys,
 // and the table from hand-made rows.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/eval/results.h"
@@ -91,6 +93,17 @@ TEST(EvalTasks, PromptsFitTheirLengthHoldTheirAnswersAndRepeat) {
       next.index = 4;
       EXPECT_NE(MakePrompt(codec, filler, task, next)->text, p->text);
     }
+  }
+  // qa's people share no first name or surname with one another: the asked one's each
+  // appear in the question and in one biography only.
+  const EvalPrompt qa = *MakePrompt(codec, filler, "qa", {.length = 2048, .index = 5});
+  const size_t at = qa.text.rfind("In which city was ") + std::strlen("In which city was ");
+  const std::vector<std::string> person = absl::StrSplit(qa.text.substr(at, qa.text.find(" born?", at) - at), ' ');
+  ASSERT_EQ(person.size(), 2u);
+  for (const std::string& part : person) {
+    int count = 0;
+    for (size_t i = qa.text.find(part); i != std::string::npos; i = qa.text.find(part, i + 1)) ++count;
+    EXPECT_EQ(count, 2) << part;
   }
   const PromptOptions plain{.length = 2048, .chat = false};
   EXPECT_TRUE(absl::EndsWith(MakePrompt(codec, filler, "niah_single", plain)->text, "\nAnswer:"));

@@ -278,12 +278,10 @@ absl::StatusOr<EvalPrompt> MakePrompt(TextCodec& codec, const TextCodec::Tokens&
     return absl::InternalError(absl::StrCat("could not fit cwe into ", o.length, " tokens"));
   }
   if (task == "qa") {
+    // Eight people who share neither a first name nor a surname.
+    const std::vector<std::string> first = b.Distinct(kFirstNames, 8), last = b.Distinct(kSurnames, 8);
     std::vector<std::string> names;
-    std::set<std::string> seen;
-    while (names.size() < 8) {
-      std::string name = absl::StrCat(b.Pick(kFirstNames), " ", b.Pick(kSurnames));
-      if (seen.insert(name).second) names.push_back(name);
-    }
+    for (int i = 0; i < 8; ++i) names.push_back(absl::StrCat(first[i], " ", last[i]));
     const std::vector<std::string> cities = b.Distinct(kCities, 8);
     std::vector<std::pair<double, std::string>> needles;
     for (int i = 0; i < 8; ++i) {
