@@ -150,6 +150,9 @@ int main(int argc, char** argv) {
   flags.AddString("auto-table", &auto_path, "write the `auto` strategy's table (JSON) here");
   std::string show;
   flags.AddString("show", &show, "TASK:LENGTH:INDEX: print that prompt and its expected answers, run nothing");
+  bool table_only = false;
+  flags.AddBool("table-only", &table_only,
+                "no server: print the table (and write --summary, --auto-table) from the rows in --csv");
   if (absl::Status s = flags.Parse(argc, argv); !s.ok()) return Fail(std::string(s.message()));
   if (flags.help_requested()) {
     std::printf("%s", flags.Help().c_str());
@@ -201,6 +204,33 @@ int main(int argc, char** argv) {
       return Fail(absl::StrCat(label, ": ", st.message()));
   }
 
+  // The table from every row of the results file (printed, and written where asked).
+  auto report = [&](const std::vector<ResultRow>& all, const std::string& model, const std::string& where) {
+    const std::vector<LengthSummary> summary = Summarize(all, model, strategies);
+    std::printf("%s%s; results: %s\n%s", model.c_str(), where.c_str(), csv_path.c_str(),
+                FormatTable(summary, tasks).c_str());
+    auto write = [](const std::string& path, const std::string& text) {
+      std::ofstream out(path);
+      out << text;
+      return static_cast<bool>(out);
+    };
+    if (!summary_path.empty() && !write(summary_path, SummaryCsv(model, summary)))
+      return Fail("cannot write " + summary_path);
+    if (!auto_path.empty() && !write(auto_path, AutoTableJson(model, summary)))
+      return Fail("cannot write " + auto_path);
+    return 0;
+  };
+  if (table_only) {
+    absl::StatusOr<std::vector<ResultRow>> all = ReadResults(csv_path);
+    if (!all.ok()) return Fail(std::string(all.status().message()));
+    if (all->empty()) return Fail(csv_path + " has no rows");
+    std::map<std::string, int> models;
+    for (const ResultRow& r : *all) ++models[r.model];
+    const auto most = std::max_element(models.begin(), models.end(),
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+    return report(*all, most->first, "");
+  }
+
   Client client(addr);
   pb::ModelInfo info;
   if (grpc::Status s = client.Info(&info); !s.ok())
@@ -236,9 +266,9 @@ int main(int argc, char** argv) {
     if (parts.size() != 3 || !absl::SimpleAtoi(parts[1], &length) || !absl::SimpleAtoi(parts[2], &index)) {
       return Fail("--show: TASK:LENGTH:INDEX, not " + show);
     }
-    absl::StatusOr<EvalPrompt> p = MakePrompt(client, *filler, parts[0],
-                                              {.length = length, .index = index, .seed = static_cast<uint64_t>(seed),
-                                               .chat = chat});
+    absl::StatusOr<EvalPrompt> p =
+        MakePrompt(client, *filler, parts[0],
+                   {.length = length, .index = index, .seed = static_cast<uint64_t>(seed), .chat = chat});
     if (!p.ok()) return Fail(std::string(p.status().message()));
     std::printf("%s\n\nexpected: %s\n", p->text.c_str(), absl::StrJoin(p->answers, " | ").c_str());
     return 0;
@@ -355,16 +385,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  const std::vector<LengthSummary> summary = Summarize(*rows, model, strategies);
-  std::printf("%s on %s; results: %s\n%s", model.c_str(), addr.c_str(), csv_path.c_str(),
-              FormatTable(summary, tasks).c_str());
-  auto write = [](const std::string& path, const std::string& text) {
-    std::ofstream out(path);
-    out << text;
-    return static_cast<bool>(out);
-  };
-  if (!summary_path.empty() && !write(summary_path, SummaryCsv(model, summary)))
-    return Fail("cannot write " + summary_path);
-  if (!auto_path.empty() && !write(auto_path, AutoTableJson(model, summary))) return Fail("cannot write " + auto_path);
+  if (const int rc = report(*rows, model, " on " + addr); rc != 0) return rc;
   return failed ? 1 : 0;
 }

@@ -1,5 +1,7 @@
 #include "engine/pruning/auto.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "pruneserve/v1/generation.pb.h"

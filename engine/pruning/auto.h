@@ -9,6 +9,7 @@
 // and reports its name (Usage.strategy). The prompt is taken in one step.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 

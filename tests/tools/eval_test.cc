@@ -2,7 +2,8 @@
 // completes, prints its table, appends one CSV row per request (accuracy: every
 // task's prompt under every strategy, a variant NAME:key=value under its label;
 // timing: the repeats), writes the summary and the auto table, and a second run
-// with the same arguments resumes: no request is repeated.
+// with the same arguments resumes: no request is repeated; --table-only prints the
+// table from the file with no server.
 #include <filesystem>
 #include <fstream>
 
@@ -83,6 +84,12 @@ TEST(Eval, SmokeOnStoriesAndResume) {
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(Lines(csv), lines);
   EXPECT_EQ(Lines(dir + "/log2"), 0) << "no request was made";
+  // The table from the file alone, with no server.
+  const CommandResult table = RunCommand(std::string(PS_BINARY_DIR) + "/pruneserve-eval --table-only --csv " + csv +
+                                         " --strategies full,snapkv --addr 127.0.0.1:1");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_THAT(table.output, ::testing::HasSubstr("length 1024 (timing on: "));
+  EXPECT_THAT(table.output, ::testing::ContainsRegex("snapkv +[0-9.]+ \\[[0-9.]+,[0-9.]+\\] n=7"));
   std::filesystem::remove_all(dir);
 }
 
