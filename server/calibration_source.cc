@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include <unistd.h>
 
@@ -25,6 +26,11 @@ std::string DefaultCacheDir() {
   return absl::StrCat(home != nullptr && *home != '\0' ? home : "/tmp", "/.cache/pruneserve");
 }
 
+namespace {
+
+// The paths a calibration of the model is looked for at, in order:
+// MODEL.calibration.json, then the cache's CACHE_DIR/<model file name>.<hash of its
+// absolute path>.calibration.json (where a measured one is written).
 std::vector<std::string> CalibrationPaths(const CalibrationSource& source) {
   std::string model = source.model_path;
   while (model.size() > 1 && model.back() == '/') model.pop_back();  // a folder named with a slash
@@ -35,8 +41,6 @@ std::vector<std::string> CalibrationPaths(const CalibrationSource& source) {
       absl::Hex(std::hash<std::string>()(ec ? model : absolute.string()) & 0xffffffff), ".calibration.json");
   return {model + ".calibration.json", (std::filesystem::path(source.cache_dir) / name).string()};
 }
-
-namespace {
 
 // The calibration proper (ResolveCalibration without the auto table).
 absl::StatusOr<CalibrationPtr> ModelCalibration(const Model& model, Backend& backend, const CalibrationSource& source) {

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/model.h"
@@ -24,11 +23,6 @@ struct CalibrationSource {
   std::string cache_dir;   // where a measured calibration is cached
   std::string auto_table;  // --auto-table: the evaluation's table for `auto` (default: MODEL.auto.json if there)
 };
-
-// The paths a calibration of the model is looked for at, in order:
-// MODEL.calibration.json, then the cache's CACHE_DIR/<model file name>.<hash of its
-// absolute path>.calibration.json (where a measured one is written).
-std::vector<std::string> CalibrationPaths(const CalibrationSource& source);
 
 // The calibration (null: none), logging where it came from; errors for a named file
 // that does not load or fit, a text that cannot be read or calibrated with.

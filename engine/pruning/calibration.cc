@@ -1,12 +1,11 @@
 #include "engine/pruning/calibration.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "base/mapped_file.h"
 #include "base/status.h"
 #include "engine/json_numbers.h"
 
@@ -149,21 +148,15 @@ absl::StatusOr<AutoTable> AutoTableFromJson(std::string_view json) {
 }
 
 absl::StatusOr<AutoTable> LoadAutoTable(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<AutoTable> t = AutoTableFromJson(text.str());
+  PS_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  absl::StatusOr<AutoTable> t = AutoTableFromJson(text);
   if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", t.status().message()));
   return t;
 }
 
 absl::StatusOr<Calibration> LoadCalibration(const std::string& path, const ModelConfig& config) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<Calibration> c = CalibrationFromJson(text.str(), config);
+  PS_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  absl::StatusOr<Calibration> c = CalibrationFromJson(text, config);
   if (!c.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", c.status().message()));
   return c;
 }
