@@ -45,6 +45,10 @@ Metrics::Metrics()
                    .Name("pruneserve_num_requests_waiting")
                    .Help("Requests waiting to be scheduled")
                    .Register(*registry_)),
+      swapped_(prometheus::BuildGauge()
+                   .Name("pruneserve_num_requests_swapped")
+                   .Help("Running requests preempted with their KV in the host tier (counted in running)")
+                   .Register(*registry_)),
       prompt_tokens_(prometheus::BuildCounter()
                          .Name("pruneserve_prompt_tokens_total")
                          .Help("Prompt tokens of finished requests")
@@ -100,6 +104,7 @@ Metrics::Metrics()
                      .Register(*registry_)) {
   running_.Add({}).Set(0);
   waiting_.Add({}).Set(0);
+  swapped_.Add({}).Set(0);
   for (PreemptionMode m : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
     preemptions_.Add({{"mode", std::string(PreemptionModeName(m))}});
   }
@@ -136,6 +141,7 @@ void Metrics::AddStrategies(const std::vector<std::string>& strategies) {
 void Metrics::OnStep(const LoadSnapshot& load, int batch_tokens) {
   running_.Add({}).Set(load.running);
   waiting_.Add({}).Set(load.waiting);
+  swapped_.Add({}).Set(load.swapped);
   for (Tier t : {Tier::kDevice, Tier::kHost}) {
     const KvTierLoad& kv = load.kv[static_cast<int>(t)];
     const std::string tier(TierName(t));

@@ -42,6 +42,7 @@ class Metrics final : public SchedulerObserver {
   prometheus::Family<prometheus::Histogram>& queue_;
   prometheus::Family<prometheus::Gauge>& running_;
   prometheus::Family<prometheus::Gauge>& waiting_;
+  prometheus::Family<prometheus::Gauge>& swapped_;
   prometheus::Family<prometheus::Counter>& prompt_tokens_;
   prometheus::Family<prometheus::Counter>& prompt_tokens_computed_;
   prometheus::Family<prometheus::Counter>& prompt_tokens_pruned_;
