@@ -41,6 +41,7 @@ class Params final : public StrategyParams {
   }
 
   bool WholePrompt() const override { return true; }
+  void UseDefaults(std::shared_ptr<const DefaultParams> others) override { p_.others = std::move(others); }
   std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
     return std::make_unique<Auto>(p_, config);
   }
@@ -81,9 +82,12 @@ absl::Status Auto::BeginStep(StepRows* rows, SeqContext& ctx) {
   if (chosen_ == "auto") {  // the first step holds the whole prompt
     const AutoTable& table = *params_.calibration->auto_table;
     auto make = [&](const std::string& name) -> std::unique_ptr<PruningStrategy> {
-      absl::StatusOr<const StrategyInfo*> info = FindStrategy(name);
-      if (!info.ok() || (*info)->defaults == nullptr) return nullptr;
-      std::unique_ptr<StrategyParams> p = (*info)->defaults(config_, params_.calibration);
+      std::shared_ptr<const StrategyParams> p;
+      if (params_.others != nullptr) {
+        if (auto it = params_.others->find(name); it != params_.others->end()) p = it->second;
+      } else if (absl::StatusOr<const StrategyInfo*> info = FindStrategy(name); info.ok() && (*info)->defaults) {
+        p = (*info)->defaults(config_, params_.calibration);
+      }
       if (p == nullptr || !p->Validate(config_, name).ok()) return nullptr;
       return p->Make(config_);
     };

@@ -5,8 +5,9 @@
 // the strategy with the highest TTFT speedup (at least min_speedup) whose pooled
 // accuracy is inside `full`'s 95% interval there (score >= full's lower bound); `full`
 // when none is, or the prompt is shorter than every measured length. The chosen
-// strategy runs with its registry defaults for the model (its calibration included)
-// and reports its name (Usage.strategy). The prompt is taken in one step.
+// strategy runs with the server's defaults for it (its calibration and --strategy-arg
+// included; the registry's when auto is made outside StrategyDefaults) and reports its
+// name (Usage.strategy). The prompt is taken in one step.
 #pragma once
 
 #include <functional>
@@ -21,8 +22,9 @@
 namespace ps {
 
 struct AutoParams {
-  CalibrationPtr calibration;  // its auto_table is required
-  float min_speedup = 1.1f;    // a strategy must be at least this much faster than `full`
+  CalibrationPtr calibration;                   // its auto_table is required
+  float min_speedup = 1.1f;                     // a strategy must be at least this much faster than `full`
+  std::shared_ptr<const DefaultParams> others;  // the server's defaults of the strategies to pick from
 };
 
 // The registry's defaults; without a table `auto` is unavailable (FailedPrecondition).

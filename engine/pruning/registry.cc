@@ -120,14 +120,21 @@ absl::StatusOr<StrategyDefaults> StrategyDefaults::ForModel(const ModelConfig& c
     PS_ASSIGN_OR_RETURN(const StrategyInfo* s, FindStrategy(std::string_view(a).substr(0, dot)));
     by_strategy[s->name].push_back(a.substr(dot + 1));
   }
+  std::map<std::string, std::shared_ptr<StrategyParams>> made;
   for (const StrategyInfo* s : Strategies()) {
     std::unique_ptr<StrategyParams> p = s->defaults ? s->defaults(config, d.calibration_) : nullptr;
     const std::string field = absl::StrCat("defaults.", s->name);
     PS_RETURN_IF_ERROR(MergeArgs(*s, by_strategy[s->name], field, p.get()));
     if (p != nullptr) {
       if (absl::Status st = p->Validate(config, field); !st.ok() && !absl::IsFailedPrecondition(st)) return st;
-      d.params_[s->name] = std::move(p);
+      made[s->name] = std::move(p);
     }
+  }
+  d.params_.insert(made.begin(), made.end());
+  for (auto& [name, p] : made) {
+    auto others = std::make_shared<DefaultParams>(d.params_);
+    others->erase(name);
+    p->UseDefaults(std::move(others));
   }
   return d;
 }

@@ -30,6 +30,10 @@ namespace ps {
 
 // One strategy's parameters. Immutable once validated; shared by the requests
 // that use them.
+class StrategyParams;
+// Strategies' parameters by name: the server's defaults (--strategy-arg applied).
+using DefaultParams = std::map<std::string, std::shared_ptr<const StrategyParams>, std::less<>>;
+
 class StrategyParams {
  public:
   virtual ~StrategyParams() = default;
@@ -49,6 +53,10 @@ class StrategyParams {
   virtual bool WholePrompt() const { return false; }
   // A fresh strategy for one sequence. The parameters must be valid.
   virtual std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const = 0;
+  // The other strategies' defaults, given once they are all made (StrategyDefaults::
+  // ForModel): a strategy that runs another one (auto) runs it with these. They must
+  // not hold this strategy's own parameters (a cycle).
+  virtual void UseDefaults(std::shared_ptr<const DefaultParams> others) { (void)others; }
 };
 
 // For StrategyParams::Merge: *out = v when the field is set (`has`); InvalidArgument
@@ -109,7 +117,7 @@ class StrategyDefaults {
       : config_(config), calibration_(std::move(calibration)) {}
   ModelConfig config_;
   CalibrationPtr calibration_;
-  std::map<std::string, std::shared_ptr<const StrategyParams>, std::less<>> params_;
+  DefaultParams params_;
 };
 
 // The strategy with every parameter, as the API's message.

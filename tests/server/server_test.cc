@@ -522,8 +522,8 @@ TEST(ServerCalibration, MeasuredAtStartUpCachedAndReused) {
 }
 
 // auto over the wire: unavailable without the evaluation's table; with one, a long
-// prompt runs the strategy the table picks (its tokens and rows, its name in
-// Usage.strategy) and a short one runs `full`.
+// prompt runs the strategy the table picks, at the server's defaults (--strategy-arg
+// included: its tokens and rows, its name in Usage.strategy), and a short one runs `full`.
 TEST(ServerAuto, PicksByTheTableAndSaysWhich) {
   const std::string table = ::testing::TempDir() + "/auto_table_" + std::to_string(::getpid()) + ".json";
   std::ofstream(table) << R"({"model": "llama", "lengths": [{"length": 64, "strategies": [)"
@@ -545,7 +545,8 @@ TEST(ServerAuto, PicksByTheTableAndSaysWhich) {
     EXPECT_EQ(r.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
     EXPECT_THAT(r.status.error_message(), ::testing::HasSubstr("--auto-table"));
   }
-  ServerProcess with({"--model", kStories, "--threads", "2", "--auto-table", table});
+  ServerProcess with({"--model", kStories, "--threads", "2", "--auto-table", table, "--strategy-arg",
+                      "lazyllm.layers=1,3", "--strategy-arg", "lazyllm.keep=0.5,0.05"});
   const StreamResult picked = run(with, long_prompt, "auto");
   ASSERT_TRUE(picked.status.ok()) << picked.status.error_message();
   EXPECT_EQ(picked.finished.usage().strategy(), "lazyllm") << "gemfilter is faster but lost the answer";
