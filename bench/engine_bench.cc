@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iterator>
 #include <map>
 
@@ -28,6 +29,7 @@
 #include "base/thread_pool.h"
 #include "bench/machine_peak.h"
 #include "engine/generator.h"
+#include "engine/pruning/calibration.h"
 #include "engine/pruning/registry.h"
 #include "kernels/backend.h"
 #include "memory/kv_geometry.h"
@@ -249,7 +251,8 @@ int main(int argc, char** argv) {
   std::vector<int64_t> depth_list = {0};
   int64_t threads = 2, decode = 128, repeats = 2, block_tokens = 16, streams = 16;
   bool llamacpp = false, vllm = false, peak = true;
-  std::string strategy, sweep, device = "cpu", synthetic, kv_dtype = kDefaultKvDTypeName, activations = "int8", cpu_isa;
+  std::string strategy, sweep, device = "cpu", synthetic, kv_dtype = kDefaultKvDTypeName, activations = "int8", cpu_isa,
+                               calibration_path;
   std::vector<std::string> strategy_args;
   FlagParser flags("ps_bench_engine",
                    "Prefill and decode throughput of the engine: one sequence at given prompt lengths and decode\n"
@@ -276,6 +279,9 @@ int main(int argc, char** argv) {
                   "token, next to full's)");
   flags.AddStringList("strategy-arg", &strategy_args,
                       "KEY=VALUE parameter of --strategy's strategies (repeatable; each must know it)");
+  flags.AddString("calibration", &calibration_path,
+                  "the model's calibration for --strategy (PoD's groups, GemFilter's and LazyLLM's layers), as the "
+                  "server's; default: MODEL.calibration.json beside the model when there is one");
   flags.AddString("sweep", &sweep,
                   "KEY=V1,V2,...: measure one --strategy's prefill at each value of one parameter "
                   "(e.g. budget=256,512,1024 for critiprefill)");
@@ -328,7 +334,17 @@ int main(int argc, char** argv) {
   // per sweep value of a single strategy.
   std::vector<std::pair<std::string, PruningParams>> pruned;
   if (!strategy.empty()) {
-    const absl::StatusOr<StrategyDefaults> defaults = StrategyDefaults::ForModel(c);
+    CalibrationPtr calibration;
+    if (calibration_path.empty() && synthetic.empty() && std::filesystem::exists(model_path + ".calibration.json")) {
+      calibration_path = model_path + ".calibration.json";
+    }
+    if (!calibration_path.empty()) {
+      absl::StatusOr<Calibration> loaded = LoadCalibration(calibration_path, c);
+      if (!loaded.ok()) return Fail(absl::StrCat("--calibration: ", loaded.status().message()));
+      calibration = std::make_shared<const Calibration>(*std::move(loaded));
+      std::printf("calibration: %s\n", calibration_path.c_str());
+    }
+    const absl::StatusOr<StrategyDefaults> defaults = StrategyDefaults::ForModel(c, {}, calibration);
     if (!defaults.ok()) return Fail(std::string(defaults.status().message()));
     const std::vector<std::string> names = absl::StrSplit(strategy, ',');
     std::vector<std::string> values = {""};
