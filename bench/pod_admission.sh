@@ -27,8 +27,8 @@ tmp=$(mktemp -d)
 OUT=${1:-$tmp}
 mkdir -p "$OUT"
 build/pruneserve --model "$MODEL" --host 127.0.0.1 --port 0 --metrics-port 0 --port-file "$tmp/ports" \
-  --kv-device-bytes "$KV_BYTES" --prefill-chunk 65536 --max-batch-tokens 65536 --calibrate-text ../shared/testdata/haystack/paul_graham_essays \
-  --log-level warn &
+  --kv-device-bytes "$KV_BYTES" --prefill-chunk 65536 --max-batch-tokens 65536 \
+  --calibrate-text ../shared/testdata/haystack/paul_graham_essays --log-level warn &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 for _ in $(seq 300); do [ -s "$tmp/ports" ] && break; sleep 0.1; done

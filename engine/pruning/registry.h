@@ -28,12 +28,12 @@ class PruningConfig;
 
 namespace ps {
 
-// One strategy's parameters. Immutable once validated; shared by the requests
-// that use them.
 class StrategyParams;
 // Strategies' parameters by name: the server's defaults (--strategy-arg applied).
 using DefaultParams = std::map<std::string, std::shared_ptr<const StrategyParams>, std::less<>>;
 
+// One strategy's parameters. Immutable once validated; shared by the requests
+// that use them.
 class StrategyParams {
  public:
   virtual ~StrategyParams() = default;
