@@ -239,8 +239,8 @@ class SegmentAttention {
     static thread_local std::vector<float> scores_storage;
     const float neg_inf = -std::numeric_limits<float>::infinity();
     const bool last_tile = seg_.q_end == a_.n_q && seg_.last_logits != nullptr && q0 + nq == a_.n_q;
-    int32_t min_pos = std::numeric_limits<int32_t>::max();
-    for (int64_t i = 0; i < nq; ++i) min_pos = std::min(min_pos, a_.q_pos[q0 + i]);
+    const auto q_range = std::minmax_element(a_.q_pos + q0, a_.q_pos + q0 + nq);
+    const int32_t min_pos = *q_range.first, max_pos = *q_range.second;
     std::fill(m, m + group_ * nq, neg_inf);
     std::fill(l, l + group_ * nq, 0.0f);
     for (int h = 0; h < group_; ++h) {
@@ -265,7 +265,8 @@ class SegmentAttention {
     pieces_.clear();
     int64_t ordinal = 0, filled = 0;  // ordinal: of the chunk's first key among the visible ones
     auto flush = [&] {
-      if (filled > 0) AttendTile(kvh, q0, nq, min_pos, filled, scores, tile_scores, out, out_stride, m, l, last_tile);
+      if (filled > 0)
+        AttendTile(kvh, q0, nq, min_pos, max_pos, filled, scores, tile_scores, out, out_stride, m, l, last_tile);
       pieces_.clear();
       filled = 0;
     };
@@ -284,8 +285,8 @@ class SegmentAttention {
   }
 
   // One key tile (pieces_, `nt` rows in all) for rows [q0, q0 + nq) of kvh's heads.
-  void AttendTile(int kvh, int64_t q0, int64_t nq, int32_t min_pos, int64_t nt, float* scores, int64_t tile_scores,
-                  float* out, int64_t out_stride, float* m, float* l, bool last_tile) const {
+  void AttendTile(int kvh, int64_t q0, int64_t nq, int32_t min_pos, int32_t max_pos, int64_t nt, float* scores,
+                  int64_t tile_scores, float* out, int64_t out_stride, float* m, float* l, bool last_tile) const {
     const float neg_inf = -std::numeric_limits<float>::infinity();
     const int h0 = kvh * group_;
     const int hd = hd_;
@@ -352,10 +353,13 @@ class SegmentAttention {
     // rows' sums and outputs.
     const int64_t padded = avx512_bf16::PaddedKeys(nt);
     if (bf16 && static_cast<int64_t>(p16_.size()) < group_ * nq * padded) p16_.resize(group_ * nq * padded);
-    bool unmasked = a_.window.part == PositionWindow::Part::kAll;  // every key of the tile visible to every row
+    int32_t k_lo = std::numeric_limits<int32_t>::max(), k_hi = std::numeric_limits<int32_t>::min();
     for (const Chunk& p : pieces_) {
-      for (int64_t r = 0; r < p.nb && unmasked; ++r) unmasked = kv_.positions[p.j0 + r] <= min_pos;
+      const auto [lo, hi] = std::minmax_element(kv_.positions + p.j0, kv_.positions + p.j0 + p.nb);
+      k_lo = std::min(k_lo, *lo);
+      k_hi = std::max(k_hi, *hi);
     }
+    const bool unmasked = a_.window.SeesAll(k_lo, k_hi, min_pos, max_pos);  // every key of the tile to every row
     for (int h = 0; h < group_; ++h) {
       for (int64_t i = 0; i < nq; ++i) {
         float* row = scores + h * tile_scores + i * nt;
