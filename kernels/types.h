@@ -145,11 +145,11 @@ struct PositionWindow {
   // in [k_lo, k_hi] (a tile that needs no mask).
   bool SeesAll(int32_t k_lo, int32_t k_hi, int32_t q_lo, int32_t q_hi) const {
     if (k_hi > q_lo) return false;
-    const int64_t distant_to_all = int64_t{q_lo} - recent, distant_to_none = int64_t{q_hi} - recent;
+    const int64_t distant_to_all = int64_t{q_lo} - recent, distant_to_some = int64_t{q_hi} - recent;
     switch (part) {
       case Part::kAll: return true;
-      case Part::kProximal:  // none in the gap [sinks, distant_to_none] of the last query
-        return k_hi < sinks || k_lo > distant_to_none || sinks > distant_to_none;
+      case Part::kProximal:  // none in the gap [sinks, distant_to_some]: distant to the last query
+        return k_hi < sinks || k_lo > distant_to_some || sinks > distant_to_some;
       case Part::kDistant: return k_lo >= sinks && k_hi <= distant_to_all;
     }
     return false;
