@@ -302,178 +302,184 @@ TEST(Attention, WindowSeesAllIsEveryPairSeen) {
   }
 }
 
-// At every ISA level the machine has.
-TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
-  ThreadPool pool(2);
+// One case of the test below: attention with each window part (sinks 4, `recent`
+// newest) against the direct computation, the parts' merge against the whole, and the
+// KV cache's layouts.
+void CheckWindowParts(ThreadPool& pool, DType dtype, int64_t nq, int64_t nkv, int32_t recent) {
   constexpr int kHeads = 4, kKvHeads = 2;
   constexpr int64_t kBlock = 16;
-  for (CpuIsa isa : SupportedCpuIsas())
-    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0})
-      // Windows of 10 recent keys, and of 600 (with 700 and 1200 keys, 256-key tiles wholly
-      // inside one part: the unmasked path).
-      for (auto [nq, nkv, window_recent] : {std::tuple<int64_t, int64_t, int32_t>{1, 3000, 10},
-                                            {1, 60, 10},
-                                            {5, 60, 10},
-                                            {40, 60, 10},
-                                            {40, 200, 10},
-                                            {40, 700, 10},
-                                            {70, 1200, 600}}) {
-        const int kHd = dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 16, kQd = kHeads * kHd,
-                  kKvd = kKvHeads * kHd;
-        const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.25f};
-        const double tol = AttentionTolerance(dtype, kHd, nq);
-        const int32_t recent = window_recent;  // a lambda's capture: not a structured binding
-        const ScopedCpuIsa level(isa);
-        const std::string what = absl::StrCat(std::string(CpuIsaName(isa)), " ", std::string(DTypeName(dtype)),
-                                              " nq=", nq, " nkv=", nkv, " recent=", recent);
-        auto q = Randn(nq * kQd, 21), k = Randn(nkv * kKvd, 22), v = Randn(nkv * kKvd, 23);
-        const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
-        std::vector<int32_t> kv_pos(nkv), q_pos(nq);
-        std::iota(kv_pos.begin(), kv_pos.end(), 0);
-        for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
-        const int64_t n_blocks = (nkv + kBlock - 1) / kBlock;
-        std::vector<const void*> kp(n_blocks), vp(n_blocks);
-        for (int64_t b = 0; b < n_blocks; ++b) {
-          kp[b] = KvAt(kh, dtype, b * kBlock * kKvd);
-          vp[b] = KvAt(vh, dtype, b * kBlock * kKvd);
+  const int kHd = dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 16, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
+  const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.25f};
+  const double tol = AttentionTolerance(dtype, kHd, nq);
+  const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " nkv=", nkv, " recent=", recent);
+  auto q = Randn(nq * kQd, 21), k = Randn(nkv * kKvd, 22), v = Randn(nkv * kKvd, 23);
+  const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
+  std::vector<int32_t> kv_pos(nkv), q_pos(nq);
+  std::iota(kv_pos.begin(), kv_pos.end(), 0);
+  for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
+  const int64_t n_blocks = (nkv + kBlock - 1) / kBlock;
+  std::vector<const void*> kp(n_blocks), vp(n_blocks);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    kp[b] = KvAt(kh, dtype, b * kBlock * kKvd);
+    vp[b] = KvAt(vh, dtype, b * kBlock * kKvd);
+  }
+  const KvRows kv{.k_blocks = kp.data(),
+                  .v_blocks = vp.data(),
+                  .block_rows = kBlock,
+                  .positions = kv_pos.data(),
+                  .n = nkv,
+                  .stride = kKvd,
+                  .positions_ascending = true,
+                  .dtype = dtype};
+  struct Part {
+    std::vector<float> out, lse;
+  };
+  auto run = [&](PositionWindow::Part part, const KvRows& view) {
+    Part r{std::vector<float>(nq * kQd), std::vector<float>(nq * kHeads)};
+    Attention(s, view,
+              AttentionArgs{.q = q.data(),
+                            .q_pos = q_pos.data(),
+                            .n_q = nq,
+                            .q_stride = kQd,
+                            .out = r.out.data(),
+                            .out_stride = kQd,
+                            .lse = r.lse.data(),
+                            .lse_stride = kHeads,
+                            .window = {.part = part, .sinks = 4, .recent = recent}},
+              pool);
+    return r;
+  };
+  const Part all = run(PositionWindow::Part::kAll, kv), prox = run(PositionWindow::Part::kProximal, kv),
+             dist = run(PositionWindow::Part::kDistant, kv);
+  for (auto [part, got] : {std::pair{PositionWindow::Part::kProximal, &prox},
+                           {PositionWindow::Part::kDistant, &dist},
+                           {PositionWindow::Part::kAll, &all}}) {
+    const PositionWindow w{.part = part, .sinks = 4, .recent = recent};
+    auto sees = [&](int64_t i, int, int64_t j) { return w.Sees(kv_pos[j], q_pos[i]); };
+    std::vector<double> probs, logits;
+    EXPECT_LT(MaxRelErr(got->out, NaiveAttention(s, q, k, v, nq, nkv, sees, &probs, &logits)), tol) << what;
+    std::vector<double> want_lse(nq * kHeads);
+    for (int64_t i = 0; i < nq; ++i) {
+      for (int h = 0; h < kHeads; ++h) {
+        const int kvh = h / (kHeads / kKvHeads);
+        double m = -1e300, sum = 0;
+        std::vector<double> sc;
+        for (int64_t j = 0; j < nkv; ++j) {
+          if (!sees(i, kvh, j)) continue;
+          double d = 0;
+          for (int e = 0; e < kHd; ++e) d += double(q[i * kQd + h * kHd + e]) * k[j * kKvd + kvh * kHd + e];
+          sc.push_back(d * s.scale);
+          m = std::max(m, sc.back());
         }
-        const KvRows kv{.k_blocks = kp.data(),
-                        .v_blocks = vp.data(),
-                        .block_rows = kBlock,
-                        .positions = kv_pos.data(),
-                        .n = nkv,
-                        .stride = kKvd,
-                        .positions_ascending = true,
-                        .dtype = dtype};
-        struct Part {
-          std::vector<float> out, lse;
-        };
-        auto run = [&](PositionWindow::Part part, const KvRows& view) {
-          Part r{std::vector<float>(nq * kQd), std::vector<float>(nq * kHeads)};
-          Attention(s, view,
-                    AttentionArgs{.q = q.data(),
-                                  .q_pos = q_pos.data(),
-                                  .n_q = nq,
-                                  .q_stride = kQd,
-                                  .out = r.out.data(),
-                                  .out_stride = kQd,
-                                  .lse = r.lse.data(),
-                                  .lse_stride = kHeads,
-                                  .window = {.part = part, .sinks = 4, .recent = recent}},
-                    pool);
-          return r;
-        };
-        const Part all = run(PositionWindow::Part::kAll, kv), prox = run(PositionWindow::Part::kProximal, kv),
-                   dist = run(PositionWindow::Part::kDistant, kv);
-        for (auto [part, got] : {std::pair{PositionWindow::Part::kProximal, &prox},
-                                 {PositionWindow::Part::kDistant, &dist},
-                                 {PositionWindow::Part::kAll, &all}}) {
-          const PositionWindow w{.part = part, .sinks = 4, .recent = recent};
-          auto sees = [&](int64_t i, int, int64_t j) { return w.Sees(kv_pos[j], q_pos[i]); };
-          std::vector<double> probs, logits;
-          EXPECT_LT(MaxRelErr(got->out, NaiveAttention(s, q, k, v, nq, nkv, sees, &probs, &logits)), tol) << what;
-          std::vector<double> want_lse(nq * kHeads);
-          for (int64_t i = 0; i < nq; ++i) {
-            for (int h = 0; h < kHeads; ++h) {
-              const int kvh = h / (kHeads / kKvHeads);
-              double m = -1e300, sum = 0;
-              std::vector<double> sc;
-              for (int64_t j = 0; j < nkv; ++j) {
-                if (!sees(i, kvh, j)) continue;
-                double d = 0;
-                for (int e = 0; e < kHd; ++e) d += double(q[i * kQd + h * kHd + e]) * k[j * kKvd + kvh * kHd + e];
-                sc.push_back(d * s.scale);
-                m = std::max(m, sc.back());
-              }
-              for (double x : sc) sum += std::exp(x - m);
-              want_lse[i * kHeads + h] = m + std::log(sum);
-            }
-          }
-          for (size_t x = 0; x < want_lse.size(); ++x) EXPECT_NEAR(got->lse[x], want_lse[x], 1e-4) << what;
-        }
-        // The gate g = 1 / (1 + exp(lse_D - lse_P)) merges the parts into the whole.
-        std::vector<double> merged(nq * kQd);
-        for (int64_t i = 0; i < nq; ++i) {
-          for (int h = 0; h < kHeads; ++h) {
-            const double lp = prox.lse[i * kHeads + h], ld = dist.lse[i * kHeads + h];
-            const double g = 1.0 / (1.0 + std::exp(ld - lp));
-            EXPECT_NEAR(all.lse[i * kHeads + h], std::max(lp, ld) + std::log1p(std::exp(-std::fabs(lp - ld))), 1e-4);
-            for (int e = 0; e < kHd; ++e) {
-              const int64_t x = i * kQd + h * kHd + e;
-              merged[x] = g * prox.out[x] + (1 - g) * dist.out[x];
-            }
-          }
-        }
-        EXPECT_LT(MaxRelErr(all.out, merged), tol) << what;
-        // KV head 1 alone: its two query heads, the blocks offset to the head.
-        std::vector<const void*> kp1(n_blocks), vp1(n_blocks);
-        const size_t head_bytes = RowBytes(dtype, kHd);
-        for (int64_t b = 0; b < n_blocks; ++b) {
-          kp1[b] = static_cast<const uint8_t*>(kp[b]) + head_bytes;
-          vp1[b] = static_cast<const uint8_t*>(vp[b]) + head_bytes;
-        }
-        KvRows head1 = kv;
-        head1.k_blocks = kp1.data();
-        head1.v_blocks = vp1.data();
-        std::vector<float> out1(nq * kQd, 0.0f);
-        Attention(AttentionShape{.n_heads = 2, .n_kv_heads = 1, .head_dim = kHd, .scale = s.scale}, head1,
-                  AttentionArgs{.q = q.data() + 2 * kHd,
-                                .q_pos = q_pos.data(),
-                                .n_q = nq,
-                                .q_stride = kQd,
-                                .out = out1.data() + 2 * kHd,
-                                .out_stride = kQd},
-                  pool);
-        for (int64_t i = 0; i < nq; ++i) {
-          for (int e = 0; e < 2 * kHd; ++e) {
-            EXPECT_NEAR(out1[i * kQd + 2 * kHd + e], all.out[i * kQd + 2 * kHd + e], 1e-5) << what;
-          }
-        }
-        // The KV cache's layout: each head in blocks of its own (pointers head-major),
-        // the same results; in the proximal window the key blocks distant to every query
-        // (dropped by PoD) are never read: null here.
-        std::vector<std::vector<uint8_t>> k_heads(kKvHeads), v_heads(kKvHeads);
-        std::vector<const void*> ks(kKvHeads * n_blocks), vs(kKvHeads * n_blocks), ks_dropped;
-        for (int h = 0; h < kKvHeads; ++h) {
-          k_heads[h].resize(nkv * head_bytes);
-          v_heads[h].resize(nkv * head_bytes);
-          for (int64_t j = 0; j < nkv; ++j) {
-            std::memcpy(k_heads[h].data() + j * head_bytes, kv.k(j, h * kHd), head_bytes);
-            std::memcpy(v_heads[h].data() + j * head_bytes, kv.v(j, h * kHd), head_bytes);
-          }
-          for (int64_t b = 0; b < n_blocks; ++b) {
-            ks[h * n_blocks + b] = k_heads[h].data() + b * kBlock * head_bytes;
-            vs[h * n_blocks + b] = v_heads[h].data() + b * kBlock * head_bytes;
-          }
-        }
-        ks_dropped = ks;
-        int64_t dropped = 0;
-        for (int64_t b = 0; b < n_blocks; ++b) {
-          const int64_t last = std::min(nkv, (b + 1) * kBlock) - 1;
-          if (kv_pos[b * kBlock] >= 4 && kv_pos[last] <= q_pos[0] - recent) {
-            for (int h = 0; h < kKvHeads; ++h) ks_dropped[h * n_blocks + b] = nullptr;
-            ++dropped;
-          }
-        }
-        if (q_pos[0] - recent >= 2 * kBlock) {
-          EXPECT_GT(dropped, 0) << what;
-        }
-        KvRows split = kv;
-        split.stride = kHd;
-        split.head_cols = kHd;
-        split.head_blocks = n_blocks;
-        split.k_blocks = ks.data();
-        split.v_blocks = vs.data();
-        KvRows split_dropped = split;
-        split_dropped.k_blocks = ks_dropped.data();
-        for (auto [part, view, want] : {std::tuple{PositionWindow::Part::kAll, &split, &all},
-                                        {PositionWindow::Part::kProximal, &split_dropped, &prox}}) {
-          const Part r = run(part, *view);
-          EXPECT_LT(MaxRelErr(r.out, std::vector<double>(want->out.begin(), want->out.end())), 1e-6)
-              << what << " heads in blocks of their own";
-          for (size_t x = 0; x < r.lse.size(); ++x) EXPECT_NEAR(r.lse[x], want->lse[x], 1e-5) << what;
-        }
+        for (double x : sc) sum += std::exp(x - m);
+        want_lse[i * kHeads + h] = m + std::log(sum);
       }
+    }
+    for (size_t x = 0; x < want_lse.size(); ++x) EXPECT_NEAR(got->lse[x], want_lse[x], 1e-4) << what;
+  }
+  // The gate g = 1 / (1 + exp(lse_D - lse_P)) merges the parts into the whole.
+  std::vector<double> merged(nq * kQd);
+  for (int64_t i = 0; i < nq; ++i) {
+    for (int h = 0; h < kHeads; ++h) {
+      const double lp = prox.lse[i * kHeads + h], ld = dist.lse[i * kHeads + h];
+      const double g = 1.0 / (1.0 + std::exp(ld - lp));
+      EXPECT_NEAR(all.lse[i * kHeads + h], std::max(lp, ld) + std::log1p(std::exp(-std::fabs(lp - ld))), 1e-4);
+      for (int e = 0; e < kHd; ++e) {
+        const int64_t x = i * kQd + h * kHd + e;
+        merged[x] = g * prox.out[x] + (1 - g) * dist.out[x];
+      }
+    }
+  }
+  EXPECT_LT(MaxRelErr(all.out, merged), tol) << what;
+  // KV head 1 alone: its two query heads, the blocks offset to the head.
+  std::vector<const void*> kp1(n_blocks), vp1(n_blocks);
+  const size_t head_bytes = RowBytes(dtype, kHd);
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    kp1[b] = static_cast<const uint8_t*>(kp[b]) + head_bytes;
+    vp1[b] = static_cast<const uint8_t*>(vp[b]) + head_bytes;
+  }
+  KvRows head1 = kv;
+  head1.k_blocks = kp1.data();
+  head1.v_blocks = vp1.data();
+  std::vector<float> out1(nq * kQd, 0.0f);
+  Attention(AttentionShape{.n_heads = 2, .n_kv_heads = 1, .head_dim = kHd, .scale = s.scale}, head1,
+            AttentionArgs{.q = q.data() + 2 * kHd,
+                          .q_pos = q_pos.data(),
+                          .n_q = nq,
+                          .q_stride = kQd,
+                          .out = out1.data() + 2 * kHd,
+                          .out_stride = kQd},
+            pool);
+  for (int64_t i = 0; i < nq; ++i) {
+    for (int e = 0; e < 2 * kHd; ++e) {
+      EXPECT_NEAR(out1[i * kQd + 2 * kHd + e], all.out[i * kQd + 2 * kHd + e], 1e-5) << what;
+    }
+  }
+  // The KV cache's layout: each head in blocks of its own (pointers head-major),
+  // the same results; in the proximal window the key blocks distant to every query
+  // (dropped by PoD) are never read: null here.
+  std::vector<std::vector<uint8_t>> k_heads(kKvHeads), v_heads(kKvHeads);
+  std::vector<const void*> ks(kKvHeads * n_blocks), vs(kKvHeads * n_blocks), ks_dropped;
+  for (int h = 0; h < kKvHeads; ++h) {
+    k_heads[h].resize(nkv * head_bytes);
+    v_heads[h].resize(nkv * head_bytes);
+    for (int64_t j = 0; j < nkv; ++j) {
+      std::memcpy(k_heads[h].data() + j * head_bytes, kv.k(j, h * kHd), head_bytes);
+      std::memcpy(v_heads[h].data() + j * head_bytes, kv.v(j, h * kHd), head_bytes);
+    }
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      ks[h * n_blocks + b] = k_heads[h].data() + b * kBlock * head_bytes;
+      vs[h * n_blocks + b] = v_heads[h].data() + b * kBlock * head_bytes;
+    }
+  }
+  ks_dropped = ks;
+  int64_t dropped = 0;
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t last = std::min(nkv, (b + 1) * kBlock) - 1;
+    if (kv_pos[b * kBlock] >= 4 && kv_pos[last] <= q_pos[0] - recent) {
+      for (int h = 0; h < kKvHeads; ++h) ks_dropped[h * n_blocks + b] = nullptr;
+      ++dropped;
+    }
+  }
+  if (q_pos[0] - recent >= 2 * kBlock) {
+    EXPECT_GT(dropped, 0) << what;
+  }
+  KvRows split = kv;
+  split.stride = kHd;
+  split.head_cols = kHd;
+  split.head_blocks = n_blocks;
+  split.k_blocks = ks.data();
+  split.v_blocks = vs.data();
+  KvRows split_dropped = split;
+  split_dropped.k_blocks = ks_dropped.data();
+  for (auto [part, view, want] : {std::tuple{PositionWindow::Part::kAll, &split, &all},
+                                  {PositionWindow::Part::kProximal, &split_dropped, &prox}}) {
+    const Part r = run(part, *view);
+    EXPECT_LT(MaxRelErr(r.out, std::vector<double>(want->out.begin(), want->out.end())), 1e-6)
+        << what << " heads in blocks of their own";
+    for (size_t x = 0; x < r.lse.size(); ++x) EXPECT_NEAR(r.lse[x], want->lse[x], 1e-5) << what;
+  }
+}
+
+// At every ISA level the machine has; windows of 10 recent keys, and of 600 (with 700
+// and 1200 keys, 256-key tiles wholly inside one part: the unmasked path).
+TEST(Attention, WindowPartsAndLogSumExpMergeToTheWhole) {
+  ThreadPool pool(2);
+  for (CpuIsa isa : SupportedCpuIsas()) {
+    const ScopedCpuIsa level(isa);
+    SCOPED_TRACE(std::string(CpuIsaName(isa)));
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+      for (auto [nq, nkv, recent] : {std::tuple<int64_t, int64_t, int32_t>{1, 3000, 10},
+                                     {1, 60, 10},
+                                     {5, 60, 10},
+                                     {40, 60, 10},
+                                     {40, 200, 10},
+                                     {40, 700, 10},
+                                     {70, 1200, 600}}) {
+        CheckWindowParts(pool, dtype, nq, nkv, recent);
+      }
+    }
+  }
 }
 
 // The tiled online-softmax kernel at awkward sizes against the direct computation:
