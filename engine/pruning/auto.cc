@@ -61,7 +61,7 @@ std::string AutoChoice(const AutoTable& table, int64_t prompt_tokens, float min_
                        const std::function<bool(const std::string&)>& usable) {
   const AutoTable::Length* at = nullptr;
   for (const AutoTable::Length& l : table.lengths) {
-    if (l.length <= prompt_tokens) at = &l;
+    if (l.from_tokens <= prompt_tokens) at = &l;
   }
   if (at == nullptr) return "full";
   const auto full = std::find_if(at->strategies.begin(), at->strategies.end(),

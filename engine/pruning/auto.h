@@ -1,7 +1,8 @@
 // `auto`: per request, the strategy the evaluation found fastest without losing the
 // answer at the prompt's length. The table is the evaluation's (pruneserve-eval
 // --auto-table; engine/pruning/calibration.h's AutoTable, which the server attaches
-// to the model's calibration): at the longest measured length not above the prompt's,
+// to the model's calibration): at the longest measured length whose shortest prompt
+// (from_tokens) is not above the prompt's,
 // the strategy with the highest TTFT speedup (at least min_speedup) whose pooled
 // accuracy is inside `full`'s 95% interval there (score >= full's lower bound); `full`
 // when none is, or the prompt is shorter than every measured length. The chosen

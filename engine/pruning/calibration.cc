@@ -126,6 +126,7 @@ absl::StatusOr<AutoTable> AutoTableFromJson(std::string_view json) {
     t.model = j.value("model", "");
     for (const nlohmann::json& l : j.at("lengths")) {
       AutoTable::Length length{.length = l.at("length").get<int>()};
+      length.from_tokens = l.value("from_tokens", length.length);
       for (const nlohmann::json& s : l.at("strategies")) {
         length.strategies.push_back({.name = s.at("name").get<std::string>(),
                                      .score = s.at("score").get<double>(),
@@ -142,6 +143,9 @@ absl::StatusOr<AutoTable> AutoTableFromJson(std::string_view json) {
   for (size_t i = 0; i < t.lengths.size(); ++i) {
     if (t.lengths[i].length < 1 || (i > 0 && t.lengths[i].length <= t.lengths[i - 1].length)) {
       return absl::InvalidArgumentError("auto table: lengths must be positive and ascending");
+    }
+    if (t.lengths[i].from_tokens < 1 || (i > 0 && t.lengths[i].from_tokens <= t.lengths[i - 1].from_tokens)) {
+      return absl::InvalidArgumentError("auto table: from_tokens must be positive and ascending");
     }
   }
   return t;

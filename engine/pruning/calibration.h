@@ -38,7 +38,8 @@ struct AutoTable {
     int n = 0;  // prompts scored
   };
   struct Length {
-    int length = 0;
+    int length = 0;                 // the prompt length asked for
+    int from_tokens = 0;            // the shortest prompt its figures include (prompts fall a little short of `length`)
     std::vector<Entry> strategies;  // `full` among them
   };
   std::string model;

@@ -309,15 +309,17 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   EXPECT_FALSE(FindStrategy("h2o").ok());
 }
 
-// auto's pick: at the longest measured length not above the prompt, the fastest
-// strategy (at least min_speedup) whose score is inside full's interval.
+// auto's pick: at the longest measured length whose shortest prompt is not above the
+// prompt, the fastest strategy (at least min_speedup) whose score is inside full's interval.
 TEST(Auto, PicksTheFastestStrategyInsideFullsInterval) {
   const AutoTable table{
       .lengths = {{.length = 4096,
+                   .from_tokens = 4000,
                    .strategies = {{.name = "full", .score = 0.9, .lo = 0.8, .hi = 0.97, .speedup = 1},
                                   {.name = "lazyllm", .score = 0.85, .lo = 0.7, .hi = 0.9, .speedup = 1.5},
                                   {.name = "gemfilter", .score = 0.5, .lo = 0.3, .hi = 0.7, .speedup = 2.5}}},
                   {.length = 16384,
+                   .from_tokens = 16290,
                    .strategies = {{.name = "full", .score = 0.8, .lo = 0.6, .hi = 0.9, .speedup = 1},
                                   {.name = "lazyllm", .score = 0.7, .lo = 0.5, .hi = 0.8, .speedup = 1.6},
                                   {.name = "gemfilter", .score = 0.65, .lo = 0.4, .hi = 0.8, .speedup = 2.4},
@@ -325,6 +327,9 @@ TEST(Auto, PicksTheFastestStrategyInsideFullsInterval) {
   auto all = [](const std::string&) { return true; };
   EXPECT_EQ(AutoChoice(table, 1000, 1.1f, all), "full") << "shorter than every measured length";
   EXPECT_EQ(AutoChoice(table, 8000, 1.1f, all), "lazyllm") << "gemfilter is faster but lost the answer";
+  EXPECT_EQ(AutoChoice(table, 3999, 1.1f, all), "full") << "shorter than the 4k row's shortest prompt";
+  EXPECT_EQ(AutoChoice(table, 4005, 1.1f, all), "lazyllm") << "a 4k prompt a little short of 4096 takes the 4k row";
+  EXPECT_EQ(AutoChoice(table, 16293, 1.1f, all), "gemfilter") << "the 16k row from its shortest prompt";
   EXPECT_EQ(AutoChoice(table, 40000, 1.1f, all), "gemfilter") << "the 16k row: both inside full's interval";
   EXPECT_EQ(AutoChoice(table, 40000, 2.5f, all), "full") << "none fast enough";
   EXPECT_EQ(AutoChoice(table, 40000, 1.1f, [](const std::string& s) { return s != "gemfilter"; }), "lazyllm")
@@ -335,6 +340,11 @@ TEST(Auto, PicksTheFastestStrategyInsideFullsInterval) {
       R"( "hi": 0.97, "speedup": 1.0, "n": 140}]}]})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->lengths[0].strategies[0].n, 140);
+  EXPECT_EQ(parsed->lengths[0].from_tokens, 4096) << "without from_tokens: the length";
+  EXPECT_FALSE(AutoTableFromJson(R"({"lengths": [{"length": 4, "from_tokens": 3, "strategies": []},)"
+                                 R"( {"length": 8, "from_tokens": 3, "strategies": []}]})")
+                   .ok())
+      << "from_tokens ascending";
   EXPECT_FALSE(
       AutoTableFromJson(R"({"lengths": [{"length": 8, "strategies": []}, {"length": 4, "strategies": []}]})").ok())
       << "lengths ascending";

@@ -205,6 +205,7 @@ TEST(EvalSummary, CellsSpeedupsAndTheAutoTable) {
                     .index = static_cast<int>(rows.size()),
                     .strategy = strategy,
                     .phase = phase,
+                    .prompt_tokens = 4000 + static_cast<int>(rows.size()),
                     .score = score,
                     .ttft_s = ttft,
                     .total_s = ttft + 1,
@@ -233,6 +234,8 @@ TEST(EvalSummary, CellsSpeedupsAndTheAutoTable) {
   const std::string json = AutoTableJson("m", s);
   EXPECT_THAT(json, HasSubstr("\"name\": \"lazyllm\""));
   EXPECT_THAT(json, HasSubstr("\"speedup\": 2.0"));
+  EXPECT_EQ(s[0].shortest_prompt, 4000) << "the first accuracy row's";
+  EXPECT_THAT(json, HasSubstr("\"from_tokens\": 4000"));
   EXPECT_THAT(json, ::testing::Not(HasSubstr("snapkv"))) << "no rows, no entry";
 }
 

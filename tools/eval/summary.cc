@@ -50,6 +50,7 @@ std::vector<LengthSummary> Summarize(const std::vector<ResultRow>& rows, const s
           ++accuracy_rows;
           s.kv_device_blocks = std::max(s.kv_device_blocks, r.kv_device_blocks);
           ++s.chosen[r.chosen];
+          if (ls.shortest_prompt == 0 || r.prompt_tokens < ls.shortest_prompt) ls.shortest_prompt = r.prompt_tokens;
         } else if (r.phase == "timing") {
           ttft.push_back(r.ttft_s);
           e2e.push_back(r.total_s);
@@ -130,7 +131,9 @@ std::string SummaryCsv(const std::string& model, const std::vector<LengthSummary
 std::string AutoTableJson(const std::string& model, const std::vector<LengthSummary>& summary) {
   nlohmann::json j{{"model", model}, {"lengths", nlohmann::json::array()}};
   for (const LengthSummary& ls : summary) {
-    nlohmann::json l{{"length", ls.length}, {"strategies", nlohmann::json::array()}};
+    nlohmann::json l{{"length", ls.length},
+                     {"from_tokens", ls.shortest_prompt > 0 ? ls.shortest_prompt : ls.length},
+                     {"strategies", nlohmann::json::array()}};
     for (const StrategySummary& s : ls.strategies) {
       if (s.strategy.find(':') != std::string::npos || s.strategy == "auto" || s.all.n == 0) continue;
       l["strategies"].push_back({{"name", s.strategy},

@@ -33,6 +33,7 @@ struct StrategySummary {
 
 struct LengthSummary {
   int length = 0;
+  int shortest_prompt = 0;                  // the fewest prompt tokens of its accuracy rows (0: none)
   std::vector<StrategySummary> strategies;  // in the order given
   std::vector<std::string> cpus;            // CPUs the timing rows came from
 };
