@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Accuracy against TTFT speedup, one PNG per prompt length, from pruneserve-eval's
 --summary CSV: each strategy at (speedup over full, accuracy pooled over the tasks)
-with its 95% interval, full's interval shaded. Usage: eval_plots.py SUMMARY.csv OUTDIR.
+with its 95% interval, full's interval shaded. Usage: eval_plots.py SUMMARY.csv OUTDIR;
+writes OUTDIR/NAME.LENGTH.png, NAME the summary's file name less ".summary.csv".
 Needs matplotlib: installed into .cache/plot-venv from PyPI on first use."""
 import csv
 import os
@@ -38,26 +39,29 @@ def main():
 
     rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["task"] == "all" and int(r["n"]) > 0]
     model = rows[0]["model"] if rows else "model"
+    name = os.path.basename(sys.argv[1]).removesuffix(".summary.csv")
     for length in sorted({int(r["length"]) for r in rows}):
         at = [r for r in rows if int(r["length"]) == length]
+        if all(r["speedup"] in ("nan", "") for r in at):
+            continue  # no timing yet: no point to place
         fig, ax = plt.subplots(figsize=(7, 4.5))
         full = next((r for r in at if r["strategy"] == "full"), None)
         if full is not None:
             ax.axhspan(float(full["lo"]), float(full["hi"]), color="0.85", label="full's 95% interval")
-        for r in at:
+        for i, r in enumerate(at):  # labels staggered: strategies that run as full sit on one spot
             speedup = float(r["speedup"]) if r["speedup"] not in ("nan", "") else float("nan")
             if speedup != speedup:  # not timed: no point to place
                 continue
             score, lo, hi = float(r["score"]), float(r["lo"]), float(r["hi"])
             ax.errorbar(speedup, score, yerr=[[score - lo], [hi - score]], fmt="o", capsize=3)
-            ax.annotate(r["strategy"], (speedup, score), textcoords="offset points", xytext=(5, 4), fontsize=8)
+            ax.annotate(r["strategy"], (speedup, score), textcoords="offset points", xytext=(6, 8 - 10 * (i % 4)), fontsize=8)
         ax.set_xlabel("TTFT speedup over full (median of the timing repeats)")
         ax.set_ylabel("accuracy, all tasks (95% interval)")
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{model}, {length} tokens (n = {full['n'] if full else '?'} prompts per strategy)")
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)
-        out = os.path.join(sys.argv[2], f"{model}.{length}.png".replace("/", "_"))
+        out = os.path.join(sys.argv[2], f"{name}.{length}.png")
         fig.tight_layout()
         fig.savefig(out, dpi=110)
         print(out)
