@@ -7,7 +7,11 @@ namespace ps {
 
 EngineLoop::EngineLoop(Scheduler& scheduler, StepExecutor& executor, SchedulerObserver* observer,
                        std::function<Clock::time_point()> clock)
-    : scheduler_(scheduler), executor_(executor), observer_(observer), clock_(std::move(clock)) {
+    : scheduler_(scheduler),
+      executor_(executor),
+      observer_(observer),
+      clock_(std::move(clock)),
+      gather_(scheduler.options().gather_first) {
   for (Tier t : {Tier::kDevice, Tier::kHost}) load_.kv[static_cast<int>(t)].total = executor.kv().TotalBlocks(t);
   thread_ = std::thread([this] { Loop(); });
 }
@@ -77,8 +81,12 @@ void EngineLoop::Loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stopping_ || !incoming_.empty() || !scheduler_.idle(); });
+      wake_.wait(lock, [&] {
+        const bool gathered = static_cast<int>(incoming_.size()) >= gather_;
+        return stopping_ || (gathered && !incoming_.empty()) || !scheduler_.idle();
+      });
       if (stopping_ && incoming_.empty() && scheduler_.idle()) return;
+      gather_ = 0;
       // Still waiting until the step publishes its load: Submit counts them against --max-queue.
       load_.waiting += static_cast<int>(incoming_.size());
       for (auto& r : incoming_) scheduler_.Add(std::move(r));

@@ -56,6 +56,7 @@ class EngineLoop {
   std::deque<std::shared_ptr<Request>> incoming_;
   std::map<std::string, std::weak_ptr<Request>> active_;  // id -> request, waiting or running
   bool stopping_ = false;
+  int gather_;  // requests the first step waits for (SchedulerOptions::gather_first), then 0
   LoadSnapshot load_;
   std::thread thread_;
 };

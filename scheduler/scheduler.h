@@ -39,6 +39,9 @@ struct SchedulerOptions {
   int max_batch_tokens = 2048;  // token rows per step: every decode, then prefill chunks
   int prefill_chunk = 512;      // prompt tokens of one sequence per step at most
   PreemptionMode preemption = PreemptionMode::kSwap;
+  // Tests: the first step waits until this many requests have been submitted, so that
+  // they meet in the engine however fast it runs (e.g. to force preemption). 0: none.
+  int gather_first = 0;
 };
 
 struct KvTierLoad {

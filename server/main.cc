@@ -43,7 +43,7 @@ struct Options {
           prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,
           kv_host_bytes = int64_t{2} << 30, http_port = -1, http_threads = 128, max_request_bytes = int64_t{32} << 20,
           max_prompt_tokens = 0, max_new_tokens = 0, max_stop_strings = 16, max_stop_string_bytes = 256,
-          max_streams_per_client = 0, max_stream_backlog = 4096;
+          max_streams_per_client = 0, max_stream_backlog = 4096, gather_first = 0;
   double drain_timeout = 30.0, default_temperature = 1.0, default_top_p = 1.0, kv_device_fraction = 0,
          kv_host_fraction = 0;
 };
@@ -130,6 +130,9 @@ void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddStringList("inject-fault", &o.inject_faults,
                   "TESTING ONLY: POINT=N makes the next N hits of a fault point fail (swap_copy, host_tier_full, "
                   "kv_append, strategy)");
+  f.AddInt("gather-first", &o.gather_first,
+           "TESTING ONLY: the engine's first step waits until N requests have arrived (tests whose requests "
+           "must meet, e.g. to force preemption)");
   f.AddString("log-level", &o.log_level, "trace | debug | info | warn | error");
   f.AddString("config", &o.config, "config file of 'name = value' lines (command-line flags win)");
 }
@@ -201,11 +204,11 @@ int main(int argc, char** argv) {
   }
   if (o.max_queue < 1 || o.max_running < 1 || o.max_batch_tokens < 1 || o.prefill_chunk < 1 || o.threads < 0 ||
       o.drain_timeout < 0 || o.default_max_new_tokens < 1 || o.kv_block_size < 1 || o.kv_block_size > 4096 ||
-      o.kv_device_bytes < 1 || o.kv_host_bytes < 0) {
+      o.kv_device_bytes < 1 || o.kv_host_bytes < 0 || o.gather_first < 0) {
     return Fail(
         "--max-queue, --max-running, --max-batch-tokens, --prefill-chunk, --default-max-new-tokens, "
         "--kv-block-size (<= 4096), --kv-device-bytes must be >= 1; --threads, --drain-timeout, "
-        "--kv-host-bytes >= 0");
+        "--kv-host-bytes, --gather-first >= 0");
   }
   const absl::StatusOr<DType> parsed_kv_dtype = ParseKvDType(o.kv_dtype);
   if (!parsed_kv_dtype.ok()) return Fail(std::string(parsed_kv_dtype.status().message()));
@@ -409,7 +412,8 @@ int main(int argc, char** argv) {
                                            .max_queue = static_cast<int>(o.max_queue),
                                            .max_batch_tokens = static_cast<int>(o.max_batch_tokens),
                                            .prefill_chunk = static_cast<int>(o.prefill_chunk),
-                                           .preemption = preemption}},
+                                           .preemption = preemption,
+                                           .gather_first = static_cast<int>(o.gather_first)}},
       &metrics);
   if (!serving.ok()) {
     grpc_server->Shutdown();

@@ -103,8 +103,9 @@ class LoadtestServerTest(unittest.TestCase):
                             f"q={q}: client {client_q:.4f} s, server {server_q:.4f} s, buckets {bounds}")
 
     def test_2_cancels_and_deadlines_are_counted_and_free_everything(self):
+        # 400 tokens a request: hundreds of engine steps, far more than the 50 ms within which the cancels come.
         result = self.loadtest("cancels", "--num-requests", "60", "--request-rate", "100", "--input-len", "32",
-                               "--output-len", "48", "--cancel-fraction", "0.3", "--cancel-within", "0.05",
+                               "--output-len", "400", "--cancel-fraction", "0.3", "--cancel-within", "0.05",
                                "--deadline-fraction", "0.2", "--deadline", "0.03",
                                "--strategy-mix", "full=2,gemfilter=1,critiprefill=1", "--seed", "5")
         run = result["runs"][0]

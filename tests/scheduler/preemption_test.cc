@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_join.h"
 #include "tests/scheduler/scheduler_test_util.h"
@@ -94,7 +95,9 @@ TEST_F(SchedulerTest, TokensIndependentOfBatchingAndMemoryPressure) {
     SCOPED_TRACE(c.name);
     ThreadPool engine_pool(2);
     StepLog log;
-    Served s(*model_, engine_pool, c.options, &log);
+    server::ServingOptions options = c.options;
+    if (!c.one_at_a_time) options.scheduler.gather_first = kRequests;  // all meet in the engine, on any machine
+    Served s(*model_, engine_pool, options, &log);
     auto id = [&](int i) { return c.name + "/" + std::to_string(i); };
     for (int i = 0; i < kRequests; ++i) {
       ASSERT_TRUE(s.Submit(Make(id(i), MixedPrompt(i), NewTokens(i))).ok());
@@ -146,6 +149,7 @@ TEST_F(SchedulerTest, RecomputedWholePromptStrategiesKeepTheirTokens) {
   server::ServingOptions options = kTight;
   options.scheduler.preemption = PreemptionMode::kRecompute;
   options.engine.kv_device_blocks = 72 * 8;  // the pruned sequences need less than kTight's 120 pages
+  options.scheduler.gather_first = kRequests;
   ThreadPool engine_pool(2);
   Served s(*model_, engine_pool, options);
   for (int i = 0; i < kRequests; ++i) {
@@ -188,6 +192,7 @@ TEST_F(SchedulerTest, CancellationStormLeavesEveryBlockFree) {
   server::ServingOptions options = kTight;
   options.engine.kv_host_blocks = 20 * 8;    // smaller than some sequences: those preemptions recompute
   options.engine.kv_device_blocks = 80 * 8;  // pruned sequences need less: more pressure than kTight
+  options.scheduler.gather_first = kRequests;
   Served s(*model_, engine_pool, options, &canceller);
   canceller.scheduler = &s;
   std::mt19937 rng(7);
@@ -257,6 +262,7 @@ TEST_F(SchedulerTest, FailingSwapsFallBackToRecompute) {
   ThreadPool engine_pool(2);
   std::atomic<int> copies{0}, failures{0};
   server::ServingOptions options = kTight;
+  options.scheduler.gather_first = kRequests;
   options.engine.swap_copy = [&](uint8_t* dst, const uint8_t* src, size_t bytes) {
     if (copies.fetch_add(1) % 3 == 2) {
       failures.fetch_add(1);
@@ -276,6 +282,26 @@ TEST_F(SchedulerTest, FailingSwapsFallBackToRecompute) {
   }
   EXPECT_GT(failures.load(), 0) << "the test meant to make swaps fail";
   ExpectEverythingFree(s);
+}
+
+// With gather_first, the first step waits for every request however slowly they are
+// submitted (here with the test thread yielding between them): it carries all their prompts.
+TEST_F(SchedulerTest, GatherFirstStepsOnceTheRequestsHaveArrived) {
+  constexpr int kRequests = 4;
+  ThreadPool engine_pool(2);
+  StepLog log;
+  Served s(*model_, engine_pool, {.scheduler = {.gather_first = kRequests}}, &log);
+  int prompt_tokens = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(s.Submit(Make("g" + std::to_string(i), Prompt(i), 3)).ok());
+    prompt_tokens += static_cast<int>(Prompt(i).size());
+    std::this_thread::yield();
+  }
+  for (int i = 0; i < kRequests; ++i) ASSERT_TRUE(sinks_["g" + std::to_string(i)]->Wait());
+  const std::vector<int> steps = log.batch_tokens();
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps[0], prompt_tokens) << absl::StrJoin(steps, ",");
+  EXPECT_EQ(steps.size(), 3u) << "the prompts' step, then two decodes of all four: " << absl::StrJoin(steps, ",");
 }
 
 // A 300-token prompt prefilled in chunks of 64 next to three decoding requests:

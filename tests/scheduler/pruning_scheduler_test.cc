@@ -41,8 +41,10 @@ TEST_F(SchedulerTest, MixedStrategiesInOneBatchGiveEachItsTokensAlone) {
     SCOPED_TRACE(run);
     ThreadPool engine_pool(2);
     // A host tier for LazyLLM's Aux Cache (without one, pruned rows have nowhere to wait and stay).
-    Served s(*model_, engine_pool, {.engine = {.kv_host_blocks = 256 * 8}, .scheduler = {.prefill_chunk = 64}}, nullptr,
-             guarded);
+    Served s(*model_, engine_pool,
+             {.engine = {.kv_host_blocks = 256 * 8},
+              .scheduler = {.prefill_chunk = 64, .gather_first = together ? kRequests : 0}},
+             nullptr, guarded);
     auto id = [&](int i) { return run + std::to_string(i); };
     for (int i = 0; i < kRequests; ++i) {
       auto r = Make(id(i), LongPrompt(i), kTokens);

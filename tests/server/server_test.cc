@@ -622,10 +622,12 @@ TEST(ServerMetrics, CountersMatchWhatClientsReceived) {
 }
 
 // A device tier of 120 pages (stories260K: 8 blocks of 512 bytes each) for 16
-// concurrent streams of ~25 pages each: requests are swapped to the host tier and back, the streams
-// still carry the engine's tokens, and metrics and GetLoad show the swapping.
+// concurrent streams of ~25 pages each (--gather-first: they meet in the engine on any machine):
+// requests are swapped to the host tier and back, the streams still carry the engine's tokens,
+// and metrics and GetLoad show the swapping.
 TEST(ServerMetrics, SwapPreemptionIsVisibleAndHarmless) {
-  ServerProcess s(StoriesOnF32Kv({"--kv-device-bytes", "491520", "--kv-host-bytes", "16777216"}));
+  ServerProcess s(
+      StoriesOnF32Kv({"--kv-device-bytes", "491520", "--kv-host-bytes", "16777216", "--gather-first", "16"}));
   constexpr int kStreams = 16;
   std::vector<StreamResult> results(kStreams);
   std::vector<std::thread> clients;
@@ -665,7 +667,7 @@ TEST(ServerMetrics, SwapPreemptionIsVisibleAndHarmless) {
 // Fault injection (--inject-fault POINT=N): each fault fails or delays only the
 // request it hits, with the right status, never the server; the next request is served.
 
-// 16 streams over a device tier too small for them (as above): swaps happen.
+// 16 streams over a device tier too small for them, gathered (as above): swaps happen.
 std::vector<StreamResult> TightTierStreams(ServerProcess& s) {
   constexpr int kStreams = 16;
   std::vector<StreamResult> results(kStreams);
@@ -686,8 +688,8 @@ void ExpectOfflineTokens(const std::vector<StreamResult>& results) {
 
 // A failed swap copy loses that request's KV: it is recomputed, and its tokens are the same.
 TEST(ServerFaults, FailedSwapCopyIsRecomputed) {
-  ServerProcess s(
-      StoriesOnF32Kv({"--kv-device-bytes", "491520", "--kv-host-bytes", "16777216", "--inject-fault", "swap_copy=2"}));
+  ServerProcess s(StoriesOnF32Kv({"--kv-device-bytes", "491520", "--kv-host-bytes", "16777216", "--gather-first", "16",
+                                  "--inject-fault", "swap_copy=2"}));
   ExpectOfflineTokens(TightTierStreams(s));
   EXPECT_NE(s.Log().find("injected fault: a swap copy failed; its KV will be recomputed"), std::string::npos)
       << s.Log();
@@ -702,8 +704,8 @@ TEST(ServerFaults, FailedSwapCopyIsRecomputed) {
 
 // A host tier with no room: preempted requests are recomputed instead of swapped.
 TEST(ServerFaults, FullHostTierFallsBackToRecompute) {
-  ServerProcess s(StoriesOnF32Kv(
-      {"--kv-device-bytes", "491520", "--kv-host-bytes", "16777216", "--inject-fault", "host_tier_full=1000000"}));
+  ServerProcess s(StoriesOnF32Kv({"--kv-device-bytes", "491520", "--kv-host-bytes", "16777216", "--gather-first", "16",
+                                  "--inject-fault", "host_tier_full=1000000"}));
   ExpectOfflineTokens(TightTierStreams(s));
   ASSERT_TRUE(Drained(s));
   const std::string page = s.Metrics();

@@ -26,9 +26,11 @@ UNAVAILABLE = "14"  # grpc::StatusCode::UNAVAILABLE in the load generator's fail
 
 class ShutdownUnderLoadTest(unittest.TestCase):
     def sigterm_under_load(self, drain_timeout, output_len):
-        """64 streams, all sent at once; SIGTERM once 32 of them run. Returns the load generator's result
-        and the server's log. (Calls sent after the SIGTERM are refused: server_test covers them.)"""
-        server = Server(ARGS.server, ARGS.model, "--threads", "2", "--drain-timeout", str(drain_timeout))
+        """64 streams, all sent at once and gathered into the engine's first step (however fast it runs);
+        SIGTERM once 32 of them run. Returns the load generator's result and the server's log. (Calls sent
+        after the SIGTERM are refused: server_test covers them.)"""
+        server = Server(ARGS.server, ARGS.model, "--threads", "2", "--drain-timeout", str(drain_timeout),
+                        "--gather-first", "64")
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
         result_file = os.path.join(tmp.name, "load.json")
