@@ -17,8 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from serverproc import Server, wait_for  # noqa: E402
 
 ARGS = None
-# What the client adds to a request's time to the first token, at most, on this test's load.
-CLIENT_OVERHEAD_S = 0.005
+# What the client adds to a request's time to the first token, at most, on this test's load (its own
+# and gRPC's time: a few milliseconds, tens on a machine busy with other work).
+CLIENT_OVERHEAD_S = 0.1
 
 
 def histogram(server, name):
@@ -93,14 +94,14 @@ class LoadtestServerTest(unittest.TestCase):
         for q, key in ((0.5, "median_ttft_ms"), (0.9, "p90_ttft_ms")):
             server_q = histogram_quantile(q, bounds, counts)
             client_q = run[key] / 1e3
-            # The bucket each falls in: the same one, or the next (the client also times the network).
-            # On a fast CPU the first token comes in a few milliseconds, where the buckets are
-            # 1.5-2.5 ms wide and the client's own few milliseconds (gRPC, Python) can span two:
-            # there the two agree within CLIENT_OVERHEAD_S instead.
+            # Each request's first token comes no later at the server than at the client, which adds
+            # its own time and the network's: so the server's quantile lies in the client's bucket or a
+            # lower one (whatever the machine's load), and no more than the client's overhead below.
             server_bucket = bisect.bisect_left(bounds, server_q)
             client_bucket = bisect.bisect_left(bounds, client_q)
-            self.assertTrue(abs(client_bucket - server_bucket) <= 1 or abs(client_q - server_q) <= CLIENT_OVERHEAD_S,
-                            f"q={q}: client {client_q:.4f} s, server {server_q:.4f} s, buckets {bounds}")
+            what = f"q={q}: client {client_q:.4f} s, server {server_q:.4f} s, buckets {bounds}"
+            self.assertLessEqual(server_bucket, client_bucket, what)
+            self.assertLess(client_q - server_q, CLIENT_OVERHEAD_S, what)
 
     def test_2_cancels_and_deadlines_are_counted_and_free_everything(self):
         # 400 tokens a request: hundreds of engine steps, far more than the 50 ms within which the cancels come.
