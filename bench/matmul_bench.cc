@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "base/flags.h"
-#include "engine/model.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/packed.h"
+#include "model/model.h"
 
 namespace {
 

@@ -17,9 +17,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "engine/model.h"
 #include "engine/pruning/calibration.h"
 #include "kernels/backend.h"
+#include "model/model.h"
 
 namespace ps {
 

@@ -11,11 +11,11 @@
 
 #include "absl/status/statusor.h"
 #include "engine/forward.h"
-#include "engine/model.h"
 #include "engine/step.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
 #include "memory/kv_geometry.h"
+#include "model/model.h"
 
 namespace ps {
 

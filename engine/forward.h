@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/model.h"
 #include "engine/pruning/strategy.h"
 #include "engine/shared_attention.h"
 #include "kernels/activations.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
+#include "model/model.h"
 
 namespace ps {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/model.h"
 #include "engine/sampler.h"
+#include "model/model.h"
 
 namespace ps {
 

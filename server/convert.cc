@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "engine/tokenizer/chat_template.h"
+#include "model/tokenizer/chat_template.h"
 
 namespace ps::server {
 

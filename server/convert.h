@@ -8,7 +8,7 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/status/statusor.h"
-#include "engine/model.h"
+#include "model/model.h"
 #include "pruneserve/v1/generation.pb.h"
 #include "scheduler/request.h"
 

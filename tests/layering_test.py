@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The layering of the source folders, checked on their #include lines.
 
-server -> scheduler -> engine -> memory -> kernels -> base, with proto (the API's
-messages) beside base: a folder includes headers of the folders below it only.
+server -> scheduler -> engine -> model, memory -> kernels -> base, with proto (the
+API's messages) beside base: a folder includes headers of the folders below it only
+(model/ and memory/ side by side: neither knows the other).
 Beyond that: no header above kernels/ names a CPU or CUDA kernel header
 (kernels/cpu/, kernels/cuda/; the seam is kernels/backend.h and kernels/types.h),
 and only server/, loadtest/ (a client of the API alone) and the clients in tools/
@@ -18,10 +19,11 @@ ALLOWED = {
     "base": {"base"},
     "proto": {"proto"},
     "kernels": {"kernels", "base"},
+    "model": {"model", "kernels", "base"},
     "memory": {"memory", "kernels", "base"},
-    "engine": {"engine", "memory", "kernels", "proto", "base"},
+    "engine": {"engine", "model", "memory", "kernels", "proto", "base"},
     "scheduler": {"scheduler", "engine", "memory", "base"},
-    "server": {"server", "scheduler", "engine", "memory", "kernels", "proto", "base"},
+    "server": {"server", "scheduler", "engine", "model", "memory", "kernels", "proto", "base"},
     "loadtest": {"loadtest", "proto", "base"},  # a gRPC client: the API only
 }
 FOLDERS = set(ALLOWED) | {"tools", "bench", "tests"}  # the repository's top-level source folders

@@ -9,8 +9,8 @@
 #include "base/mapped_file.h"
 #include "engine/generator.h"
 #include "engine/pruning/registry.h"
-#include "engine/tokenizer/chat_template.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "model/tokenizer/chat_template.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/mapped_file.h"
 #include "base/status.h"
-#include "engine/json_numbers.h"
+#include "model/json_numbers.h"
 
 namespace ps {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/model.h"
+#include "model/model.h"
 
 namespace ps {
 

@@ -19,9 +19,9 @@
 #include <span>
 #include <vector>
 
-#include "engine/model.h"
 #include "engine/pruning/registry.h"
 #include "engine/pruning/strategy.h"
+#include "model/model.h"
 
 namespace ps {
 

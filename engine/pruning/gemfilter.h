@@ -11,9 +11,9 @@
 #include <memory>
 #include <vector>
 
-#include "engine/model.h"
 #include "engine/pruning/registry.h"
 #include "engine/pruning/strategy.h"
+#include "model/model.h"
 
 namespace ps {
 

@@ -17,10 +17,10 @@
 #include <memory>
 #include <vector>
 
-#include "engine/model.h"
 #include "engine/pruning/aux_rows.h"
 #include "engine/pruning/registry.h"
 #include "engine/pruning/strategy.h"
+#include "model/model.h"
 
 namespace ps {
 

@@ -18,10 +18,10 @@
 #include <memory>
 #include <vector>
 
-#include "engine/model.h"
 #include "engine/pruning/calibration.h"
 #include "engine/pruning/registry.h"
 #include "engine/pruning/strategy.h"
+#include "model/model.h"
 
 namespace ps {
 

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/model.h"
 #include "engine/pruning/calibration.h"
 #include "engine/pruning/strategy.h"
+#include "model/model.h"
 
 namespace google::protobuf {
 class Message;

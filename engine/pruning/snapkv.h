@@ -12,9 +12,9 @@
 #include <memory>
 #include <vector>
 
-#include "engine/model.h"
 #include "engine/pruning/kv_compression.h"
 #include "engine/pruning/registry.h"
+#include "model/model.h"
 
 namespace ps {
 

@@ -8,9 +8,9 @@
 
 #include <memory>
 
-#include "engine/model.h"
 #include "engine/pruning/kv_compression.h"
 #include "engine/pruning/registry.h"
+#include "model/model.h"
 
 namespace ps {
 

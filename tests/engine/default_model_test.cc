@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/mapped_file.h"
-#include "engine/tokenizer/chat_template.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/quant.h"
+#include "model/tokenizer/chat_template.h"
 #include "tests/engine/test_util.h"
 
 namespace ps {

@@ -6,9 +6,9 @@
 #include <cstring>
 
 #include "absl/strings/str_split.h"
-#include "engine/gguf.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/quant.h"
+#include "model/gguf.h"
 #include "tests/engine/test_util.h"
 
 namespace ps {

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "engine/generator.h"
-#include "engine/model.h"
 #include "engine/pruning/registry.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "model/model.h"
 
 namespace ps::testing {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
+#include "model/model.h"
 
 namespace ps::testing {
 

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/tokenizer/chat_template.h"
+#include "model/tokenizer/chat_template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> parts(1);

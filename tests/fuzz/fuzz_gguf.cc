@@ -3,8 +3,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "engine/gguf.h"
-#include "engine/model.h"
+#include "model/gguf.h"
+#include "model/model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto file = ps::GgufFile::Parse(data, size, "fuzz.gguf");

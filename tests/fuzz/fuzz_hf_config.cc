@@ -5,7 +5,7 @@
 #include <string>
 
 #include "base/status.h"
-#include "engine/model.h"
+#include "model/model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto config = ps::ConfigFromHfJson(std::string(reinterpret_cast<const char*>(data), size));

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <memory>
 
-#include "engine/model.h"
 #include "engine/pruning/registry.h"
+#include "model/model.h"
 #include "server/convert.h"
 
 namespace ps::fuzz {

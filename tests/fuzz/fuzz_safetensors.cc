@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "base/status.h"
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto file = ps::SafetensorsFile::Parse(data, size, "fuzz.safetensors");

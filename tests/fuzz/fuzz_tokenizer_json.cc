@@ -5,7 +5,7 @@
 #include <string_view>
 
 #include "base/status.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in(reinterpret_cast<const char*>(data), size);

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "engine/model.h"
-#include "engine/safetensors.h"
+#include "model/model.h"
+#include "model/safetensors.h"
 
 namespace ps {
 namespace {

@@ -1,6 +1,6 @@
-#include "engine/tokenizer/pretokenizer.h"
+#include "model/tokenizer/pretokenizer.h"
 
-#include "engine/tokenizer/unicode.h"
+#include "model/tokenizer/unicode.h"
 
 namespace ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/tokenizer/unicode.h"
+#include "model/tokenizer/unicode.h"
 
 #include <algorithm>
 
@@ -7,7 +7,7 @@ namespace {
 struct CodepointRange {
   uint32_t first, last;
 };
-#include "engine/tokenizer/unicode_tables.inc"
+#include "model/tokenizer/unicode_tables.inc"
 
 template <size_t N>
 bool InRanges(const CodepointRange (&r)[N], uint32_t cp) {

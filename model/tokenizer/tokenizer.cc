@@ -1,4 +1,4 @@
-#include "engine/tokenizer/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "engine/tokenizer/byte_level.h"
-#include "engine/tokenizer/unicode.h"
+#include "model/tokenizer/byte_level.h"
+#include "model/tokenizer/unicode.h"
 
 namespace ps {
 namespace {

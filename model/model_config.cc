@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "engine/json_numbers.h"
-#include "engine/model.h"
 #include "kernels/cpu/quant.h"
+#include "model/json_numbers.h"
+#include "model/model.h"
 
 namespace ps {
 namespace {

@@ -3,8 +3,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer/tokenizer.h"
+#include "model/gguf.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace ps {
 namespace {

@@ -5,12 +5,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/mapped_file.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer/chat_template.h"
-#include "engine/tokenizer/pretokenizer.h"
-#include "engine/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/gguf.h"
+#include "model/tokenizer/chat_template.h"
+#include "model/tokenizer/pretokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace ps {
 namespace {

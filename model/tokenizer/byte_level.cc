@@ -1,8 +1,8 @@
-#include "engine/tokenizer/byte_level.h"
+#include "model/tokenizer/byte_level.h"
 
 #include <array>
 
-#include "engine/tokenizer/unicode.h"
+#include "model/tokenizer/unicode.h"
 
 namespace ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/safetensors.h"
+#include "model/safetensors.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "engine/gguf.h"
+#include "model/gguf.h"
 
 #include <cstring>
 #include <limits>

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/tokenizer/pretokenizer.h"
+#include "model/tokenizer/pretokenizer.h"
 
 namespace ps {
 

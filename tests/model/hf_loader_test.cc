@@ -14,12 +14,12 @@
 #include "base/fp16.h"
 #include "engine/forward.h"
 #include "engine/generator.h"
-#include "engine/model.h"
-#include "engine/safetensors.h"
-#include "engine/tokenizer/byte_level.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "model/tokenizer/byte_level.h"
 
 namespace ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/tokenizer/chat_template.h"
+#include "model/tokenizer/chat_template.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -25,8 +25,8 @@ ChatTemplate DetectChatTemplate(std::string_view t) {
     // A literal default system turn used when the conversation has none: SmolLM2's
     // "You are a helpful AI assistant named SmolLM ...", Qwen2.5's "You are Qwen, ...".
     // The newline may be written as a real one or as the Jinja escape "\\n".
-    const bool conditional = t.find("!= 'system'") != std::string_view::npos ||
-                             t.find("== 'system'") != std::string_view::npos;
+    const bool conditional =
+        t.find("!= 'system'") != std::string_view::npos || t.find("== 'system'") != std::string_view::npos;
     const std::string_view open = "<|im_start|>system";
     for (size_t a = t.find(open); conditional && a != std::string_view::npos; a = t.find(open, a + 1)) {
       std::string_view rest = t.substr(a + open.size());

@@ -10,9 +10,9 @@
 
 #include "absl/status/statusor.h"
 #include "base/mapped_file.h"
-#include "engine/gguf.h"
-#include "engine/tokenizer/tokenizer.h"
 #include "kernels/types.h"
+#include "model/gguf.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace ps {
 

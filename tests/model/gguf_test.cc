@@ -3,10 +3,10 @@
 #include <random>
 
 #include "base/mapped_file.h"
-#include "engine/gguf.h"
-#include "engine/model.h"
 #include "gtest/gtest.h"
-#include "tests/engine/gguf_writer.h"
+#include "model/gguf.h"
+#include "model/model.h"
+#include "tests/model/gguf_writer.h"
 
 namespace ps {
 namespace {

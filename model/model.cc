@@ -1,4 +1,4 @@
-#include "engine/model.h"
+#include "model/model.h"
 
 #include <sys/stat.h>
 
