@@ -4,26 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "pruneserve/v1/generation.pb.h"
 
 namespace ps {
 namespace {
 
-class Params final : public StrategyParams {
+class Params final : public BoundParams<Params, AutoParams> {
  public:
-  explicit Params(AutoParams p) : p_(std::move(p)) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
-
-  absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
-    (void)field;
-    const auto& m = static_cast<const pruneserve::v1::AutoStrategy&>(msg);
-    if (m.has_min_speedup()) p_.min_speedup = m.min_speedup();
-    return absl::OkStatus();
-  }
-
-  void ToProto(google::protobuf::Message* msg) const override {
-    static_cast<pruneserve::v1::AutoStrategy*>(msg)->set_min_speedup(p_.min_speedup);
-  }
+  static constexpr StructField<AutoParams> kFields[] = {{"min_speedup", &AutoParams::min_speedup}};
+  using BoundParams::BoundParams;
 
   absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
     (void)config;
@@ -45,9 +33,6 @@ class Params final : public StrategyParams {
   std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
     return std::make_unique<Auto>(p_, config);
   }
-
- private:
-  AutoParams p_;
 };
 
 }  // namespace

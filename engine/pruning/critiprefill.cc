@@ -6,34 +6,19 @@
 #include "base/status.h"
 #include "engine/pruning/selection.h"
 #include "kernels/cpu/vec.h"
-#include "pruneserve/v1/generation.pb.h"
 
 namespace ps {
 namespace {
 
-class Params final : public StrategyParams {
+class Params final : public BoundParams<Params, CritiPrefillParams> {
  public:
-  explicit Params(const CritiPrefillParams& p) : p_(p) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
-
-  absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
-    const auto& m = static_cast<const pruneserve::v1::CritiPrefill&>(msg);
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_segment_size(), m.segment_size(), field, "segment_size", &p_.segment_size));
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_block_size(), m.block_size(), field, "block_size", &p_.block_size));
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_budget(), m.budget(), field, "budget", &p_.budget));
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_dense_prefix(), m.dense_prefix(), field, "dense_prefix", &p_.dense_prefix));
-    if (m.has_fusion_prev_weight()) p_.fusion_prev_weight = m.fusion_prev_weight();
-    return absl::OkStatus();
-  }
-
-  void ToProto(google::protobuf::Message* msg) const override {
-    auto* m = static_cast<pruneserve::v1::CritiPrefill*>(msg);
-    m->set_segment_size(static_cast<uint32_t>(p_.segment_size));
-    m->set_block_size(static_cast<uint32_t>(p_.block_size));
-    m->set_budget(static_cast<uint32_t>(p_.budget));
-    m->set_dense_prefix(static_cast<uint32_t>(p_.dense_prefix));
-    m->set_fusion_prev_weight(p_.fusion_prev_weight);
-  }
+  static constexpr StructField<CritiPrefillParams> kFields[] = {
+      {"segment_size", &CritiPrefillParams::segment_size},
+      {"block_size", &CritiPrefillParams::block_size},
+      {"budget", &CritiPrefillParams::budget},
+      {"dense_prefix", &CritiPrefillParams::dense_prefix},
+      {"fusion_prev_weight", &CritiPrefillParams::fusion_prev_weight}};
+  using BoundParams::BoundParams;
 
   absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
     (void)config;
@@ -56,9 +41,6 @@ class Params final : public StrategyParams {
     (void)config;
     return std::make_unique<CritiPrefill>(p_);
   }
-
- private:
-  CritiPrefillParams p_;
 };
 
 }  // namespace

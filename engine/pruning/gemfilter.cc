@@ -16,28 +16,19 @@ constexpr char kUncalibrated[] =
     "uncalibrated: its layers follow the depth rule, which may miss what the model attends to; start the server "
     "with --calibrate-text (or run pruneserve-calibrate) to measure them";
 
-class Params final : public StrategyParams {
+class Params final : public BoundParams<Params, GemFilterParams> {
  public:
+  static constexpr StructField<GemFilterParams> kFields[] = {
+      {"filter_layer", &GemFilterParams::filter_layer},
+      {"top_k", &GemFilterParams::top_k},
+      {"pool_kernel", &GemFilterParams::pool_kernel},
+      {"original_positions", &GemFilterParams::original_positions}};
   // calibrated: filter_layer comes from the model's calibration.
-  Params(const GemFilterParams& p, bool calibrated) : p_(p), calibrated_(calibrated) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_, calibrated_); }
+  Params(const GemFilterParams& p, bool calibrated) : BoundParams(p), calibrated_(calibrated) {}
 
   absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
-    const auto& m = static_cast<const pruneserve::v1::GemFilter&>(msg);
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_filter_layer(), m.filter_layer(), field, "filter_layer", &p_.filter_layer));
-    calibrated_ = calibrated_ || m.has_filter_layer();  // chosen by whoever set it
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_top_k(), m.top_k(), field, "top_k", &p_.top_k));
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_pool_kernel(), m.pool_kernel(), field, "pool_kernel", &p_.pool_kernel));
-    if (m.has_original_positions()) p_.original_positions = m.original_positions();
-    return absl::OkStatus();
-  }
-
-  void ToProto(google::protobuf::Message* msg) const override {
-    auto* m = static_cast<pruneserve::v1::GemFilter*>(msg);
-    m->set_filter_layer(static_cast<uint32_t>(p_.filter_layer));
-    m->set_top_k(static_cast<uint32_t>(p_.top_k));
-    m->set_pool_kernel(static_cast<uint32_t>(p_.pool_kernel));
-    m->set_original_positions(p_.original_positions);
+    calibrated_ = calibrated_ || static_cast<const pruneserve::v1::GemFilter&>(msg).has_filter_layer();  // chosen
+    return BoundParams::Merge(msg, field);
   }
 
   absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
@@ -63,7 +54,6 @@ class Params final : public StrategyParams {
   }
 
  private:
-  GemFilterParams p_;
   bool calibrated_;
 };
 

@@ -26,17 +26,18 @@ constexpr char kUncalibrated[] =
     "uncalibrated: its layers follow the depth rule, which may miss what the model attends to; start the server "
     "with --calibrate-text (or run pruneserve-calibrate) to measure them";
 
-class Params final : public StrategyParams {
+class Params final : public BoundParams<Params, LazyLlmParams> {
  public:
+  static constexpr StructField<LazyLlmParams> kFields[] = {{"layers", &LazyLlmParams::layers},
+                                                           {"keep", &LazyLlmParams::keep},
+                                                           {"max_revivals", &LazyLlmParams::max_revivals}};
   // calibrated: the schedule comes from the model's calibration.
   Params(LazyLlmParams p, std::vector<Preset> presets, bool calibrated)
-      : p_(std::move(p)), presets_(std::move(presets)), calibrated_(calibrated) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_, presets_, calibrated_); }
+      : BoundParams(std::move(p)), presets_(std::move(presets)), calibrated_(calibrated) {}
 
   absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
     const auto& m = static_cast<const pruneserve::v1::LazyLLM&>(msg);
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_max_revivals(), m.max_revivals(), field, "max_revivals", &p_.max_revivals));
-    if (m.has_preset()) {
+    if (m.has_preset()) {  // a named schedule, under the lists if they are given too
       auto it = std::ranges::find(presets_, m.preset(), &Preset::name);
       if (it == presets_.end()) {
         std::vector<std::string> names;
@@ -48,29 +49,15 @@ class Params final : public StrategyParams {
       p_.keep = it->keep;
       calibrated_ = calibrated_ || it->name != "default";  // a schedule chosen by name
     }
-    if (m.layers_size() == 0 && m.keep_size() == 0) return absl::OkStatus();  // the schedule's defaults stay
-    // The schedule is given whole: both lists (Validate checks they match).
-    if (m.layers_size() == 0)
-      return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".layers: required with keep"));
-    calibrated_ = true;  // a schedule given whole
-    p_.layers.clear();
-    for (int i = 0; i < m.layers_size(); ++i) {
-      if (m.layers(i) > static_cast<uint32_t>(INT32_MAX)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(std::string(field), ".layers[", i, "]: ", m.layers(i), " is too large"));
-      }
-      p_.layers.push_back(static_cast<int>(m.layers(i)));
+    if (m.layers_size() != 0 || m.keep_size() != 0) {
+      // The schedule is given whole: both lists (Validate checks they match).
+      if (m.layers_size() == 0)
+        return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".layers: required with keep"));
+      calibrated_ = true;  // a schedule given whole
+      p_.layers.clear();
+      p_.keep.clear();
     }
-    p_.keep.assign(m.keep().begin(), m.keep().end());
-    return absl::OkStatus();
-  }
-
-  void ToProto(google::protobuf::Message* msg) const override {
-    auto* m = static_cast<pruneserve::v1::LazyLLM*>(msg);
-    m->Clear();
-    for (int l : p_.layers) m->add_layers(static_cast<uint32_t>(l));
-    for (float k : p_.keep) m->add_keep(k);
-    m->set_max_revivals(static_cast<uint32_t>(p_.max_revivals));
+    return BoundParams::Merge(msg, field);
   }
 
   absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
@@ -103,7 +90,6 @@ class Params final : public StrategyParams {
   }
 
  private:
-  LazyLlmParams p_;
   std::vector<Preset> presets_;  // for this model
   bool calibrated_;
 };

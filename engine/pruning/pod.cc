@@ -4,32 +4,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "pruneserve/v1/generation.pb.h"
 
 namespace ps {
 namespace {
 
-class Params final : public StrategyParams {
+class Params final : public BoundParams<Params, PodParams> {
  public:
-  explicit Params(PodParams p) : p_(std::move(p)) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
-
-  absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
-    const auto& m = static_cast<const pruneserve::v1::PoD&>(msg);
-    if (m.has_delta()) p_.delta = m.delta();
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_sinks(), m.sinks(), field, "sinks", &p_.sinks));
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_recent(), m.recent(), field, "recent", &p_.recent));
-    if (m.has_gate_skip()) p_.gate_skip = m.gate_skip();
-    return absl::OkStatus();
-  }
-
-  void ToProto(google::protobuf::Message* msg) const override {
-    auto* m = static_cast<pruneserve::v1::PoD*>(msg);
-    m->set_delta(static_cast<float>(p_.delta));
-    m->set_sinks(static_cast<uint32_t>(p_.sinks));
-    m->set_recent(static_cast<uint32_t>(p_.recent));
-    m->set_gate_skip(p_.gate_skip);
-  }
+  static constexpr StructField<PodParams> kFields[] = {{"delta", &PodParams::delta},
+                                                       {"sinks", &PodParams::sinks},
+                                                       {"recent", &PodParams::recent},
+                                                       {"gate_skip", &PodParams::gate_skip}};
+  using BoundParams::BoundParams;
 
   absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
     (void)config;  // the calibration was checked against the model when it was loaded
@@ -57,9 +42,6 @@ class Params final : public StrategyParams {
   std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
     return std::make_unique<Pod>(p_, config);
   }
-
- private:
-  PodParams p_;
 };
 
 }  // namespace

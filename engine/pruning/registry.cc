@@ -71,16 +71,6 @@ absl::Status MergeArgs(const StrategyInfo& s, const std::vector<std::string>& ar
 
 }  // namespace
 
-absl::Status MergeIntField(bool has, uint32_t v, std::string_view field, std::string_view key, int* out) {
-  if (!has) return absl::OkStatus();
-  if (v > static_cast<uint32_t>(INT32_MAX)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(field), ".", std::string(key), ": ", v, " is too large"));
-  }
-  *out = static_cast<int>(v);
-  return absl::OkStatus();
-}
-
 std::vector<const StrategyInfo*> Strategies() {
   Registry& r = TheRegistry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -1,7 +1,8 @@
 // The strategy registry: one table line per strategy (registry.cc), each pointing
 // at its file's parameters, which carry the defaults for an L-layer model,
-// validation naming the field, conversion from and to its PruningConfig message
-// (through which `key=value` text is parsed: proto/field_args.h) and the factory.
+// validation naming the field, the binding of its fields to its PruningConfig
+// message (BoundParams: through which `key=value` text is parsed too,
+// proto/field_args.h) and the factory.
 // Adding a strategy = its file + its proto message + one table line; the server's
 // flags and GetModelInfo, the offline runner's help and the metrics read the table.
 // Tests may add strategies at run time (RegisterStrategy).
@@ -16,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/pruning/calibration.h"
+#include "engine/pruning/param_fields.h"
 #include "engine/pruning/strategy.h"
 #include "model/model.h"
 
@@ -59,9 +61,25 @@ class StrategyParams {
   virtual void UseDefaults(std::shared_ptr<const DefaultParams> others) { (void)others; }
 };
 
-// For StrategyParams::Merge: *out = v when the field is set (`has`); InvalidArgument
-// naming `field`.`key` when v does not fit an int.
-absl::Status MergeIntField(bool has, uint32_t v, std::string_view field, std::string_view key, int* out);
+// StrategyParams over a parameter struct P whose members Derived binds to its
+// message's fields (`static constexpr StructField<P> kFields[]`, param_fields.h):
+// Clone, Merge and ToProto by reflection, no conversion code per strategy. A
+// strategy with rules of its own (presets, lists given together) adds them to Merge.
+template <typename Derived, typename P>
+class BoundParams : public StrategyParams {
+ public:
+  explicit BoundParams(P p) : p_(std::move(p)) {}
+  std::unique_ptr<StrategyParams> Clone() const override {
+    return std::make_unique<Derived>(static_cast<const Derived&>(*this));
+  }
+  absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
+    return ReadFields(Derived::kFields, msg, field, &p_);
+  }
+  void ToProto(google::protobuf::Message* msg) const override { WriteFields(Derived::kFields, p_, msg); }
+
+ protected:
+  P p_;
+};
 
 struct StrategyInfo {
   std::string name;     // the request's strategy name, and its PruningConfig message's field name

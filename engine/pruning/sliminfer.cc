@@ -15,42 +15,25 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-class Params final : public StrategyParams {
+class Params final : public BoundParams<Params, SlimInferParams> {
  public:
-  explicit Params(SlimInferParams p) : p_(std::move(p)) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
+  static constexpr StructField<SlimInferParams> kFields[] = {
+      {"layers", &SlimInferParams::layers},         {"budgets", &SlimInferParams::budgets},
+      {"block_size", &SlimInferParams::block_size}, {"unit_size", &SlimInferParams::unit_size},
+      {"window", &SlimInferParams::window},         {"gamma", &SlimInferParams::gamma}};
+  using BoundParams::BoundParams;
 
   absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
     const auto& m = static_cast<const pruneserve::v1::SlimInfer&>(msg);
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_block_size(), m.block_size(), field, "block_size", &p_.block_size));
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_unit_size(), m.unit_size(), field, "unit_size", &p_.unit_size));
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_window(), m.window(), field, "window", &p_.window));
-    if (m.has_gamma()) p_.gamma = m.gamma();
-    if (m.layers_size() == 0 && m.budgets_size() == 0) return absl::OkStatus();  // the schedule's defaults stay
-    // The schedule is given whole: both lists (Validate checks they match).
-    if (m.layers_size() == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".layers: required with budgets"));
+    if (m.layers_size() != 0 || m.budgets_size() != 0) {
+      // The schedule is given whole: both lists (Validate checks they match).
+      if (m.layers_size() == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(std::string(field), ".layers: required with budgets"));
+      }
+      p_.layers.clear();
+      p_.budgets.clear();
     }
-    p_.layers.assign(m.layers_size(), 0);
-    p_.budgets.assign(m.budgets_size(), 0);
-    for (int i = 0; i < m.layers_size(); ++i) {
-      PS_RETURN_IF_ERROR(MergeIntField(true, m.layers(i), field, absl::StrCat("layers[", i, "]"), &p_.layers[i]));
-    }
-    for (int i = 0; i < m.budgets_size(); ++i) {
-      PS_RETURN_IF_ERROR(MergeIntField(true, m.budgets(i), field, absl::StrCat("budgets[", i, "]"), &p_.budgets[i]));
-    }
-    return absl::OkStatus();
-  }
-
-  void ToProto(google::protobuf::Message* msg) const override {
-    auto* m = static_cast<pruneserve::v1::SlimInfer*>(msg);
-    m->Clear();
-    for (int l : p_.layers) m->add_layers(static_cast<uint32_t>(l));
-    for (int b : p_.budgets) m->add_budgets(static_cast<uint32_t>(b));
-    m->set_block_size(static_cast<uint32_t>(p_.block_size));
-    m->set_unit_size(static_cast<uint32_t>(p_.unit_size));
-    m->set_window(static_cast<uint32_t>(p_.window));
-    m->set_gamma(p_.gamma);
+    return BoundParams::Merge(msg, field);
   }
 
   absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
@@ -85,9 +68,6 @@ class Params final : public StrategyParams {
   std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
     return std::make_unique<SlimInfer>(p_, config);
   }
-
- private:
-  SlimInferParams p_;
 };
 
 }  // namespace

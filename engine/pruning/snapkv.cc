@@ -8,29 +8,15 @@
 #include "base/status.h"
 #include "engine/pruning/selection.h"
 #include "kernels/cpu/vec.h"
-#include "pruneserve/v1/generation.pb.h"
 
 namespace ps {
 namespace {
 
-class Params final : public StrategyParams {
+class Params final : public BoundParams<Params, SnapKvParams> {
  public:
-  explicit Params(const SnapKvParams& p) : p_(p) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
-
-  absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
-    const auto& m = static_cast<const pruneserve::v1::SnapKV&>(msg);
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_window(), m.window(), field, "window", &p_.window));
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_budget(), m.budget(), field, "budget", &p_.budget));
-    return MergeIntField(m.has_kernel(), m.kernel(), field, "kernel", &p_.kernel);
-  }
-
-  void ToProto(google::protobuf::Message* msg) const override {
-    auto* m = static_cast<pruneserve::v1::SnapKV*>(msg);
-    m->set_window(static_cast<uint32_t>(p_.window));
-    m->set_budget(static_cast<uint32_t>(p_.budget));
-    m->set_kernel(static_cast<uint32_t>(p_.kernel));
-  }
+  static constexpr StructField<SnapKvParams> kFields[] = {
+      {"window", &SnapKvParams::window}, {"budget", &SnapKvParams::budget}, {"kernel", &SnapKvParams::kernel}};
+  using BoundParams::BoundParams;
 
   absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
     (void)config;
@@ -47,9 +33,6 @@ class Params final : public StrategyParams {
   std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
     return std::make_unique<SnapKv>(p_, config);
   }
-
- private:
-  SnapKvParams p_;
 };
 
 }  // namespace

@@ -2,27 +2,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "pruneserve/v1/generation.pb.h"
 
 namespace ps {
 namespace {
 
-class Params final : public StrategyParams {
+class Params final : public BoundParams<Params, StreamingLlmParams> {
  public:
-  explicit Params(const StreamingLlmParams& p) : p_(p) {}
-  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<Params>(p_); }
-
-  absl::Status Merge(const google::protobuf::Message& msg, std::string_view field) override {
-    const auto& m = static_cast<const pruneserve::v1::StreamingLLM&>(msg);
-    PS_RETURN_IF_ERROR(MergeIntField(m.has_sinks(), m.sinks(), field, "sinks", &p_.sinks));
-    return MergeIntField(m.has_recent(), m.recent(), field, "recent", &p_.recent);
-  }
-
-  void ToProto(google::protobuf::Message* msg) const override {
-    auto* m = static_cast<pruneserve::v1::StreamingLLM*>(msg);
-    m->set_sinks(static_cast<uint32_t>(p_.sinks));
-    m->set_recent(static_cast<uint32_t>(p_.recent));
-  }
+  static constexpr StructField<StreamingLlmParams> kFields[] = {{"sinks", &StreamingLlmParams::sinks},
+                                                                {"recent", &StreamingLlmParams::recent}};
+  using BoundParams::BoundParams;
 
   absl::Status Validate(const ModelConfig& config, std::string_view field) const override {
     (void)config;
@@ -37,9 +25,6 @@ class Params final : public StrategyParams {
   std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
     return std::make_unique<StreamingLlm>(p_, config);
   }
-
- private:
-  StreamingLlmParams p_;
 };
 
 }  // namespace

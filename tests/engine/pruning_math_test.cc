@@ -14,9 +14,12 @@
 #include "engine/pruning/selection.h"
 #include "engine/pruning/sliminfer.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/shared_math.h"
+#include "proto/field_args.h"
 #include "pruneserve/v1/generation.pb.h"
 
 namespace ps {
@@ -307,6 +310,67 @@ TEST(PruningParams, DefaultsParsingAndValidationNameTheField) {
   EXPECT_FLOAT_EQ(slim.gamma(), 0.9f);
   EXPECT_THAT(error("full", {"top_k=4"}), HasSubstr("full has no parameters"));
   EXPECT_FALSE(FindStrategy("h2o").ok());
+}
+
+// Every field of every strategy's message is bound to its parameters, both ways: a
+// message with each field set (LazyLLM's `preset` aside: it names a schedule, it is
+// not one) comes back whole from the parameters; values too large for an int are
+// errors naming the field.
+TEST(PruningParams, EveryMessageFieldIsReadAndWrittenBack) {
+  using google::protobuf::FieldDescriptor;
+  const absl::StatusOr<StrategyDefaults> d = StrategyDefaults::ForModel(Layers(30));
+  ASSERT_TRUE(d.ok()) << d.status();
+  for (const StrategyInfo* s : Strategies()) {
+    SCOPED_TRACE(s->name);
+    const absl::StatusOr<PruningParams> p = d->Get(s->name);
+    ASSERT_TRUE(p.ok());
+    if (p->params == nullptr) continue;
+    pruneserve::v1::PruningConfig in;
+    absl::StatusOr<google::protobuf::Message*> msg = SelectStrategy(s->name, &in);
+    ASSERT_TRUE(msg.ok()) << msg.status();
+    const google::protobuf::Descriptor& desc = *(*msg)->GetDescriptor();
+    const google::protobuf::Reflection& r = *(*msg)->GetReflection();
+    for (int i = 0; i < desc.field_count(); ++i) {
+      const FieldDescriptor* f = desc.field(i);
+      if (f->name() == "preset") continue;
+      for (int k = 0; k < (f->is_repeated() ? 2 : 1); ++k) {  // distinct values: 7 and 8, 0.25 and 0.5
+        switch (f->cpp_type()) {
+          case FieldDescriptor::CPPTYPE_UINT32:
+            f->is_repeated() ? r.AddUInt32(*msg, f, 7 + k) : r.SetUInt32(*msg, f, 7 + i);
+            break;
+          case FieldDescriptor::CPPTYPE_FLOAT:
+            f->is_repeated() ? r.AddFloat(*msg, f, 0.25f * (k + 1)) : r.SetFloat(*msg, f, 0.125f * (i + 1));
+            break;
+          case FieldDescriptor::CPPTYPE_BOOL: r.SetBool(*msg, f, true); break;
+          default: ADD_FAILURE() << f->full_name() << ": a type the parameters do not bind";
+        }
+      }
+    }
+    std::unique_ptr<StrategyParams> merged = p->params->Clone();
+    ASSERT_TRUE(merged->Merge(**msg, "pruning").ok());
+    pruneserve::v1::PruningConfig out;
+    absl::StatusOr<google::protobuf::Message*> back = SelectStrategy(s->name, &out);
+    ASSERT_TRUE(back.ok());
+    merged->ToProto(*back);
+    EXPECT_EQ(out.DebugString(), in.DebugString());
+    // A uint32 beyond an int, in each integer field: an error naming it.
+    for (int i = 0; i < desc.field_count(); ++i) {
+      const FieldDescriptor* f = desc.field(i);
+      if (f->cpp_type() != FieldDescriptor::CPPTYPE_UINT32) continue;
+      pruneserve::v1::PruningConfig big;
+      google::protobuf::Message* m = *SelectStrategy(s->name, &big);
+      f->is_repeated() ? m->GetReflection()->AddUInt32(m, f, 3000000000u)
+                       : m->GetReflection()->SetUInt32(m, f, 3000000000u);
+      if (s->name == "sliminfer" && f->name() == "budgets") {  // given with its layers
+        m->GetReflection()->AddUInt32(m, desc.FindFieldByName("layers"), 3);
+      }
+      const absl::Status st = p->params->Clone()->Merge(*m, "pruning");
+      EXPECT_THAT(
+          std::string(st.message()),
+          HasSubstr(absl::StrCat("pruning.", f->name(), f->is_repeated() ? "[0]" : "", ": 3000000000 is too large")))
+          << st;
+    }
+  }
 }
 
 // auto's pick: at the longest measured length whose shortest prompt is not above the
