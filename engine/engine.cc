@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, Backe
                                  .n_kv_heads = c.n_kv_heads,
                                  .dtype = o.kv_dtype},
                     .host_blocks = o.kv_host_blocks,
-                    .aux_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float),
+                    .host_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float),
                     .metered = true,
                     .copy = o.swap_copy};
   PS_RETURN_IF_ERROR(kv.geometry.Validate());

@@ -1,6 +1,6 @@
 // The engine executes plans: Execute(StepPlan) -> StepResult. It owns the
 // sequences' generation state (history, sampler, stop rules, streaming text), their
-// strategies, the KV cache (both tiers, the swap engine, the Aux Cache) and the
+// strategies, the KV cache (both tiers, the swap engine, the host row store) and the
 // forward pass on a Backend. A failure belongs to one sequence, never to the batch.
 // Engine thread only.
 #pragma once
@@ -24,7 +24,7 @@ struct EngineOptions {
   DType kv_dtype = kDefaultKvDType;  // KV element type: F32, F16, BF16 or Q8_0 (CPU)
   // KV blocks of the device tier; 0 = enough for 64 full-context sequences, up to 1 GiB.
   int64_t kv_device_blocks = 0;
-  int64_t kv_host_blocks = 0;       // host tier (swap space, Aux Cache); 0 = none
+  int64_t kv_host_blocks = 0;       // host tier (swap space, parked rows); 0 = none
   CpuSwapEngine::CopyFn swap_copy;  // tests: inject copy failures (null = memcpy)
 };
 

@@ -24,7 +24,7 @@ absl::Status Transformer::EnsureCapacity(int64_t rows) {
 
 // The engine services of one sequence during a step (SeqContext). A prefix pass
 // runs under the sequence's id complemented (scratch KV; ids of real sequences are
-// >= 0) and shares the sequence's Aux Cache.
+// >= 0) and shares the sequence's parked rows.
 class Transformer::Context final : public SeqContext {
  public:
   Context(Transformer& t, KvCache& kv, const SeqInput& in) : t_(t), kv_(kv), in_(in) {}
@@ -53,9 +53,11 @@ class Transformer::Context final : public SeqContext {
     return st;
   }
   bool AuxPut(int32_t position, const float* hidden) override {
-    return kv_.manager().aux().Put(owner(), position, hidden);
+    return kv_.manager().host_rows().Put(owner(), position, hidden);
   }
-  bool AuxTake(int32_t position, float* hidden) override { return kv_.manager().aux().Take(owner(), position, hidden); }
+  bool AuxTake(int32_t position, float* hidden) override {
+    return kv_.manager().host_rows().Take(owner(), position, hidden);
+  }
   const LayerTable& Kv(int layer) const override { return kv_.manager().Table(in_.seq_id, layer); }
   int KvBlockTokens() const override { return kv_.manager().block_tokens(); }
   absl::Status MovePages(int layer, std::span<const int32_t> pages, Tier to) override {

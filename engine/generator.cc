@@ -14,12 +14,12 @@ absl::StatusOr<std::unique_ptr<KvCache>> OfflineKvCache(const Model& model, Back
                                 .kv_dim = c.kv_dim(),
                                 .n_kv_heads = c.n_kv_heads,
                                 .dtype = dtype},
-                   .aux_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float)};
+                   .host_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float)};
   // Twice the sequence: a prefix pass's scratch KV next to the sequence's own.
   o.device_blocks = 2 * o.geometry.BlocksForTokens(max_tokens);
-  const int64_t aux_blocks =
-      static_cast<int64_t>((max_tokens * o.aux_row_bytes + o.geometry.block_bytes() - 1) / o.geometry.block_bytes());
-  o.host_blocks = o.device_blocks + aux_blocks + 1;
+  const int64_t row_blocks =
+      static_cast<int64_t>((max_tokens * o.host_row_bytes + o.geometry.block_bytes() - 1) / o.geometry.block_bytes());
+  o.host_blocks = o.device_blocks + row_blocks + 1;
   return KvCache::Create(o, backend);
 }
 

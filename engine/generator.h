@@ -33,7 +33,7 @@ struct GenerationResult {
 using TokenCallback = std::function<bool(const SampledToken&, std::string_view text_delta)>;
 
 // A KV cache for one sequence of up to max_tokens tokens of `model` (prefix passes,
-// revivals, the Aux Cache and moves to the host tier included), allocating on
+// revivals, the host row store and moves to the host tier included), allocating on
 // demand (unmetered), in 16-token blocks of the default KV type unless told otherwise.
 absl::StatusOr<std::unique_ptr<KvCache>> OfflineKvCache(const Model& model, Backend& backend, int64_t max_tokens,
                                                         int block_tokens = 16, DType dtype = kDefaultKvDType);

@@ -118,7 +118,7 @@ class Backend {
   virtual void Attentions(const AttentionShape& shape, std::span<const AttentionCall> calls) {
     for (const AttentionCall& c : calls) Attention(shape, c.kv, c.args);
   }
-  // PoD's merge of a proximal and a distant attention part, for n rows of `heads`
+  // The merge of a proximal and a distant attention part (PositionWindow), for n rows of `heads`
   // heads of `hd` values: o_p = g o_p + (1 - g) o_d with g = ProximalGate(lse_p, lse_d)
   // of the row and head (kernels/shared_math.h; rows p_stride / d_stride apart, the
   // log-sum-exps [n, heads] lse_stride apart).

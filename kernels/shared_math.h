@@ -35,8 +35,8 @@ PS_HD inline void RopeRotate(float c, float s, float* x0, float* x1) {
   *x1 = a * s + b * c;
 }
 
-// Whether a query at q_pos sees a key at key_pos: causally, and by PoD's window
-// (part 0: all keys; 1: the proximal ones, the first `sinks` positions and the
+// Whether a query at q_pos sees a key at key_pos: causally, and by a position window
+// (PositionWindow; part 0: all keys; 1: the proximal ones, the first `sinks` positions and the
 // `recent` newest up to the query's own; 2: the others, the distant ones).
 PS_HD inline bool WindowSees(int part, int32_t sinks, int32_t recent, int32_t key_pos, int32_t q_pos) {
   if (key_pos > q_pos) return false;
@@ -45,7 +45,7 @@ PS_HD inline bool WindowSees(int part, int32_t sinks, int32_t recent, int32_t ke
   return proximal == (part == 1);
 }
 
-// PoD's gate: the weight of the proximal attention part, 1 / (1 + exp(lse_d - lse_p))
+// The gate of a two-part attention: the weight of the proximal part, 1 / (1 + exp(lse_d - lse_p))
 // from the two parts' log-sum-exps (1 when there are no distant keys, lse_d = -inf).
 PS_HD inline float ProximalGate(float lse_p, float lse_d) { return 1.0f / (1.0f + expf(lse_d - lse_p)); }
 

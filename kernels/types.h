@@ -105,11 +105,11 @@ struct KvRange {
 // kernels read exactly these (no mask is built), and causality by position still
 // applies inside them. No segments: every row (dense attention, what `full` gives).
 // Otherwise the segments cover the query rows in order, each naming ascending,
-// disjoint row ranges: one segment for a token subset (LazyLLM decode), one per
-// query segment for block-sparse prefill (CritiPrefill). A segment serves every KV
+// disjoint row ranges: one segment for a token subset (a decode over the kept
+// tokens), one per query segment for block-sparse prefill. A segment serves every KV
 // head, or (kv_head >= 0) only the query heads of one: then the segments of KV heads
-// 0..n_kv_heads-1 follow each other for the same query rows (CritiPrefill selects
-// blocks per KV head).
+// 0..n_kv_heads-1 follow each other for the same query rows (blocks selected per KV
+// head).
 struct KvSelection {
   struct Segment {
     int32_t q_begin = 0, q_end = 0;  // [q_begin, q_end) of the sequence's query rows
@@ -130,7 +130,7 @@ struct KvSelection {
 // when they touch.
 void AppendRange(std::vector<KvRange>& ranges, int32_t begin, int32_t end);
 
-// Which keys a query row sees by position, beyond causality (PoD): all of them, the
+// Which keys a query row sees by position, beyond causality: all of them, the
 // proximal ones (positions below `sinks` or within the `recent` newest up to the
 // query's own) or the others (distant).
 struct PositionWindow {
@@ -165,7 +165,7 @@ struct AttentionArgs {
   int64_t out_stride = 0;
   const KvSelection* selection = nullptr;  // null: every row
   // Optional [kv.n]: receives the attention probabilities of the last query row,
-  // averaged over heads (what LazyLLM-style pruning scores tokens by); 0 for rows
+  // averaged over heads (what progressive token pruning scores tokens by); 0 for rows
   // outside the selection.
   float* last_query_probs = nullptr;
   // Optional [kv.n]: the last query row's scaled pre-softmax scores q·k summed over

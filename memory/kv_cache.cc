@@ -49,7 +49,7 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
                                                   KvCacheManager::Options{.n_layers = g.n_layers,
                                                                           .block_tokens = g.block_tokens,
                                                                           .metered = o.metered,
-                                                                          .aux_row_bytes = o.aux_row_bytes,
+                                                                          .host_row_bytes = o.host_row_bytes,
                                                                           .blocks_per_page = g.blocks_per_page()});
   PS_ASSIGN_OR_RETURN(kv->swap_, MakeSwapEngine(backend, *kv->device_, *kv->host_, o.copy));
   return kv;

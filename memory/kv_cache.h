@@ -1,5 +1,5 @@
 // The KV cache of one engine: both tiers' block pools (memory from the backend),
-// the accounting and block tables (KvCacheManager, with the Aux Cache), the swap
+// the accounting and block tables (KvCacheManager, with the host row store), the swap
 // engine of the backend, and the bytes: K/V rows appended into device blocks,
 // views of a layer's rows for attention, whole-sequence swaps, per-page moves that a
 // later attention waits for, and keys dropped. A page of a layer (block_tokens
@@ -24,7 +24,7 @@ struct KvCacheOptions {
   KvGeometry geometry;
   int64_t device_blocks = 0;
   int64_t host_blocks = 0;     // 0: no host tier
-  size_t aux_row_bytes = 0;    // bytes of an Aux Cache row (the model's hidden state); 0: none
+  size_t host_row_bytes = 0;   // bytes of a parked row (the model's hidden state); 0: none
   bool metered = false;        // appends draw on reservations (the serving path)
   CpuSwapEngine::CopyFn copy;  // CPU backend: replaces memcpy (tests inject failures)
 };
@@ -58,7 +58,7 @@ class KvCache {
   // head_cols); FailedPrecondition when a page the selection reads (null: all of
   // them) is in the host tier. Dropped keys have null blocks. With key_layer >= 0 the
   // keys come from that layer (its rows must hold the same positions) and the values
-  // from `layer` (PoD's shared scores). The block table is written to `table`, else to
+  // from `layer` (attention scores shared across layers). The block table is written to `table`, else to
   // the cache's own (valid until the next View); the view is valid until the next
   // Append or Free of the sequence.
   struct BlockTable {
@@ -67,7 +67,7 @@ class KvCache {
   absl::StatusOr<KvRows> View(int64_t seq, int layer, const KvSelection* selection, int key_layer = -1,
                               BlockTable* table = nullptr);
   // Frees the K blocks of KV head kv_head in `pages` of (seq, layer): keys no
-  // attention reads again (PoD's distant keys above a group's base layer). Their
+  // attention reads again (keys whose scores a lower layer computes). Their
   // device blocks are credited to the sequence's reservation.
   absl::Status DropKeys(int64_t seq, int layer, int kv_head, std::span<const int32_t> pages);
   // Frees the K and the V blocks of KV head kv_head in `pages` of (seq, layer): rows

@@ -30,7 +30,7 @@ KvCacheManager::KvCacheManager(BlockPool& device, BlockPool& host, const Options
       block_tokens_(o.block_tokens),
       blocks_per_page_(o.blocks_per_page),
       metered_(o.metered),
-      aux_(host, o.aux_row_bytes) {
+      host_rows_(host, o.host_row_bytes) {
   PS_CHECK(n_layers_ > 0 && block_tokens_ > 0 && blocks_per_page_ > 0) << "bad KV geometry";
   PS_CHECK(device.tier() == Tier::kDevice && host.tier() == Tier::kHost) << "pools in the wrong tiers";
 }
@@ -333,7 +333,7 @@ void KvCacheManager::FreeLayer(int64_t seq, int layer) {
 }
 
 void KvCacheManager::Free(int64_t seq) {
-  aux_.Release(seq);
+  host_rows_.Release(seq);
   if (seq >= 0) peaks_.erase(seq);
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
@@ -403,7 +403,7 @@ absl::Status KvCacheManager::VerifyIntegrity() const {
     }
     ++owned[static_cast<int>(loc.first)];
   }
-  owned[static_cast<int>(Tier::kHost)] += aux_.TotalBlocks();
+  owned[static_cast<int>(Tier::kHost)] += host_rows_.TotalBlocks();
   if (owned[0] + releasing_ + device_.num_free() != device_.num_blocks() ||
       owned[1] + host_.num_free() != host_.num_blocks()) {
     return absl::InternalError("tier accounting: blocks owned outside the tables, or lost");

@@ -4,7 +4,7 @@
 // hold different token subsets (pruning). A page is blocks_per_page blocks (the KV
 // cache's layout: memory/kv_geometry.h); a block may be dropped from its page (data
 // no longer read), the rest of the page staying. Counts are in blocks. Owns no
-// KV bytes: those live in the two BlockPools. Also holds the Aux Cache, so that
+// KV bytes: those live in the two BlockPools. Also holds the host row store, so that
 // freeing a sequence frees everything it holds.
 //
 // Reservations: in metered mode (the serving path) the scheduler reserves device
@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "memory/aux_cache.h"
 #include "memory/block_pool.h"
+#include "memory/host_row_store.h"
 #include "memory/swap_engine.h"
 
 namespace ps {
@@ -67,8 +67,8 @@ class KvCacheManager {
   struct Options {
     int n_layers = 0;
     int block_tokens = 16;
-    bool metered = false;      // appends and swap-ins draw on reservations
-    size_t aux_row_bytes = 0;  // bytes of one Aux Cache row (0: no Aux Cache)
+    bool metered = false;       // appends and swap-ins draw on reservations
+    size_t host_row_bytes = 0;  // bytes of one parked row (0: none)
     int blocks_per_page = 1;
   };
   KvCacheManager(BlockPool& device, BlockPool& host, const Options& options);
@@ -83,7 +83,7 @@ class KvCacheManager {
   // ---- Accounting: what the scheduler plans with, before a step.
   // Device blocks that appending n tokens at every layer of `seq` would take.
   int64_t BlocksNeeded(int64_t seq, int64_t n_tokens) const;
-  // Blocks of the sequence's tables in `tier` (the Aux Cache not included); O(1).
+  // Blocks of the sequence's tables in `tier` (the host row store not included); O(1).
   int64_t BlocksIn(int64_t seq, Tier tier) const;
   // The most blocks `seq` (>= 0) has held at once since its first block, its scratch
   // passes' and clean host copies included: in the device tier, and in both tiers.
@@ -118,7 +118,7 @@ class KvCacheManager {
   // already there are skipped. Device blocks come from the sequence's reservation.
   // Pages brought to the device tier keep their host blocks as clean copies (until
   // an append writes the page), so a later move back to the host tier copies nothing
-  // (SlimInfer's Algorithm 1); both this and PlanSwapOut use such copies.
+  // (offload without re-copying); both this and PlanSwapOut use such copies.
   std::optional<SwapPlan> PlanMove(int64_t seq, int layer, std::span<const int32_t> pages, Tier to);
   // The copies of `plan` are done: its source blocks are released.
   void Complete(const SwapPlan& plan);
@@ -140,14 +140,14 @@ class KvCacheManager {
   // The table of (seq, layer); empty if the sequence holds nothing there.
   const LayerTable& Table(int64_t seq, int layer) const;
   bool Contains(int64_t seq) const { return seqs_.count(seq) != 0; }
-  // Frees every block of the sequence, in both tiers and the Aux Cache, at once.
+  // Frees every block of the sequence, in both tiers and the host row store, at once.
   // A scratch sequence (id < 0, see ScratchOwner) credits its owner's reservation.
   void Free(int64_t seq);
-  AuxCache& aux() { return aux_; }
-  const AuxCache& aux() const { return aux_; }
+  HostRowStore& host_rows() { return host_rows_; }
+  const HostRowStore& host_rows() const { return host_rows_; }
 
   // Pools intact, every block referenced by a table owned exactly once, the rest
-  // free, in the Aux Cache or being released. Valid between steps (no copy from the
+  // free, in the host row store or being released. Valid between steps (no copy from the
   // host tier in flight).
   absl::Status VerifyIntegrity() const;
 
@@ -204,7 +204,7 @@ class KvCacheManager {
   std::map<int64_t, int64_t> reserved_;  // seq -> device blocks it may still take this step
   int64_t reserved_total_ = 0;
   int64_t releasing_ = 0;  // device blocks of planned moves to the host tier, not yet released
-  AuxCache aux_;
+  HostRowStore host_rows_;
 };
 
 }  // namespace ps

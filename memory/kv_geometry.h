@@ -6,7 +6,7 @@
 // A page is `block_tokens` slots of one layer. It is backed by 2 * n_kv_heads
 // blocks: the K rows of each KV head, then the V rows of each ([block_tokens,
 // head_dim] each), so that keys one head no longer reads can be freed on their own
-// (PoD's distant keys, memory/kv_cache.h).
+// (keys whose scores another layer computes: KvCache::DropKeys).
 #pragma once
 
 #include <cstddef>

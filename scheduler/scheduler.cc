@@ -168,7 +168,7 @@ std::vector<int> Scheduler::PlanRows(const std::vector<size_t>& order) const {
     const Request& r = *running_[i].request;
     // A whole-prompt strategy recomputing after a preemption replays its prompt step
     // alone, then the generated tokens: the fresh strategy scores what it scored the
-    // first time, so GemFilter's and CritiPrefill's selections and tokens stay the same.
+    // first time, so prompt-scoring selections and their tokens stay the same.
     const int prompt_left = static_cast<int>(r.spec.prompt.size()) - running_[i].computed;
     if (r.spec.pruning.WholePrompt() && prompt_left > 0) remaining = prompt_left;
     if (r.spec.pruning.WholePrompt() && remaining > budget) {

@@ -54,7 +54,7 @@ struct LoadSnapshot {
   int waiting = 0;
   int in_flight = 0;                // submitted and not yet finished (exact at any moment, unlike the step counts)
   int swapped = 0;                  // running requests whose KV sits in the host tier
-  KvTierLoad kv[2];                 // indexed by Tier; the host tier includes the Aux Cache
+  KvTierLoad kv[2];                 // indexed by Tier; the host tier includes the host row store
   int64_t preemptions[2] = {0, 0};  // indexed by PreemptionMode
   uint64_t swap_bytes_to_host = 0, swap_bytes_to_device = 0;  // totals since start (swaps and block moves)
   double move_wait_seconds = 0;  // total since start: the engine waiting for a strategy's block moves

@@ -45,7 +45,7 @@ void SplitAtBlocks(const KvRows& kv, std::span<const KvRange> ranges, std::vecto
 
 // The parts of `chunks` whose keys a query at a position in [min_q_pos, max_q_pos]
 // may see, and how many keys they hold: when positions ascend with the row index,
-// the leading part (causality) and, in PoD's windows, only the keys proximal or
+// the leading part (causality) and, in a PositionWindow, only the keys proximal or
 // distant to some such query: no other key is read (the proximal part's distant keys
 // may have been dropped). All of them otherwise.
 int64_t VisibleChunks(const KvRows& kv, std::span<const Chunk> chunks, int32_t min_q_pos, int32_t max_q_pos,
@@ -619,8 +619,8 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
     }
     SplitAtBlocks(kv, ranges, &chunks);
     if (seg.q_end - seg.q_begin >= 2 && !Bf16Tiles(s, kv.dtype)) {
-      // The keys some query row of the segment sees (the window's too: PoD's dropped
-      // keys are not there to copy).
+      // The keys some query row of the segment sees (the window's too: keys dropped
+      // from a page are not there to copy).
       const auto [min_pos, max_pos] = std::minmax_element(a.q_pos + seg.q_begin, a.q_pos + seg.q_end);
       VisibleChunks(kv, chunks, *min_pos, *max_pos, a.window, &visible);
       Gather(kv, visible, width, pool, &gathered);

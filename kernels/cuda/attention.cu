@@ -127,7 +127,7 @@ __global__ void AttentionKernel(const AttentionDeviceArgs* calls) {
 // pairs: the heads of the KV head's group for kTileRows / group query rows, so each
 // K and V tile loaded into shared memory serves the whole group. It walks the
 // selected keys in tiles of kTileKeys: S = Q K^T on the tensor cores into shared
-// memory, the online softmax by the warp that owns the rows (masks, PoD windows,
+// memory, the online softmax by the warp that owns the rows (masks, position windows,
 // the last row's logits), then O += P V on the tensor cores with O in shared memory.
 // Q and P are rounded to the KV's type. Four warps, 16 rows each.
 constexpr int kTileRows = 64;

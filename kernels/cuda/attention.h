@@ -1,6 +1,6 @@
 // Attention on the GPU over paged KV (device pointers throughout), with everything
 // Backend::Attention takes: GQA, KV selections (segments of query rows over row
-// ranges, per KV head or for all), PoD's position windows, per-row log-sum-exps and
+// ranges, per KV head or for all), position windows, per-row log-sum-exps and
 // the last query row's statistics. Two kernels: a tiled one on the tensor cores (F16
 // or BF16 KV, head_dim a multiple of 16 up to 128: a thread block per KV head and
 // tile of query rows, K and V tiles shared by the GQA group, Q and P rounded to the

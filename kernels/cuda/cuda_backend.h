@@ -4,7 +4,7 @@
 // caller's decoder: the mirror costs 2 bytes per weight). It runs the GEMMs (cuBLAS:
 // SGEMM for F32 weights, BF16 x BF16 with F32 accumulation for the others), the
 // embedding gather, RMSNorm, the residual adds, bias + RoPE, SwiGLU, the KV stores,
-// the row gather, PoD's merge and attention (kernels/cuda/attention.h). Everything
+// the row gather, the two-part merge and attention (kernels/cuda/attention.h). Everything
 // runs in order on the legacy default stream; errors are kept until Synchronize().
 #pragma once
 

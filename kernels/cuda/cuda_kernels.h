@@ -92,7 +92,7 @@ absl::Status GatherRowsDevice(const float* src, const int32_t* rows, int64_t n_r
 // max_min, else kSum.
 absl::Status ReduceRowRunsDevice(const float* x, int64_t width, const int32_t* bounds, int64_t runs, bool max_min,
                                  float* out);
-// PoD's merge (Backend::MergeByGate).
+// The two-part attention's merge (Backend::MergeByGate).
 absl::Status MergeByGateDevice(int64_t n, int heads, int hd, float* o_p, int64_t p_stride, const float* o_d,
                                int64_t d_stride, const float* lse_p, const float* lse_d, int64_t lse_stride);
 

@@ -342,8 +342,8 @@ TEST_F(PruningModelTest, AuxCacheInvariantsHoldThroughForcedRevivals) {
     int64_t in_aux = 0;
     for (int32_t p = 0; p < 64 + 12; ++p) in_aux += lazy.InAux(p);
     EXPECT_EQ(lazy.aux_entries(), in_aux);
-    EXPECT_EQ(kv->manager().aux().Rows(1), in_aux) << "the Aux Cache's host-tier rows are the strategy's entries";
-    EXPECT_GT(kv->manager().aux().Blocks(1), 0);
+    EXPECT_EQ(kv->manager().host_rows().Rows(1), in_aux) << "the Aux Cache's host-tier rows are the strategy's entries";
+    EXPECT_GT(kv->manager().host_rows().Blocks(1), 0);
   }
 }
 

@@ -309,10 +309,10 @@ TEST(KvCacheManagerMetered, BlocksDroppedFromPages) {
 
 // The Aux Cache: rows by key in host-tier blocks, straddling blocks, slots reused,
 // every block back on release; a full host tier is a value.
-TEST(AuxCache, RowsInHostBlocks) {
+TEST(HostRowStore, RowsInHostBlocks) {
   BlockPool device(Tier::kDevice, 4, 64), host(Tier::kHost, 3, 64);
-  KvCacheManager m(device, host, {.n_layers = 1, .block_tokens = 16, .aux_row_bytes = 24});
-  AuxCache& aux = m.aux();
+  KvCacheManager m(device, host, {.n_layers = 1, .block_tokens = 16, .host_row_bytes = 24});
+  HostRowStore& aux = m.host_rows();
   std::vector<uint8_t> row(24), got(24);
   for (int k = 0; k < 8; ++k) {  // 8 rows x 24 bytes = 192 bytes: all three 64-byte blocks, rows straddling them
     for (int i = 0; i < 24; ++i) row[i] = static_cast<uint8_t>(k * 24 + i);

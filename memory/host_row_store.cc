@@ -1,4 +1,4 @@
-#include "memory/aux_cache.h"
+#include "memory/host_row_store.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,7 +9,7 @@
 namespace ps {
 
 template <typename Fn>
-void AuxCache::ForSlot(Seq& q, int64_t s, Fn&& fn) {
+void HostRowStore::ForSlot(Seq& q, int64_t s, Fn&& fn) {
   const size_t bb = host_.block_bytes();
   size_t off = static_cast<size_t>(s) * row_bytes_, done = 0;
   while (done < row_bytes_) {  // the slot's pieces, one per block it touches
@@ -20,10 +20,10 @@ void AuxCache::ForSlot(Seq& q, int64_t s, Fn&& fn) {
   }
 }
 
-bool AuxCache::Put(int64_t seq, int32_t key, const void* row) {
-  PS_CHECK(row_bytes_ > 0) << "an Aux Cache without rows";
+bool HostRowStore::Put(int64_t seq, int32_t key, const void* row) {
+  PS_CHECK(row_bytes_ > 0) << "a host row store with rows of 0 bytes";
   Seq& q = seqs_[seq];
-  PS_CHECK(!q.slot.contains(key)) << "aux cache: key " << key << " stored twice for sequence " << seq;
+  PS_CHECK(!q.slot.contains(key)) << "host row store: key " << key << " stored twice for sequence " << seq;
   int64_t s = 0;
   if (!q.free_slots.empty()) {
     s = q.free_slots.back();
@@ -48,7 +48,7 @@ bool AuxCache::Put(int64_t seq, int32_t key, const void* row) {
   return true;
 }
 
-bool AuxCache::Take(int64_t seq, int32_t key, void* row) {
+bool HostRowStore::Take(int64_t seq, int32_t key, void* row) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return false;
   Seq& q = it->second;
@@ -61,22 +61,22 @@ bool AuxCache::Take(int64_t seq, int32_t key, void* row) {
   return true;
 }
 
-bool AuxCache::Contains(int64_t seq, int32_t key) const {
+bool HostRowStore::Contains(int64_t seq, int32_t key) const {
   auto it = seqs_.find(seq);
   return it != seqs_.end() && it->second.slot.contains(key);
 }
 
-int64_t AuxCache::Rows(int64_t seq) const {
+int64_t HostRowStore::Rows(int64_t seq) const {
   auto it = seqs_.find(seq);
   return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.slot.size());
 }
 
-int64_t AuxCache::Blocks(int64_t seq) const {
+int64_t HostRowStore::Blocks(int64_t seq) const {
   auto it = seqs_.find(seq);
   return it == seqs_.end() ? 0 : static_cast<int64_t>(it->second.blocks.size());
 }
 
-void AuxCache::Release(int64_t seq) {
+void HostRowStore::Release(int64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;
   for (int32_t id : it->second.blocks) host_.Release(id);

@@ -1,6 +1,7 @@
-// The Aux Cache: hidden-state rows of pruned tokens (LazyLLM), kept per sequence
-// under a key (the token's position) in host-tier blocks, so that they count in
-// the host tier's capacity, metrics and GetLoad like swapped KV. A sequence's rows
+// Rows parked in the host tier: fixed-size rows (e.g. the hidden states of tokens a
+// strategy pruned, to be revived later) kept per sequence under a key (the token's
+// position) in host-tier blocks, so that they count in the host tier's capacity,
+// metrics and GetLoad like swapped KV. A sequence's rows
 // lie one after another across its blocks (a row may straddle two blocks); freed
 // slots are reused, and the blocks go back when the sequence releases its cache.
 // Engine thread only.
@@ -16,10 +17,10 @@
 
 namespace ps {
 
-class AuxCache {
+class HostRowStore {
  public:
-  // `host` must be the host tier; each row is row_bytes bytes (0: no Aux Cache).
-  AuxCache(BlockPool& host, size_t row_bytes) : host_(host), row_bytes_(row_bytes) {}
+  // `host` must be the host tier; each row is row_bytes bytes (0: no rows at all).
+  HostRowStore(BlockPool& host, size_t row_bytes) : host_(host), row_bytes_(row_bytes) {}
 
   // Stores the row under `key`, replacing nothing (the key must be absent). False
   // when the host tier has no block for it (the caller keeps the row instead).
