@@ -85,8 +85,7 @@ Engine::Seq& Engine::Find(int64_t seq_id) {
   return *it->second;
 }
 
-void Engine::DropKv(int64_t seq_id, Seq& s) {
-  kv_->Free(seq_id);
+void Engine::DropKv(Seq& s) {
   s.computed = 0;
   s.next_position = 0;
   s.strategy = s.spec.pruning.Make(model_.config());  // its state described the dropped KV
@@ -120,7 +119,6 @@ void Engine::End(int64_t seq_id, SeqStatus status, std::string error, SeqOutcome
   u.kv_device_blocks = std::max(s.peak_device_blocks, peak.device);
   if (s.spec.report_pruning) out->kept_spans = Spans(s.kept_prompt, s.spec.prompt, model_.tokenizer());
   if (!out->token || !out->token->finished) out->held_text = s.decoder.Flush();  // not lost on a cancel or error
-  kv_->Free(seq_id);
   seqs_.erase(seq_id);
 }
 
@@ -132,7 +130,7 @@ StepResult Engine::Execute(const StepPlan& plan) {
     seqs_[s.seq_id] = std::make_unique<Seq>(model_, *s.spec);
   }
   for (int64_t id : plan.finish) End(id, SeqStatus::kOk, "", &r.seqs.emplace_back());  // may have started above
-  for (int64_t id : plan.drop) DropKv(id, Find(id));
+  for (int64_t id : plan.drop) DropKv(Find(id));
   std::set<int64_t> lost;
   Swap(plan, &r, &lost);
   Run(plan, &r, lost);
@@ -145,7 +143,7 @@ StepResult Engine::Execute(const StepPlan& plan) {
 void Engine::Swap(const StepPlan& plan, StepResult* r, std::set<int64_t>* lost) {
   const uint64_t block_bytes = kv_->geometry().block_bytes();
   auto lose = [&](int64_t id, SeqStatus status, const std::string& error) {
-    DropKv(id, Find(id));
+    DropKv(Find(id));
     lost->insert(id);
     r->seqs.push_back({.seq_id = id, .status = status, .error = error});
   };
@@ -222,7 +220,7 @@ void Engine::Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& l
     const absl::Status st = !step.ok() ? step : !out_.status[b].ok() ? out_.status[b] : moved;
     if (!st.ok()) {
       if (st.code() == absl::StatusCode::kResourceExhausted) {  // a short reservation: recompute it
-        DropKv(id, s);
+        DropKv(s);
         o.status = SeqStatus::kKvShort;
         o.error = std::string(st.message());
       } else {

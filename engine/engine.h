@@ -35,14 +35,15 @@ class Engine final : public StepExecutor {
   ~Engine() override;
 
   StepResult Execute(const StepPlan& plan) override;
-  KvCacheManager& kv() override { return kv_->manager(); }
+  KvPlanner& kv() override { return kv_->manager(); }
 
  private:
   struct Seq;
   Engine(const Model& model, Backend& backend, std::unique_ptr<KvCache> kv);
   Seq& Find(int64_t seq_id);
-  // Frees the sequence's KV and starts its strategy over (recompute from the first token).
-  void DropKv(int64_t seq_id, Seq& s);
+  // Starts the sequence's strategy over, to recompute from the first token (its KV
+  // blocks go back when the scheduler releases them).
+  void DropKv(Seq& s);
   // Releases the sequence: its final accounting into `out`.
   void End(int64_t seq_id, SeqStatus status, std::string error, SeqOutcome* out);
   // The plan's swaps; sequences whose KV was lost on the way go into *lost.

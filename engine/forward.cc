@@ -222,7 +222,6 @@ absl::Status Transformer::Attend(int layer, int stop_layer, size_t i, const SeqI
                        ctx, &selection);
     PS_RETURN_IF_ERROR(reads.error);
   }
-  PS_RETURN_IF_ERROR(kv.WaitMoves(in.seq_id, layer));  // blocks a strategy moved for this attention
   const LastQueryStat stat = strategy != nullptr ? strategy->WantsLastQuery(layer) : LastQueryStat::kNone;
   if (const SharedScores* share = strategy != nullptr ? strategy->ShareScores(layer) : nullptr; share != nullptr) {
     if (!selection.all() || stat != LastQueryStat::kNone) {

@@ -12,7 +12,7 @@
 
 #include "engine/pruning/registry.h"
 #include "engine/sequence.h"
-#include "memory/kv_cache_manager.h"
+#include "memory/kv_planner.h"
 
 namespace ps {
 
@@ -53,8 +53,8 @@ struct KeptSpan {
 
 struct StepPlan {
   // Sequences that end here (cancelled, or failed by the scheduler; possibly one
-  // started in this plan): the engine reports their usage and forgets them. Their
-  // KV is already freed.
+  // started in this plan): the engine reports their usage and forgets them. The
+  // scheduler released their KV when it planned this.
   std::vector<int64_t> finish;
   // New sequences; `spec` stays valid until the sequence ends.
   struct Start {
@@ -62,10 +62,10 @@ struct StepPlan {
     const GenerationSpec* spec = nullptr;
   };
   std::vector<Start> start;
-  // Sequences whose KV the scheduler dropped (recompute preemption): the next run
+  // Sequences whose KV the scheduler released (recompute preemption): the next run
   // starts again from the first history token, with a fresh strategy.
   std::vector<int64_t> drop;
-  // Whole-sequence swaps to the host tier (planned through the KvCacheManager);
+  // Whole-sequence swaps to the host tier (planned through the KV owner's planning face);
   // the engine completes them before anything else touches the device tier.
   struct SwapOut {
     int64_t seq_id = 0;
@@ -89,8 +89,8 @@ struct StepPlan {
 
 enum class SeqStatus {
   kOk,
-  kKvLost,   // a swap of its KV failed: the KV is dropped; recompute it
-  kKvShort,  // it needed more device blocks than reserved: the KV is dropped; recompute it
+  kKvLost,   // a swap of its KV failed: the scheduler releases its KV; recompute it
+  kKvShort,  // it needed more device blocks than reserved: released as kKvLost; recompute it
   kFailed,   // an error of this sequence alone: it ended (`error`)
 };
 
@@ -101,8 +101,8 @@ struct SeqOutcome {
   int32_t computed = 0;              // history tokens whose KV is cached after the step
   std::optional<StepOutcome> token;  // the token sampled this step
   int64_t added_rows = 0;            // its strategy's MaxAddedRows() for the next step
-  // The engine released the sequence (its decoder finished, the plan ended it, or
-  // it failed): its final accounting and any text held back.
+  // The engine let the sequence go (its decoder finished, the plan ended it, or it
+  // failed; the scheduler releases its KV): its final accounting and any text held back.
   bool ended = false;
   Usage usage;
   std::vector<KeptSpan> kept_spans;
@@ -130,7 +130,7 @@ class StepExecutor {
   virtual ~StepExecutor() = default;
   virtual StepResult Execute(const StepPlan& plan) = 0;
   // The KV accounting the scheduler plans with (the executor's).
-  virtual KvCacheManager& kv() = 0;
+  virtual KvPlanner& kv() = 0;
 };
 
 }  // namespace ps

@@ -80,7 +80,7 @@ absl::Status CudaSwapEngine::Queue(const std::vector<BlockCopy>& copies, Pending
       cudaStreamSynchronize(Stream(copy_stream_));
       return failed;
     }
-    (c.dst_tier == Tier::kHost ? p.bytes_to_host : p.bytes_to_device) += run * bb;
+    if (c.src_tier != c.dst_tier) (c.dst_tier == Tier::kHost ? p.bytes_to_host : p.bytes_to_device) += run * bb;
     i += run;
   }
   cudaEvent_t done = nullptr;

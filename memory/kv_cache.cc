@@ -90,7 +90,8 @@ void KvCache::AppendAll(int layer, std::span<const Rows> rows, const float* k, c
       continue;
     }
     const size_t slot0 = manager_->Table(seq, layer).positions.size();
-    if (!manager_->Append(seq, layer, positions)) {
+    cow_.clear();
+    if (!manager_->Append(seq, layer, positions, &cow_)) {
       const LayerTable& t = manager_->Table(seq, layer);
       if (!t.tiers.empty() && t.positions.size() % bt != 0 && t.tiers.back() != Tier::kDevice) {
         status[s] = absl::FailedPreconditionError(
@@ -101,6 +102,14 @@ void KvCache::AppendAll(int layer, std::span<const Rows> rows, const float* k, c
             " (", manager_->Reserved(KvCacheManager::ScratchOwner(seq)), " left)"));
       }
       continue;
+    }
+    if (!cow_.empty()) {  // a shared last page: this sequence's rows go into a copy of its own, made now
+      const absl::Status copied = swap_->Wait(swap_->Submit(cow_));
+      if (!copied.ok()) {
+        status[s] = absl::InternalError(absl::StrCat("sequence ", seq, " layer ", layer,
+                                                     ": the copy of a shared KV page failed: ", copied.message()));
+        continue;
+      }
     }
     status[s] = absl::OkStatus();
     if (row != end) store();
@@ -125,6 +134,9 @@ void KvCache::AppendAll(int layer, std::span<const Rows> rows, const float* k, c
 absl::StatusOr<KvRows> KvCache::View(int64_t seq, int layer, const KvSelection* selection, int key_layer,
                                      BlockTable* table) {
   if (table == nullptr) table = &table_;
+  // The rule of the cache: a read waits for the copies of the blocks it reads.
+  PS_RETURN_IF_ERROR(WaitMoves(seq, layer));
+  if (key_layer >= 0 && key_layer != layer) PS_RETURN_IF_ERROR(WaitMoves(seq, key_layer));
   const LayerTable& t = manager_->Table(seq, layer);
   const LayerTable& tk = key_layer >= 0 ? manager_->Table(seq, key_layer) : t;
   if (tk.positions != t.positions) {
@@ -192,6 +204,11 @@ void KvCache::Free(int64_t seq) {
   manager_->Free(seq);
 }
 
+void KvCache::Fork(int64_t parent, int64_t child) {
+  WaitMoves(parent, -1).IgnoreError();  // shared blocks are never a copy's destination
+  manager_->Fork(parent, child);
+}
+
 void KvCache::FreeLayer(int64_t seq, int layer) {
   WaitMoves(seq, layer).IgnoreError();  // as in Free: the blocks go whatever the copies did
   manager_->FreeLayer(seq, layer);
@@ -234,6 +251,7 @@ absl::Status KvCache::Move(int64_t seq, int layer, std::span<const int32_t> page
 
 template <typename Pick>
 absl::Status KvCache::WaitWhere(Pick&& pick) {
+  if (std::ranges::none_of(moves_, pick)) return absl::OkStatus();
   absl::Status first;
   const auto start = std::chrono::steady_clock::now();
   // In submission order: a later move may read the blocks an earlier one wrote.

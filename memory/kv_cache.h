@@ -1,6 +1,7 @@
-// The KV cache of one engine: both tiers' block pools (memory from the backend),
-// the accounting and block tables (KvCacheManager, with the host row store), the swap
-// engine of the backend, and the bytes: K/V rows appended into device blocks,
+// The KV cache of one engine, the KV owner's executing face (the planning face:
+// memory/kv_planner.h): both tiers' block pools (memory from the backend), the
+// tables and counts (KvCacheManager, with the host row store), the swap engine of
+// the backend, and the bytes: K/V rows appended into device blocks,
 // views of a layer's rows for attention, whole-sequence swaps, per-page moves that a
 // later attention waits for, and keys dropped. A page of a layer (block_tokens
 // slots) is a block of K rows per KV head then a block of V rows per KV head:
@@ -42,8 +43,9 @@ class KvCache {
   const SwapEngine& swap() const { return *swap_; }
 
   // Appends n rows of K and V ([n, kv_dim] F32 each) with their positions to (seq,
-  // layer). ResourceExhausted when the sequence's reservation (or the device tier)
-  // is short, FailedPrecondition when the layer's last block is in the host tier.
+  // layer), a shared last page copied first. ResourceExhausted when the sequence's
+  // reservation (or the device tier) is short, FailedPrecondition when the layer's
+  // last block is in the host tier.
   absl::Status Append(int64_t seq, int layer, std::span<const int32_t> positions, const float* k, const float* v);
   // One sequence's rows for AppendAll: positions.size() rows of K and V from row `row` of k and v on.
   struct Rows {
@@ -55,12 +57,12 @@ class KvCache {
   // consecutive sequences stored by one backend call; status[i] is rows[i]'s.
   void AppendAll(int layer, std::span<const Rows> rows, const float* k, const float* v, std::span<absl::Status> status);
   // The rows of (seq, layer) for attention (heads in blocks of their own, KvRows::
-  // head_cols); FailedPrecondition when a page the selection reads (null: all of
-  // them) is in the host tier. Dropped keys have null blocks. With key_layer >= 0 the
-  // keys come from that layer (its rows must hold the same positions) and the values
-  // from `layer` (attention scores shared across layers). The block table is written to `table`, else to
-  // the cache's own (valid until the next View); the view is valid until the next
-  // Append or Free of the sequence.
+  // head_cols), once the moves of the layer's blocks in flight are done (the one
+  // place a step waits for the copies of the blocks it reads); FailedPrecondition when a page the selection reads
+  // (null: all of them) is in the host tier. Dropped keys have null blocks. With key_layer >= 0 the keys come from that
+  // layer (its rows must hold the same positions) and the values from `layer` (attention scores shared across layers).
+  // The block table is written to `table`, else to the cache's own (valid until the next View); the view is valid until
+  // the next Append or Free of the sequence.
   struct BlockTable {
     std::vector<const void*> k, v;
   };
@@ -73,8 +75,13 @@ class KvCache {
   // Frees the K and the V blocks of KV head kv_head in `pages` of (seq, layer): rows
   // that head's attention never reads again (KV eviction). Credited as DropKeys.
   absl::Status DropHead(int64_t seq, int layer, int kv_head, std::span<const int32_t> pages);
-  // Frees everything the sequence holds, once its moves are done.
+  // Frees everything the sequence holds, once its moves are done: the engine's own
+  // scratch passes and offline generation (the scheduler releases its sequences
+  // through the planning face).
   void Free(int64_t seq);
+  // `child` shares every block of `parent` (the basis of n > 1), once the parent's
+  // moves are done; appends copy a shared last page first.
+  void Fork(int64_t parent, int64_t child);
   // Frees the sequence's KV of one layer, once its moves there are done: a scratch
   // pass's layer that no later layer reads.
   void FreeLayer(int64_t seq, int layer);
@@ -86,11 +93,9 @@ class KvCache {
   absl::Status Finish(SwapTicket ticket, const SwapPlan& plan);
 
   // Per-page moves during a step: pages (indices into the layer's table) of (seq,
-  // layer) to `to`, queued now; WaitMoves(seq, layer) before the next attention over
-  // that layer. Waits first only for a move of the same pages still in flight, or,
-  // when the reservation is short, for the sequence's moves to the host tier (their
-  // device blocks are credited back). ResourceExhausted when the destination tier
-  // (or reservation) is still short.
+  // layer) to `to`, queued now; the next View of the layer waits for them. Waits first only for a move of the same
+  // pages still in flight, or, when the reservation is short, for the sequence's moves to the host tier (their device
+  // blocks are credited back). ResourceExhausted when the destination tier (or reservation) is still short.
   absl::Status Move(int64_t seq, int layer, std::span<const int32_t> pages, Tier to);
   // Waits for the moves of (seq, layer), or of every layer when layer < 0.
   absl::Status WaitMoves(int64_t seq, int layer);
@@ -122,6 +127,7 @@ class KvCache {
   // Scratch reused across calls: the last View's block table and StoreKv's row pointers.
   BlockTable table_;
   std::vector<uint8_t*> k_rows_, v_rows_;
+  std::vector<BlockCopy> cow_;  // an append's copies of shared pages
 };
 
 }  // namespace ps

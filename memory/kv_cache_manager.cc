@@ -33,6 +33,38 @@ KvCacheManager::KvCacheManager(BlockPool& device, BlockPool& host, const Options
       host_rows_(host, o.host_row_bytes) {
   PS_CHECK(n_layers_ > 0 && block_tokens_ > 0 && blocks_per_page_ > 0) << "bad KV geometry";
   PS_CHECK(device.tier() == Tier::kDevice && host.tier() == Tier::kHost) << "pools in the wrong tiers";
+  pending_[0].assign(device.num_blocks(), 0);
+  pending_[1].assign(host.num_blocks(), 0);
+}
+
+bool KvCacheManager::Unref(Tier tier, int32_t id) {
+  BlockPool& p = pool(tier);
+  const bool last = p.ref_count(id) == 1;
+  p.Release(id);
+  return last;
+}
+
+void KvCacheManager::ReleaseAfter(SwapPlan* plan, Tier tier, int32_t id) {
+  plan->release_after.push_back({tier, id});
+  // The table's reference is the plan's now: no table holds the block when all
+  // its references are plans'.
+  const int32_t pending = ++pending_[static_cast<int>(tier)][id];
+  if (tier == Tier::kDevice && pool(tier).ref_count(id) == pending) ++plan->device_frees;
+}
+
+SwapPlan& KvCacheManager::Issue(SwapPlan& plan) {
+  releasing_ += plan.device_frees;
+  if (!plan.copies.empty() || !plan.release_after.empty()) ++in_flight_[plan.seq];
+  return plan;
+}
+
+int KvCacheManager::InFlight(int64_t seq) const {
+  auto it = in_flight_.find(seq);
+  return it == in_flight_.end() ? 0 : it->second;
+}
+
+void KvCacheManager::CheckLive(int64_t seq) const {
+  PS_CHECK(!released_.contains(seq)) << "sequence " << seq << " used after its release";
 }
 
 KvCacheManager::SeqKv& KvCacheManager::Seq(int64_t seq) {
@@ -48,14 +80,19 @@ const LayerTable& KvCacheManager::Table(int64_t seq, int layer) const {
 }
 
 int64_t KvCacheManager::BlocksNeeded(int64_t seq, int64_t n_tokens) const {
-  int64_t need = 0;
+  int64_t pages = 0, copied = 0;
   for (int l = 0; l < n_layers_; ++l) {
     const LayerTable& t = Table(seq, l);
-    const int64_t capacity = t.pages() * block_tokens_;
-    const int64_t after = static_cast<int64_t>(t.positions.size()) + n_tokens;
-    if (after > capacity) need += (after - capacity + block_tokens_ - 1) / block_tokens_;
+    const int64_t filled = static_cast<int64_t>(t.positions.size()), capacity = t.pages() * block_tokens_;
+    const int64_t after = filled + n_tokens;
+    if (after > capacity) pages += (after - capacity + block_tokens_ - 1) / block_tokens_;
+    if (n_tokens > 0 && filled < capacity && t.tiers.back() == Tier::kDevice) {
+      for (int64_t i = (t.pages() - 1) * blocks_per_page_; i < t.pages() * blocks_per_page_; ++i) {
+        copied += t.blocks[i] != LayerTable::kDropped && device_.ref_count(t.blocks[i]) > 1;
+      }
+    }
   }
-  return need * blocks_per_page_;
+  return pages * blocks_per_page_ + copied;
 }
 
 int64_t KvCacheManager::BlocksIn(int64_t seq, Tier tier) const {
@@ -128,8 +165,9 @@ std::optional<std::vector<int32_t>> KvCacheManager::TakeDevice(int64_t seq, int6
   return device_.Allocate(static_cast<int32_t>(n));
 }
 
-bool KvCacheManager::Append(int64_t seq, int layer, std::span<const int32_t> positions) {
+bool KvCacheManager::Append(int64_t seq, int layer, std::span<const int32_t> positions, std::vector<BlockCopy>* cow) {
   PS_CHECK(layer >= 0 && layer < n_layers_) << "layer " << layer;
+  CheckLive(seq);
   SeqKv& s = Seq(seq);
   LayerTable& t = s.layers[layer];
   const int64_t capacity = t.pages() * block_tokens_;
@@ -137,8 +175,25 @@ bool KvCacheManager::Append(int64_t seq, int layer, std::span<const int32_t> pos
   const int64_t after = filled + static_cast<int64_t>(positions.size());
   if (filled < capacity && t.tiers.back() != Tier::kDevice) return false;  // the tail page was moved out
   const int64_t pages = after > capacity ? (after - capacity + block_tokens_ - 1) / block_tokens_ : 0;
-  std::optional<std::vector<int32_t>> ids = TakeDevice(seq, pages * blocks_per_page_);
+  // Blocks of the partly filled last page that another sequence shares: the rows
+  // must not land in its data, so this sequence writes into copies of its own.
+  std::vector<int64_t> shared;
+  if (filled < capacity && !positions.empty()) {
+    for (int64_t i = (t.pages() - 1) * blocks_per_page_; i < t.pages() * blocks_per_page_; ++i) {
+      if (t.blocks[i] != LayerTable::kDropped && device_.ref_count(t.blocks[i]) > 1) shared.push_back(i);
+    }
+  }
+  std::optional<std::vector<int32_t>> ids =
+      TakeDevice(seq, pages * blocks_per_page_ + static_cast<int64_t>(shared.size()));
   if (!ids) return false;
+  PS_CHECK(shared.empty() || cow != nullptr) << "an append to a shared page with nowhere to put its copies";
+  for (int64_t i : shared) {
+    const int32_t copy = ids->back();
+    ids->pop_back();
+    cow->push_back({Tier::kDevice, t.blocks[i], Tier::kDevice, copy});
+    Unref(Tier::kDevice, t.blocks[i]);  // still held by the sharer: its data outlives the copy
+    t.blocks[i] = copy;
+  }
   if (!t.host_copies.empty()) {
     if (filled < capacity) {  // the tail page is written: its host copies go stale
       for (int i = 0; i < blocks_per_page_; ++i) {
@@ -154,13 +209,29 @@ bool KvCacheManager::Append(int64_t seq, int layer, std::span<const int32_t> pos
     if (!t.positions.empty() && p <= t.positions.back()) t.ascending = false;
     t.positions.push_back(p);
   }
-  if (pages > 0) NotePeak(seq);
+  if (pages > 0 || !shared.empty()) NotePeak(seq);
   return true;
 }
 
+void KvCacheManager::Fork(int64_t parent, int64_t child) {
+  CheckLive(parent);
+  PS_CHECK(child != parent && !seqs_.contains(child) && !released_.contains(child) && InFlight(parent) == 0)
+      << "fork of sequence " << parent << " into " << child;
+  auto it = seqs_.find(parent);
+  if (it == seqs_.end()) return;  // nothing to share
+  SeqKv c{.layers = it->second.layers, .held = {it->second.held[0], it->second.held[1]}};
+  for (LayerTable& t : c.layers) {
+    t.host_copies.clear();
+    ForLiveBlocks(t, blocks_per_page_, [&](int64_t p, int32_t id) { pool(t.tiers[p]).AddRef(id); });
+  }
+  seqs_.emplace(child, std::move(c));
+  NotePeak(child);
+}
+
 std::optional<SwapPlan> KvCacheManager::PlanMoveAll(int64_t seq, Tier from, Tier to) {
+  CheckLive(seq);
   auto it = seqs_.find(seq);
-  if (it == seqs_.end()) return SwapPlan{};
+  if (it == seqs_.end()) return SwapPlan{.seq = seq};
   const int64_t n = BlocksIn(seq, from);
   int64_t to_copy = 0;
   for (const LayerTable& t : it->second.layers) {
@@ -172,7 +243,7 @@ std::optional<SwapPlan> KvCacheManager::PlanMoveAll(int64_t seq, Tier from, Tier
   }
   std::optional<std::vector<int32_t>> ids = to == Tier::kDevice ? TakeDevice(seq, to_copy) : TakeHost(to_copy, seq);
   if (!ids) return std::nullopt;
-  SwapPlan plan;
+  SwapPlan plan{.seq = seq};
   size_t k = 0;
   it->second.held[static_cast<int>(from)] -= n;
   it->second.held[static_cast<int>(to)] += n;
@@ -182,9 +253,8 @@ std::optional<SwapPlan> KvCacheManager::PlanMoveAll(int64_t seq, Tier from, Tier
       if (t.tiers[p] == from) MovePage(t, p, to, *ids, &k, /*keep_clean=*/false, &plan);
     }
   }
-  if (from == Tier::kDevice) releasing_ += n;
   NotePeak(seq);
-  return plan;
+  return Issue(plan);
 }
 
 int64_t KvCacheManager::LiveBlocks(const LayerTable& t, int64_t p, Tier to, int64_t* to_copy) const {
@@ -201,7 +271,7 @@ int64_t KvCacheManager::LiveBlocks(const LayerTable& t, int64_t p, Tier to, int6
 
 void KvCacheManager::ReleaseHostCopy(SeqKv& s, LayerTable& t, int64_t i) {
   if (t.host_copies.empty() || t.host_copies[i] == LayerTable::kDropped) return;
-  host_.Release(t.host_copies[i]);
+  Unref(Tier::kHost, t.host_copies[i]);
   t.host_copies[i] = LayerTable::kDropped;
   AddHostCopies(s, -1);
 }
@@ -230,7 +300,7 @@ void KvCacheManager::MovePage(LayerTable& t, int64_t p, Tier to, const std::vect
     if (id == LayerTable::kDropped) continue;
     int32_t* copy = t.host_copies.empty() ? nullptr : &t.host_copies[i];
     if (to == Tier::kHost && copy != nullptr && *copy != LayerTable::kDropped) {
-      plan->release_after.push_back({from, id});  // the host still holds these bytes
+      ReleaseAfter(plan, from, id);  // the host still holds these bytes
       id = std::exchange(*copy, LayerTable::kDropped);
       continue;
     }
@@ -239,7 +309,7 @@ void KvCacheManager::MovePage(LayerTable& t, int64_t p, Tier to, const std::vect
     if (keep_clean && to == Tier::kDevice) {
       *copy = id;
     } else {
-      plan->release_after.push_back({from, id});
+      ReleaseAfter(plan, from, id);
     }
     id = dst;
   }
@@ -252,6 +322,7 @@ std::optional<SwapPlan> KvCacheManager::PlanSwapOut(int64_t seq) {
 std::optional<SwapPlan> KvCacheManager::PlanSwapIn(int64_t seq) { return PlanMoveAll(seq, Tier::kHost, Tier::kDevice); }
 
 std::optional<SwapPlan> KvCacheManager::PlanMove(int64_t seq, int layer, std::span<const int32_t> pages, Tier to) {
+  CheckLive(seq);
   auto it = seqs_.find(seq);
   if (it == seqs_.end() || layer < 0 || layer >= n_layers_) return std::nullopt;
   LayerTable& t = it->second.layers[layer];
@@ -268,16 +339,15 @@ std::optional<SwapPlan> KvCacheManager::PlanMove(int64_t seq, int layer, std::sp
   }
   std::optional<std::vector<int32_t>> ids = to == Tier::kDevice ? TakeDevice(seq, to_copy) : TakeHost(to_copy, seq);
   if (!ids) return std::nullopt;
-  SwapPlan plan{.credit_seq = seq};
+  SwapPlan plan{.seq = seq, .credit_seq = seq};
   const Tier from = to == Tier::kDevice ? Tier::kHost : Tier::kDevice;
   it->second.held[static_cast<int>(from)] -= n;
   it->second.held[static_cast<int>(to)] += n;
   size_t k = 0;
   for (int32_t p : moving) MovePage(t, p, to, *ids, &k, /*keep_clean=*/true, &plan);
   AddHostCopies(it->second, to == Tier::kDevice ? to_copy : to_copy - n);  // kept, or taken back into the table
-  if (to == Tier::kHost) releasing_ += n;
   NotePeak(seq);
-  return plan;
+  return Issue(plan);
 }
 
 int64_t KvCacheManager::Drop(int64_t seq, int layer, std::span<const int32_t> pages, int index) {
@@ -285,44 +355,61 @@ int64_t KvCacheManager::Drop(int64_t seq, int layer, std::span<const int32_t> pa
   PS_CHECK(it != seqs_.end() && layer >= 0 && layer < n_layers_ && index >= 0 && index < blocks_per_page_)
       << "drop block " << index << " of sequence " << seq << " layer " << layer;
   LayerTable& t = it->second.layers[layer];
-  int64_t freed[2] = {0, 0};
+  int64_t dropped[2] = {0, 0}, device_freed = 0;
   for (int32_t p : pages) {
     PS_CHECK(p >= 0 && p < t.pages()) << "drop from page " << p << " of " << t.pages();
     int32_t& id = t.blocks[p * blocks_per_page_ + index];
     if (id == LayerTable::kDropped) continue;
     ReleaseHostCopy(it->second, t, p * blocks_per_page_ + index);
-    pool(t.tiers[p]).Release(id);
+    device_freed += Unref(t.tiers[p], id) && t.tiers[p] == Tier::kDevice;
     id = LayerTable::kDropped;
-    ++freed[static_cast<int>(t.tiers[p])];
+    ++dropped[static_cast<int>(t.tiers[p])];
   }
-  it->second.held[0] -= freed[0];
-  it->second.held[1] -= freed[1];
-  Credit(ScratchOwner(seq), freed[0]);
-  return freed[0] + freed[1];
+  it->second.held[0] -= dropped[0];
+  it->second.held[1] -= dropped[1];
+  Credit(ScratchOwner(seq), device_freed);
+  return dropped[0] + dropped[1];
 }
 
 void KvCacheManager::Complete(const SwapPlan& plan) {
-  int64_t device_released = 0;
+  int64_t device_freed = 0;
   for (const BlockLoc& b : plan.release_after) {
-    pool(b.tier).Release(b.id);
-    device_released += b.tier == Tier::kDevice;
+    int32_t& pending = pending_[static_cast<int>(b.tier)][b.id];
+    PS_CHECK(pending > 0) << "a plan completed twice, or not issued here";
+    --pending;
+    device_freed += Unref(b.tier, b.id) && b.tier == Tier::kDevice;
   }
-  releasing_ -= device_released;
+  releasing_ -= plan.device_frees;
   PS_CHECK(releasing_ >= 0) << "more device blocks released than planned";
-  if (plan.credit_seq >= 0) Credit(plan.credit_seq, device_released);
+  if (plan.credit_seq >= 0) Credit(plan.credit_seq, device_freed);
+  if (plan.copies.empty() && plan.release_after.empty()) return;
+  auto it = in_flight_.find(plan.seq);
+  PS_CHECK(it != in_flight_.end()) << "a plan of sequence " << plan.seq << " completed twice";
+  if (--it->second > 0) return;
+  in_flight_.erase(it);
+  if (released_.erase(plan.seq) != 0) Free(plan.seq);  // its release waited for this copy
+}
+
+void KvCacheManager::Release(int64_t seq) {
+  PS_CHECK(seq >= 0) << "release of scratch sequence " << seq;
+  if (InFlight(seq) > 0) {
+    released_.insert(seq);
+  } else {
+    Free(seq);
+  }
 }
 
 int64_t KvCacheManager::ReleaseLayer(SeqKv& s, LayerTable& t) {
-  int64_t freed[2] = {0, 0};
+  int64_t held[2] = {0, 0}, device_freed = 0;
   ForLiveBlocks(t, blocks_per_page_, [&](int64_t p, int32_t id) {
-    pool(t.tiers[p]).Release(id);
-    ++freed[static_cast<int>(t.tiers[p])];
+    device_freed += Unref(t.tiers[p], id) && t.tiers[p] == Tier::kDevice;
+    ++held[static_cast<int>(t.tiers[p])];
   });
   for (int64_t i = 0; i < static_cast<int64_t>(t.host_copies.size()); ++i) ReleaseHostCopy(s, t, i);
-  s.held[0] -= freed[0];
-  s.held[1] -= freed[1];
+  s.held[0] -= held[0];
+  s.held[1] -= held[1];
   t = LayerTable{};
-  return freed[static_cast<int>(Tier::kDevice)];
+  return device_freed;
 }
 
 void KvCacheManager::FreeLayer(int64_t seq, int layer) {
@@ -333,6 +420,7 @@ void KvCacheManager::FreeLayer(int64_t seq, int layer) {
 }
 
 void KvCacheManager::Free(int64_t seq) {
+  PS_CHECK(InFlight(seq) == 0) << "sequence " << seq << " freed while copies of its blocks are in flight";
   host_rows_.Release(seq);
   if (seq >= 0) peaks_.erase(seq);
   auto it = seqs_.find(seq);
@@ -346,7 +434,7 @@ void KvCacheManager::Free(int64_t seq) {
 absl::Status KvCacheManager::VerifyIntegrity() const {
   PS_RETURN_IF_ERROR(device_.VerifyIntegrity());
   PS_RETURN_IF_ERROR(host_.VerifyIntegrity());
-  std::map<std::pair<Tier, int32_t>, int> refs;
+  std::vector<int32_t> refs[2] = {pending_[0], pending_[1]};  // per tier and block: references expected
   for (const auto& [seq, s] : seqs_) {
     int64_t held[2] = {0, 0};
     for (size_t l = 0; l < s.layers.size(); ++l) {
@@ -361,7 +449,7 @@ absl::Status KvCacheManager::VerifyIntegrity() const {
         return absl::InternalError(absl::StrCat("sequence ", seq, " layer ", l, ": stale ascending flag"));
       }
       ForLiveBlocks(t, blocks_per_page_, [&](int64_t p, int32_t id) {
-        ++refs[{t.tiers[p], id}];
+        ++refs[static_cast<int>(t.tiers[p])][id];
         ++held[static_cast<int>(t.tiers[p])];
       });
       if (!t.host_copies.empty() && t.host_copies.size() != t.blocks.size()) {
@@ -373,7 +461,7 @@ absl::Status KvCacheManager::VerifyIntegrity() const {
           return absl::InternalError(
               absl::StrCat("sequence ", seq, " layer ", l, ": a host copy of block ", i, ", not a live device block"));
         }
-        ++refs[{Tier::kHost, t.host_copies[i]}];
+        ++refs[static_cast<int>(Tier::kHost)][t.host_copies[i]];
       }
     }
     int64_t copies = 0;
@@ -394,19 +482,36 @@ absl::Status KvCacheManager::VerifyIntegrity() const {
   if (copies != host_copies_) {
     return absl::InternalError(absl::StrCat(host_copies_, " host copies counted, ", copies, " held by sequences"));
   }
-  int64_t owned[2] = {0, 0};
-  for (const auto& [loc, n] : refs) {
-    const BlockPool& p = pool(loc.first);
-    if (p.ref_count(loc.second) != n) {
-      return absl::InternalError(absl::StrCat(std::string(TierName(loc.first)), " block ", loc.second, " has ",
-                                              p.ref_count(loc.second), " references but ", n, " table entries"));
+  // Every block is free, referenced exactly as counted, or (host tier) the host
+  // row store's; blocks that only plans in flight hold are freed by them, as
+  // releasing_ counts (or fewer: a sharer may let go after the plan was made).
+  int64_t row_blocks = 0, freeing = 0;
+  for (Tier tier : {Tier::kDevice, Tier::kHost}) {
+    const BlockPool& p = pool(tier);
+    const std::vector<int32_t>& expected = refs[static_cast<int>(tier)];
+    const std::vector<int32_t>& pending = pending_[static_cast<int>(tier)];
+    for (int32_t id = 0; id < p.num_blocks(); ++id) {
+      if (tier == Tier::kHost && expected[id] == 0 && p.ref_count(id) == 1) {
+        ++row_blocks;
+        continue;
+      }
+      if (p.ref_count(id) != expected[id]) {
+        return absl::InternalError(absl::StrCat(std::string(TierName(tier)), " block ", id, " has ", p.ref_count(id),
+                                                " references but ", expected[id], " table entries and plans"));
+      }
+      freeing += tier == Tier::kDevice && pending[id] > 0 && pending[id] == expected[id];
     }
-    ++owned[static_cast<int>(loc.first)];
   }
-  owned[static_cast<int>(Tier::kHost)] += host_rows_.TotalBlocks();
-  if (owned[0] + releasing_ + device_.num_free() != device_.num_blocks() ||
-      owned[1] + host_.num_free() != host_.num_blocks()) {
-    return absl::InternalError("tier accounting: blocks owned outside the tables, or lost");
+  if (row_blocks != host_rows_.TotalBlocks()) {
+    return absl::InternalError(absl::StrCat(row_blocks, " host blocks owned outside the tables, ",
+                                            host_rows_.TotalBlocks(), " in the host row store"));
+  }
+  if (releasing_ < 0 || releasing_ > freeing) {
+    return absl::InternalError(
+        absl::StrCat(releasing_, " device blocks counted as being freed, ", freeing, " held by plans alone"));
+  }
+  for (const int64_t seq : released_) {
+    if (InFlight(seq) == 0) return absl::InternalError(absl::StrCat("sequence ", seq, " released and not freed"));
   }
   return absl::OkStatus();
 }

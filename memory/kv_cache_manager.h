@@ -1,4 +1,5 @@
-// KV accounting and block tables: for each sequence and layer, a table of pages
+// The KV owner's tables and counts (its planning face: memory/kv_planner.h): for
+// each sequence and layer, a table of pages
 // (block_tokens slots each, in slot order; a page's blocks are all in the device or
 // all in the host tier) and the token position of every filled slot; layers may
 // hold different token subsets (pruning). A page is blocks_per_page blocks (the KV
@@ -6,6 +7,12 @@
 // no longer read), the rest of the page staying. Counts are in blocks. Owns no
 // KV bytes: those live in the two BlockPools. Also holds the host row store, so that
 // freeing a sequence frees everything it holds.
+//
+// Blocks are reference-counted: Fork makes a sequence that shares every block of
+// another, and an append to a shared, partly filled last page first copies that
+// page (copy on write: the copies come back to the caller, who runs them before
+// writing). A move of a shared block to the other tier moves the mover's reference
+// only (a copy of its own); the block is freed when its last holder lets go.
 //
 // Reservations: in metered mode (the serving path) the scheduler reserves device
 // blocks for each sequence before a step (Reserve) and the step's appends and
@@ -22,21 +29,17 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "memory/block_pool.h"
 #include "memory/host_row_store.h"
+#include "memory/kv_planner.h"
 #include "memory/swap_engine.h"
 
 namespace ps {
-
-struct BlockLoc {
-  Tier tier = Tier::kDevice;
-  int32_t id = 0;
-  bool operator==(const BlockLoc&) const = default;
-};
 
 struct LayerTable {
   static constexpr int32_t kDropped = -1;  // a block id: dropped from its page
@@ -52,17 +55,7 @@ struct LayerTable {
   int64_t pages() const { return static_cast<int64_t>(tiers.size()); }
 };
 
-// Copies to run and blocks to release once the copies are done (their data is
-// being read until then).
-struct SwapPlan {
-  std::vector<BlockCopy> copies;
-  std::vector<BlockLoc> release_after;
-  // A sequence whose reservation is credited with the device blocks released
-  // (a strategy's move to the host tier during a step), or -1.
-  int64_t credit_seq = -1;
-};
-
-class KvCacheManager {
+class KvCacheManager final : public KvPlanner {
  public:
   struct Options {
     int n_layers = 0;
@@ -75,16 +68,15 @@ class KvCacheManager {
   KvCacheManager(BlockPool& device, BlockPool& host, int n_layers, int block_tokens)
       : KvCacheManager(device, host, Options{.n_layers = n_layers, .block_tokens = block_tokens}) {}
 
-  int block_tokens() const { return block_tokens_; }
-  int blocks_per_page() const { return blocks_per_page_; }
-  int n_layers() const { return n_layers_; }
-  bool metered() const { return metered_; }
+  int block_tokens() const override { return block_tokens_; }
+  int blocks_per_page() const override { return blocks_per_page_; }
+  int n_layers() const override { return n_layers_; }
+  bool metered() const override { return metered_; }
 
-  // ---- Accounting: what the scheduler plans with, before a step.
-  // Device blocks that appending n tokens at every layer of `seq` would take.
-  int64_t BlocksNeeded(int64_t seq, int64_t n_tokens) const;
-  // Blocks of the sequence's tables in `tier` (the host row store not included); O(1).
-  int64_t BlocksIn(int64_t seq, Tier tier) const;
+  // ---- The planning face (memory/kv_planner.h).
+  int64_t BlocksNeeded(int64_t seq, int64_t n_tokens) const override;
+  // The host row store not included.
+  int64_t BlocksIn(int64_t seq, Tier tier) const override;
   // The most blocks `seq` (>= 0) has held at once since its first block, its scratch
   // passes' and clean host copies included: in the device tier, and in both tiers.
   // Forgotten when the sequence is freed.
@@ -93,24 +85,19 @@ class KvCacheManager {
     int64_t total = 0;
   };
   Peak PeakBlocks(int64_t seq) const;
-  int64_t TotalBlocks(Tier tier) const { return pool(tier).num_blocks(); }
-  int64_t UsedBlocks(Tier tier) const { return pool(tier).num_blocks() - pool(tier).num_free(); }
-  // Blocks a reservation (device) or a swap-out (host) can still take: device
-  // blocks free or being released by planned swap-outs, less what is reserved;
-  // host blocks free or holding clean copies.
-  int64_t Available(Tier tier) const;
-  // Reserves n device blocks for `seq` in this step; false (nothing reserved) when
-  // fewer are available. Always true when unmetered.
-  bool Reserve(int64_t seq, int64_t n);
-  int64_t Reserved(int64_t seq) const;
-  // Unused reservations lapse (call after the step).
-  void EndStep();
+  int64_t TotalBlocks(Tier tier) const override { return pool(tier).num_blocks(); }
+  int64_t UsedBlocks(Tier tier) const override { return pool(tier).num_blocks() - pool(tier).num_free(); }
+  int64_t Available(Tier tier) const override;
+  bool Reserve(int64_t seq, int64_t n) override;
+  int64_t Reserved(int64_t seq) const override;
+  void EndStep() override;
+  std::optional<SwapPlan> PlanSwapOut(int64_t seq) override;
+  // Frees every block of the sequence (Free) once no copy of a plan of its is in
+  // flight; until then it may not append, move or fork.
+  void Release(int64_t seq) override;
 
   // ---- Moves between tiers. The plans take destination blocks now and re-point
   // the tables; the caller runs the copies, then Complete(plan).
-  // Every device block of `seq` to the host tier (nullopt: host tier full); the
-  // device blocks count as available from now on.
-  std::optional<SwapPlan> PlanSwapOut(int64_t seq);
   // Every host block of `seq` back to the device tier, on its reservation
   // (nullopt: not enough reserved / free).
   std::optional<SwapPlan> PlanSwapIn(int64_t seq);
@@ -120,15 +107,23 @@ class KvCacheManager {
   // an append writes the page), so a later move back to the host tier copies nothing
   // (offload without re-copying); both this and PlanSwapOut use such copies.
   std::optional<SwapPlan> PlanMove(int64_t seq, int layer, std::span<const int32_t> pages, Tier to);
-  // The copies of `plan` are done: its source blocks are released.
+  // The copies of `plan` are done: its source blocks are released (freed where no
+  // table shares them), and a sequence released meanwhile is freed.
   void Complete(const SwapPlan& plan);
+  // Plans of `seq` not yet completed.
+  int InFlight(int64_t seq) const;
 
   // ---- Execution.
   // Adds slots for `positions` at one layer, taking device blocks as needed. False
   // (and nothing changed) when the device blocks are not there (not reserved, or
   // the tier is full) or when the layer's last, partly filled page is not in the
-  // device tier.
-  bool Append(int64_t seq, int layer, std::span<const int32_t> positions);
+  // device tier. A shared last page is copied first: the device-to-device copies
+  // to run before the rows are written are appended to *cow (required then).
+  bool Append(int64_t seq, int layer, std::span<const int32_t> positions, std::vector<BlockCopy>* cow = nullptr);
+  // `child` (new) shares every block of `parent` (no plan of the parent's in
+  // flight): the same tables, each block's reference count one higher; clean host
+  // copies stay the parent's.
+  void Fork(int64_t parent, int64_t child);
   // Frees block `index` (< blocks_per_page) of each of `pages` of (seq, layer), now
   // (no copy may be reading or writing it); those dropped already are skipped.
   // Device blocks are credited to the sequence's reservation. The number freed.
@@ -146,10 +141,10 @@ class KvCacheManager {
   HostRowStore& host_rows() { return host_rows_; }
   const HostRowStore& host_rows() const { return host_rows_; }
 
-  // Pools intact, every block referenced by a table owned exactly once, the rest
-  // free, in the host row store or being released. Valid between steps (no copy from the
-  // host tier in flight).
-  absl::Status VerifyIntegrity() const;
+  // Pools intact, every block's reference count the number of table entries and
+  // in-flight releases naming it, the rest free or in the host row store, the
+  // per-sequence counts right. Valid at any point on the engine thread.
+  absl::Status VerifyIntegrity() const override;
 
   // Scratch sequences (a strategy's prefix pass) use ~owner as their id and draw on
   // the owner's reservation.
@@ -162,6 +157,14 @@ class KvCacheManager {
   std::optional<std::vector<int32_t>> TakeDevice(int64_t seq, int64_t n);
   void Credit(int64_t seq, int64_t n);
   std::optional<SwapPlan> PlanMoveAll(int64_t seq, Tier from, Tier to);
+  // Drops one reference to a block; true when that freed it.
+  bool Unref(Tier tier, int32_t id);
+  // A plan's source reference, dropped when it completes.
+  void ReleaseAfter(SwapPlan* plan, Tier tier, int32_t id);
+  // The plan is handed out: counted in flight for its sequence.
+  SwapPlan& Issue(SwapPlan& plan);
+  // The sequence may still grow (not released).
+  void CheckLive(int64_t seq) const;
   // Re-points the live blocks of page p of t to tier `to`: a device block with a
   // clean host copy to that copy (no copy planned), the others to `ids` (from *next
   // on), planning their copies; with keep_clean, host blocks stay as clean copies.
@@ -203,7 +206,10 @@ class KvCacheManager {
   std::map<int64_t, SeqKv> seqs_;        // ordered: deterministic iteration
   std::map<int64_t, int64_t> reserved_;  // seq -> device blocks it may still take this step
   int64_t reserved_total_ = 0;
-  int64_t releasing_ = 0;  // device blocks of planned moves to the host tier, not yet released
+  int64_t releasing_ = 0;             // device blocks that planned moves free once they complete
+  std::vector<int32_t> pending_[2];   // per tier and block: references held by plans in flight
+  std::map<int64_t, int> in_flight_;  // seq -> plans not yet completed
+  std::set<int64_t> released_;        // sequences released with plans in flight
   HostRowStore host_rows_;
 };
 

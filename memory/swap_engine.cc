@@ -56,7 +56,7 @@ absl::Status CpuSwapEngine::Run(const std::vector<BlockCopy>& copies) {
                                                      "): block id out of range"));
     }
     PS_RETURN_IF_ERROR(copy_(dst.data(c.dst), src.data(c.src), src.block_bytes()));
-    (c.dst_tier == Tier::kHost ? to_host_ : to_device_).fetch_add(src.block_bytes());
+    if (c.src_tier != c.dst_tier) (c.dst_tier == Tier::kHost ? to_host_ : to_device_).fetch_add(src.block_bytes());
   }
   return absl::OkStatus();
 }

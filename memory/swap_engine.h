@@ -1,4 +1,4 @@
-// Asynchronous block moves between the device and host tiers. Callers submit a
+// Asynchronous block copies between the device and host tiers (or within one). Callers submit a
 // batch of block copies and get a ticket; they wait on the ticket right before
 // they need the data. The CPU implementation runs the copies on its own thread;
 // the CUDA one (later) uses a dedicated stream and events with the same interface.
@@ -36,7 +36,8 @@ class SwapEngine {
   // Blocks until the ticket's copies are done and returns their status (once per
   // ticket). On an error the destination blocks hold no valid data.
   virtual absl::Status Wait(SwapTicket ticket) = 0;
-  // Bytes moved so far, device -> host and host -> device.
+  // Bytes moved so far, device -> host and host -> device (copies within a tier,
+  // a shared page copied before a write, not counted).
   virtual uint64_t bytes_to_host() const = 0;
   virtual uint64_t bytes_to_device() const = 0;
 };

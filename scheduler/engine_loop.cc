@@ -100,6 +100,10 @@ void EngineLoop::Step() {
   const StepPlan plan = scheduler_.Schedule(clock_());
   const StepResult result = executor_.Execute(plan);
   scheduler_.Update(result, clock_());
+  if (scheduler_.options().verify_kv) {
+    const absl::Status kv = executor_.kv().VerifyIntegrity();
+    PS_CHECK(kv.ok()) << "the KV owner's invariants after a step: " << kv.message();
+  }
   if (observer_ != nullptr) {
     for (const SwapRecord& s : result.swaps) observer_->OnSwap(s.to, s.bytes, s.seconds);
   }

@@ -46,7 +46,7 @@ int StepLimit(const Request& r, int prefill_chunk) {
 
 }  // namespace
 
-Scheduler::Scheduler(const SchedulerOptions& options, KvCacheManager& kv, SchedulerObserver* observer)
+Scheduler::Scheduler(const SchedulerOptions& options, KvPlanner& kv, SchedulerObserver* observer)
     : options_(options),
       kv_(kv),
       observer_(observer),
@@ -113,7 +113,7 @@ RequestEvent Scheduler::Finished(const Running& run, const SeqOutcome& o, Finish
 
 void Scheduler::EndRunning(size_t i, FinishReason reason, CancelReason cancel, std::string error, StepPlan* plan) {
   Running& run = running_[i];
-  kv_.Free(run.seq_id);
+  kv_.Release(run.seq_id);
   plan->finish.push_back(run.seq_id);
   ending_[run.seq_id] = Ending{.run = std::move(run), .reason = reason, .cancel = cancel, .error = std::move(error)};
   running_[i].request.reset();  // erased by the caller
@@ -196,7 +196,7 @@ void Scheduler::Preempt(size_t i, StepPlan* plan) {
   if (swap) {
     plan->swap_out.push_back({.seq_id = run.seq_id, .plan = std::move(*swap)});
   } else {  // recompute mode, or no room in the host tier
-    kv_.Free(run.seq_id);
+    kv_.Release(run.seq_id);
     plan->drop.push_back(run.seq_id);
     run.computed = 0;
   }
@@ -301,12 +301,14 @@ void Scheduler::Update(const StepResult& result, Clock::time_point now) {
         run.computed = o.computed;
         run.added_rows = o.added_rows;
         break;
-      case SeqStatus::kKvLost:  // a failed swap: its KV was dropped and is recomputed
+      case SeqStatus::kKvLost:  // a failed swap: its KV is released and recomputed
+        kv_.Release(run.seq_id);
         spdlog::warn("request {}: {}; its KV will be recomputed", run.request->id, o.error);
         run.computed = 0;
         run.preempted = true;
         break;
       case SeqStatus::kKvShort:  // more blocks than reserved: recomputed with a margin, or failed alone
+        kv_.Release(run.seq_id);
         run.computed = 0;
         run.preempted = true;
         run.margin += n_layers_ * blocks_per_page_;  // a page per layer
@@ -334,6 +336,7 @@ void Scheduler::Update(const StepResult& result, Clock::time_point now) {
     if (o.ended) {
       const FinishReason reason = o.status == SeqStatus::kOk && o.token ? o.token->reason : FinishReason::kError;
       Emit(run.request, Finished(run, o, reason, CancelReason::kNone, o.error, now));
+      kv_.Release(run.seq_id);
       run.request.reset();
     }
   }

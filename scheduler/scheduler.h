@@ -1,8 +1,9 @@
 // The iteration-level scheduler, a pure planner: Schedule(now) -> StepPlan and
 // Update(StepResult) -> events. It holds no model, no thread and no clock of its
 // own; it plans with token and block counts, and reserves each step's KV blocks
-// through memory/'s accounting (KvCacheManager) before the engine runs, so the
-// engine never runs out of blocks half way. Every step batches one decode token of
+// through the KV owner's planning face (memory/kv_planner.h) before the engine
+// runs, so the engine never runs out of blocks half way; it releases a sequence's
+// blocks there when the sequence ends or loses its KV. Every step batches one decode token of
 // every running request with prefill chunks of prompts; when the device tier runs
 // out, the lowest-priority, latest-arrived sequences are preempted: their blocks
 // are swapped to the host tier (or dropped and recomputed later) and come back
@@ -25,10 +26,16 @@
 
 #include "absl/status/status.h"
 #include "engine/step.h"
-#include "memory/kv_cache_manager.h"
+#include "memory/kv_planner.h"
 #include "scheduler/request.h"
 
 namespace ps {
+
+#ifdef NDEBUG
+inline constexpr bool kDebugBuild = false;
+#else
+inline constexpr bool kDebugBuild = true;
+#endif
 
 enum class PreemptionMode { kSwap, kRecompute };
 std::string_view PreemptionModeName(PreemptionMode m);
@@ -42,6 +49,9 @@ struct SchedulerOptions {
   // Tests: the first step waits until this many requests have been submitted, so that
   // they meet in the engine however fast it runs (e.g. to force preemption). 0: none.
   int gather_first = 0;
+  // The KV owner's invariant check after every step (KvPlanner::VerifyIntegrity; a
+  // failure stops the process): always in debug builds, on demand (tests) in release.
+  bool verify_kv = kDebugBuild;
 };
 
 struct KvTierLoad {
@@ -78,7 +88,7 @@ struct Outgoing {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerOptions& options, KvCacheManager& kv, SchedulerObserver* observer = nullptr);
+  Scheduler(const SchedulerOptions& options, KvPlanner& kv, SchedulerObserver* observer = nullptr);
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
@@ -135,7 +145,7 @@ class Scheduler {
   // Token rows each running sequence feeds this step: decodes first, then prefill
   // chunks in priority order, within max_batch_tokens.
   std::vector<int> PlanRows(const std::vector<size_t>& order) const;
-  // Ends running_[i] in this plan (its KV freed now).
+  // Ends running_[i] in this plan (its KV released now).
   void EndRunning(size_t i, FinishReason reason, CancelReason cancel, std::string error, StepPlan* plan);
   void Preempt(size_t i, StepPlan* plan);
   void FinishWaiting(const std::shared_ptr<Request>& r, CancelReason cancel, Clock::time_point now);
@@ -144,7 +154,7 @@ class Scheduler {
                         std::string error, Clock::time_point now) const;
 
   SchedulerOptions options_;
-  KvCacheManager& kv_;
+  KvPlanner& kv_;
   SchedulerObserver* observer_;
   // What never changes (CheckFits reads them from other threads).
   const int64_t device_blocks_;

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang; ASan + UBSan) and fuzzes each parser for a time
-# or a number of executions. Each target's corpus: build-fuzz/corpus/TARGET (new inputs
-# land there), seeded from tests/fuzz/corpus/TARGET (small real-shaped text files: the
-# shared tokenizer.json files are megabytes, too slow to mutate), for GGUF the models of
-# ../shared/testdata, read in place, and for safetensors two images written at run time. A crash leaves its input in build-fuzz/ and the
-# script exits non-zero: fix it and add the input to tests/fuzz/corpus/TARGET.
+# Builds the libFuzzer targets (clang; ASan + UBSan) and fuzzes each parser (and the KV
+# owner's operation sequences) for a time or a number of executions. Each target's
+# corpus: build-fuzz/corpus/TARGET (new inputs land there), seeded from
+# tests/fuzz/corpus/TARGET (small real-shaped text files: the shared tokenizer.json files
+# are megabytes, too slow to mutate), for GGUF the models of ../shared/testdata, read in
+# place, and for safetensors two images written at run time. A crash leaves its input in
+# build-fuzz/ and the script exits non-zero: fix it and add the input to
+# tests/fuzz/corpus/TARGET.
 # Usage: scripts/fuzz.sh [--seconds N] [--runs N] [--max-len BYTES] [TARGET...]
 #        (default: every target, 60 s each; with both, whichever comes first; TARGET is e.g.
 #        openai_request or fuzz_openai_request; --max-len caps an input's size, default 64 KiB,
@@ -12,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESTDATA=../shared/testdata
-ALL=(gguf safetensors hf_config tokenizer_json chat generate_request openai_request pod_groups)
+ALL=(gguf safetensors hf_config tokenizer_json chat generate_request openai_request pod_groups kv_owner)
 limit=()
 targets=()
 max_len_arg=
@@ -60,6 +62,7 @@ max_len() {  # GGUF seeds are whole models (stories260K: 1.2 MB); the rest stay 
   [ -n "$max_len_arg" ] && { echo "$max_len_arg"; return; }
   case $1 in
     gguf) echo 1300000 ;;
+    kv_owner) echo 3000 ;;  # 1,000 operations
     *) echo 65536 ;;
   esac
 }

@@ -1,9 +1,8 @@
 // A StepExecutor without a model, for the planner's tests: it does the engine's
-// bookkeeping on a real KvCacheManager (appends within the reservations, swaps,
-// frees) and makes up its tokens from the prompt and the token's index, so every
-// request's tokens are known in advance whatever the batching, preemption or
-// recomputation. A request can be made to take more blocks than the scheduler
-// reserved (a strategy that under-reports what it adds).
+// bookkeeping on a real KvCacheManager, the KV owner's tables (appends within the
+// reservations, swaps; the scheduler releases the blocks) and makes up its tokens from the prompt and the token's
+// index, so every request's tokens are known in advance whatever the batching, preemption or recomputation. A request
+// can be made to take more blocks than the scheduler reserved (a strategy that under-reports what it adds).
 #pragma once
 
 #include <map>
@@ -29,7 +28,7 @@ class FakeEngine final : public StepExecutor {
   // Swaps of the sequence of `spec` fail (its KV is lost).
   void FailSwaps(const GenerationSpec* spec) { failing_swaps_[spec] = true; }
 
-  KvCacheManager& kv() override { return kv_; }
+  KvPlanner& kv() override { return kv_; }
 
   StepResult Execute(const StepPlan& plan) override {
     StepResult r;
@@ -97,11 +96,9 @@ class FakeEngine final : public StepExecutor {
     o->ended = true;
     o->usage.prompt_tokens = static_cast<int>(s.spec->prompt.size());
     o->usage.completion_tokens = static_cast<int>(s.history.size() - s.spec->prompt.size());
-    kv_.Free(id);
     seqs_.erase(id);
   }
   void Lose(int64_t id, SeqStatus status, StepResult* r) {
-    kv_.Free(id);
     seqs_.at(id).computed = 0;
     r->seqs.push_back({.seq_id = id, .status = status, .error = "lost its KV"});
   }

@@ -69,6 +69,7 @@ class Served {
       : backend_(testing::TestBackend(pool)), guarded_(*backend_), guarding_(guarded && backend_->host_addressable()) {
     Backend& backend = guarding_ ? static_cast<Backend&>(guarded_) : *backend_;
     options.engine.kv_dtype = kTestKvDType;
+    options.scheduler.verify_kv = true;  // the KV owner's invariants after every step
     auto s = server::Serving::Create(model, backend, options, observer);
     EXPECT_TRUE(s.ok()) << s.status();
     serving_ = std::move(*s);

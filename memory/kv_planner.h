@@ -1,0 +1,80 @@
+// The KV owner's planning face: what the scheduler asks before a step, in block
+// counts, with no bytes, no model and no engine. The owner is memory/'s
+// KvCacheManager (the tables, the reference counts, the reservations) with KvCache
+// (the bytes and the copies) as its executing face: every block is allocated,
+// shared, moved and freed there and only there.
+//
+// A sequence's blocks go back through Release: at once when no copy reads or
+// writes them, else when the last such copy completes (until then the sequence
+// may not grow again).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "memory/block_pool.h"
+#include "memory/swap_engine.h"
+
+namespace ps {
+
+struct BlockLoc {
+  Tier tier = Tier::kDevice;
+  int32_t id = 0;
+  bool operator==(const BlockLoc&) const = default;
+};
+
+// Copies to run and block references to drop once the copies are done (their data
+// is being read until then). Built by the owner; the executing face runs the copies
+// and hands the plan back (KvCacheManager::Complete).
+struct SwapPlan {
+  int64_t seq = -1;  // the sequence whose blocks move
+  std::vector<BlockCopy> copies;
+  std::vector<BlockLoc> release_after;
+  // Device blocks of release_after that no table shares: free once the plan completes.
+  int64_t device_frees = 0;
+  // A sequence whose reservation is credited with the device blocks freed (a
+  // strategy's move to the host tier during a step), or -1.
+  int64_t credit_seq = -1;
+};
+
+class KvPlanner {
+ public:
+  virtual ~KvPlanner() = default;
+
+  virtual int n_layers() const = 0;
+  virtual int block_tokens() const = 0;
+  virtual int blocks_per_page() const = 0;
+  // Appends draw on reservations (the serving path).
+  virtual bool metered() const = 0;
+
+  virtual int64_t TotalBlocks(Tier tier) const = 0;
+  virtual int64_t UsedBlocks(Tier tier) const = 0;
+  // Device blocks that appending n tokens at every layer of `seq` would take (a
+  // shared, partly filled last page copied included).
+  virtual int64_t BlocksNeeded(int64_t seq, int64_t n_tokens) const = 0;
+  // Blocks the sequence's tables hold in `tier` (a block shared with another
+  // sequence counts for each); O(1).
+  virtual int64_t BlocksIn(int64_t seq, Tier tier) const = 0;
+  // Blocks a reservation (device) or a swap-out (host) can still take: device
+  // blocks free or being freed by planned moves, less what is reserved; host blocks
+  // free or holding clean copies.
+  virtual int64_t Available(Tier tier) const = 0;
+  // Reserves n device blocks for `seq` in this step; false (nothing reserved) when
+  // fewer are available. Always true when unmetered.
+  virtual bool Reserve(int64_t seq, int64_t n) = 0;
+  virtual int64_t Reserved(int64_t seq) const = 0;
+  // Unused reservations lapse (call after the step).
+  virtual void EndStep() = 0;
+  // Every device block of `seq` to the host tier (nullopt: host tier full): the
+  // tables point at the host blocks from now on and the device blocks count as
+  // available; the executing face runs the copies before anything else this step.
+  virtual std::optional<SwapPlan> PlanSwapOut(int64_t seq) = 0;
+  // The sequence's blocks go back (see above).
+  virtual void Release(int64_t seq) = 0;
+  // The owner's invariants (every block free or accounted for, the counts right).
+  virtual absl::Status VerifyIntegrity() const = 0;
+};
+
+}  // namespace ps
