@@ -3,6 +3,7 @@
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 #include <google/protobuf/reflection.h>
+#include <google/protobuf/util/json_util.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -141,6 +142,22 @@ absl::Status SetStrategyArgs(std::string_view name, const std::vector<std::strin
   absl::StatusOr<Message*> msg = SelectStrategy(name, config);
   if (!msg.ok()) return msg.status();
   return SetFieldsFromArgs(args, absl::StrCat("strategy ", std::string(name)), *msg);
+}
+
+absl::Status SetStrategyJson(std::string_view name, std::string_view params, pruneserve::v1::PruningConfig* config) {
+  absl::StatusOr<Message*> msg = SelectStrategy(name, config);
+  if (!msg.ok()) return msg.status();
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(params.data(), params.size()), *msg, options);
+  if (parsed.ok()) return absl::OkStatus();
+  std::vector<std::string> names;
+  const google::protobuf::Descriptor& d = *(*msg)->GetDescriptor();
+  for (int i = 0; i < d.field_count(); ++i) names.emplace_back(d.field(i)->name());
+  return absl::InvalidArgumentError(absl::StrCat("strategy ", std::string(name), ": ",
+                                                 std::string(parsed.message().data(), parsed.message().size()),
+                                                 " (parameters: ", absl::StrJoin(names, ", "), ")"));
 }
 
 const Message* SelectedStrategy(const pruneserve::v1::PruningConfig& config, std::string* name) {

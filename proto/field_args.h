@@ -1,5 +1,5 @@
 // Fields of a protobuf message as `key=value` text, by reflection: the one parser
-// of the strategy parameters that users type (`--strategy-arg top_k=512`, lists
+// of the strategy parameters that users type on command lines (`--strategy-arg top_k=512`, lists
 // comma-separated: `keep=0.5,0.3`), shared by the server, the offline runner and
 // the gRPC clients, so every field of every strategy message is reachable by its
 // proto name without code per strategy.
@@ -39,6 +39,9 @@ const google::protobuf::Message* SelectedStrategy(const pruneserve::v1::PruningC
 // Selects strategy `name` in `config` and sets its message's fields from "key=value" items.
 absl::Status SetStrategyArgs(std::string_view name, const std::vector<std::string>& args,
                              pruneserve::v1::PruningConfig* config);
+// Selects strategy `name` in `config` and sets its message from a JSON object of its
+// parameters (protobuf's JSON mapping: {"keep": [0.5, 0.3], "max_revivals": 4}).
+absl::Status SetStrategyJson(std::string_view name, std::string_view params, pruneserve::v1::PruningConfig* config);
 // The names of every strategy message, in field order.
 std::vector<std::string> StrategyMessageNames();
 

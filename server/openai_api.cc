@@ -5,7 +5,6 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "proto/field_args.h"
@@ -69,40 +68,21 @@ class Fields {
   std::map<std::string, const Json*> fields_;
 };
 
-// A JSON value as the text SetStrategyArgs reads: numbers, booleans, strings, and
-// arrays of them comma-separated.
-absl::StatusOr<std::string> ArgText(const std::string& key, const Json& v) {
-  if (v.is_boolean()) return std::string(v.get<bool>() ? "true" : "false");
-  if (v.is_number_integer()) return absl::StrCat(v.get<int64_t>());
-  if (v.is_number()) return absl::StrFormat("%.9g", v.get<double>());
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_array()) {
-    std::vector<std::string> items;
-    for (const Json& item : v) {
-      if (item.is_array() || item.is_object())
-        return Bad(absl::StrCat("pruning.", key), "nested values are not parameters");
-      absl::StatusOr<std::string> t = ArgText(key, item);
-      if (!t.ok()) return t.status();
-      items.push_back(*t);
-    }
-    return absl::StrJoin(items, ",");
-  }
-  return Bad(absl::StrCat("pruning.", key), "must be a number, a boolean, a string or an array of them");
-}
-
 // "pruning": {"strategy": "lazyllm", "keep": [0.3, 0.1], ...}
 absl::Status ParsePruning(const Json& v, pb::PruningConfig* out) {
   if (!v.is_object()) return Bad("pruning", "must be an object {\"strategy\": NAME, PARAM: VALUE, ...}");
   if (!v.contains("strategy") || !v["strategy"].is_string())
     return Bad("pruning.strategy", "a strategy name is required");
-  std::vector<std::string> args;
+  Json params = Json::object();  // the strategy's message in protobuf's JSON mapping
   for (const auto& [k, item] : v.items()) {
     if (k == "strategy" || item.is_null()) continue;
-    absl::StatusOr<std::string> text = ArgText(k, item);
-    if (!text.ok()) return text.status();
-    args.push_back(absl::StrCat(k, "=", *text));
+    const auto nested = [](const Json& x) { return x.is_array() || x.is_object(); };
+    if (item.is_object() || (item.is_array() && std::ranges::any_of(item, nested))) {
+      return Bad(absl::StrCat("pruning.", k), "must be a number, a boolean, a string or an array of them");
+    }
+    params[k] = item;
   }
-  if (absl::Status s = SetStrategyArgs(v["strategy"].get<std::string>(), args, out); !s.ok()) {
+  if (absl::Status s = SetStrategyJson(v["strategy"].get<std::string>(), params.dump(), out); !s.ok()) {
     return Bad("pruning", s.message());
   }
   return absl::OkStatus();
