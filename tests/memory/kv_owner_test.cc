@@ -1,8 +1,8 @@
 // The KV owner without a model: shared blocks (a fork, the basis of n > 1), copy on
 // write of a shared last page, a shared block moved while both hold it, a release
-// while copies are in flight, the bytes each sequence reads, and every block back
-// in the free lists at the end; then 10,000 random operations against a reference
-// model of the counts (tests/memory/kv_owner_ops.h, also the libFuzzer target's).
+// while copies are in flight, a read waiting for the copies of its blocks, the bytes
+// each sequence reads, and every block back in the free lists at the end; then 10,000 random operations against a
+// reference model of the counts (tests/memory/kv_owner_ops.h, also the libFuzzer target's).
 #include <memory>
 #include <random>
 #include <vector>
@@ -182,6 +182,25 @@ TEST_F(KvOwnerTest, ForkThenFreeInEitherOrder) {
   m().Release(3);  // then a child, then the other
   EXPECT_EQ(Marks(2), Runs({{1, 5}, {2, 2}}));
   m().Release(2);
+}
+
+// The owner's rule: a read (View) waits for the copies of the blocks it reads, and
+// only for those: a move's plan stays in flight until a read of its layer.
+TEST_F(KvOwnerTest, AReadWaitsForTheCopiesOfTheBlocksItReads) {
+  Append(1, 0, 8, 1);
+  const int32_t page = 0;
+  ASSERT_TRUE(kv_->Move(1, 0, {&page, 1}, Tier::kHost).ok());
+  EXPECT_EQ(m().InFlight(1), 1);
+  ASSERT_TRUE(kv_->View(1, 1, nullptr).ok());
+  EXPECT_EQ(m().InFlight(1), 1) << "layer 1 reads none of the blocks being copied";
+  EXPECT_EQ(kv_->View(1, 0, nullptr).status().code(), absl::StatusCode::kFailedPrecondition)
+      << "page 0 of layer 0 is in the host tier";
+  EXPECT_EQ(m().InFlight(1), 0) << "the read of layer 0 waited for its copy first";
+  ASSERT_TRUE(kv_->Move(1, 0, {&page, 1}, Tier::kDevice).ok());
+  EXPECT_EQ(m().InFlight(1), 1);
+  EXPECT_EQ(Marks(1), Runs({{1, 8}})) << "the rows that came back";
+  EXPECT_EQ(m().InFlight(1), 0);
+  m().Release(1);
 }
 
 TEST(KvOwnerOps, TenThousandRandomOperationsMatchTheReference) {
