@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets and fuzzes each parser for 5 s (scripts/fuzz.sh), then
-# builds and runs the whole test suite twice: a normal Release build and an AddressSanitizer +
-# UndefinedBehaviorSanitizer build. Every build treats warnings as errors
-# (PS_WERROR). Installs what it needs.
+# Builds the libFuzzer targets and fuzzes each parser (and the KV owner's operations) for
+# 5 s (scripts/fuzz.sh), then builds and runs the whole test suite twice: a normal
+# Release build and an AddressSanitizer + UndefinedBehaviorSanitizer build. Every build
+# treats warnings as errors (PS_WERROR). Installs what it needs.
 # Usage: scripts/test.sh                        (fuzz normal asan)
 #        PS_TEST_BUILDS=tsan scripts/test.sh    (ThreadSanitizer: thread pool, scheduler, swap engine, server tests)
 #        PS_TEST_BUILDS=container scripts/test.sh   (the container image: built with mmdebstrap + buildah
