@@ -135,8 +135,9 @@ class KvCacheManager final : public KvPlanner {
   // The table of (seq, layer); empty if the sequence holds nothing there.
   const LayerTable& Table(int64_t seq, int layer) const;
   bool Contains(int64_t seq) const { return seqs_.count(seq) != 0; }
-  // Frees every block of the sequence, in both tiers and the host row store, at once.
-  // A scratch sequence (id < 0, see ScratchOwner) credits its owner's reservation.
+  // Frees every block of the sequence, in both tiers and the host row store, at once
+  // (no plan of its may be in flight: Release waits for them). A scratch sequence
+  // (id < 0, see ScratchOwner) credits its owner's reservation.
   void Free(int64_t seq);
   HostRowStore& host_rows() { return host_rows_; }
   const HostRowStore& host_rows() const { return host_rows_; }
