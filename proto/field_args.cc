@@ -69,6 +69,13 @@ std::string ValueText(const Message& m, const FieldDescriptor* f, int i) {
   }
 }
 
+// The names of a message's fields, comma-separated, for error messages.
+std::string FieldNames(const google::protobuf::Descriptor& d) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d.field_count(); ++i) names.emplace_back(d.field(i)->name());
+  return absl::StrJoin(names, ", ");
+}
+
 }  // namespace
 
 absl::Status SetFieldsFromArgs(const std::vector<std::string>& args, std::string_view owner, Message* m) {
@@ -79,11 +86,9 @@ absl::Status SetFieldsFromArgs(const std::vector<std::string>& args, std::string
     const std::string key = a.substr(0, eq);
     const FieldDescriptor* f = d.FindFieldByName(key);
     if (f == nullptr) {
-      std::vector<std::string> names;
-      for (int i = 0; i < d.field_count(); ++i) names.emplace_back(d.field(i)->name());
       return absl::InvalidArgumentError(
           absl::StrCat(std::string(owner), " has no parameter '", key, "'",
-                       names.empty() ? "" : absl::StrCat(" (known: ", absl::StrJoin(names, ", "), ")")));
+                       d.field_count() == 0 ? "" : absl::StrCat(" (known: ", FieldNames(d), ")")));
     }
     const absl::string_view value = absl::string_view(a).substr(eq + 1);
     if (f->is_repeated()) {
@@ -152,12 +157,9 @@ absl::Status SetStrategyJson(std::string_view name, std::string_view params, pru
   const auto parsed = google::protobuf::util::JsonStringToMessage(
       google::protobuf::StringPiece(params.data(), params.size()), *msg, options);
   if (parsed.ok()) return absl::OkStatus();
-  std::vector<std::string> names;
-  const google::protobuf::Descriptor& d = *(*msg)->GetDescriptor();
-  for (int i = 0; i < d.field_count(); ++i) names.emplace_back(d.field(i)->name());
   return absl::InvalidArgumentError(absl::StrCat("strategy ", std::string(name), ": ",
                                                  std::string(parsed.message().data(), parsed.message().size()),
-                                                 " (parameters: ", absl::StrJoin(names, ", "), ")"));
+                                                 " (parameters: ", FieldNames(*(*msg)->GetDescriptor()), ")"));
 }
 
 const Message* SelectedStrategy(const pruneserve::v1::PruningConfig& config, std::string* name) {

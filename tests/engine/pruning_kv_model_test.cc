@@ -1,21 +1,15 @@
 // PoD and SlimInfer on stories260K: PoD's layer groups sharing distant scores and the
 // keys it frees, SlimInfer's switches below gamma and its KV blocks between the tiers.
 #include <limits>
-#include <map>
 #include <numeric>
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "engine/pruning/gemfilter.h"
-#include "engine/pruning/kv_compression.h"
-#include "engine/pruning/lazyllm.h"
 #include "engine/pruning/pod.h"
 #include "engine/pruning/selection.h"
 #include "engine/pruning/sliminfer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
-#include "tests/engine/guarded_backend.h"
 #include "tests/engine/pruning_model_fixture.h"
 #include "tests/engine/test_util.h"
 

@@ -4,7 +4,6 @@
 // attention to the selected tokens only (PoD's shared scores and freed keys, SlimInfer's
 // switches and KV tiers: pruning_kv_model_test.cc). The selection math on hand-built
 // inputs is pruning_math_test.cc.
-#include <limits>
 #include <map>
 #include <numeric>
 #include <set>
@@ -13,12 +12,10 @@
 #include "engine/pruning/gemfilter.h"
 #include "engine/pruning/kv_compression.h"
 #include "engine/pruning/lazyllm.h"
-#include "engine/pruning/pod.h"
 #include "engine/pruning/selection.h"
 #include "engine/pruning/sliminfer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "tests/engine/guarded_backend.h"
 #include "tests/engine/pruning_model_fixture.h"
 #include "tests/engine/test_util.h"

@@ -2,7 +2,7 @@
 // sums in doubles of the same rounded values. Skips on a CPU without AVX-512 BF16.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 

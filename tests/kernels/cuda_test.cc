@@ -4,10 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <limits>
 #include <memory>
-#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -22,7 +20,6 @@
 #include "kernels/cpu/vec.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_kernels.h"
-#include "memory/cuda_swap_engine.h"
 #include "tests/kernels/random.h"
 
 namespace ps {

@@ -242,6 +242,7 @@ class KvOwnerOps {
   // The reference's move of pages to `to`: each live block of theirs not there gets
   // a new identity, the old one held by the plan; false when the tier is short.
   bool RefMove(Seq& s, const std::vector<std::pair<int, int64_t>>& pages, Tier to) {
+    pending_.clear();
     int64_t need = 0;
     for (auto [l, p] : pages) {
       const Layer& t = s.layers[l];
@@ -249,7 +250,6 @@ class KvOwnerOps {
       for (int k = 0; k < kPerPage; ++k) need += t.uids[p * kPerPage + k] >= 0;
     }
     if (need > Free(to)) return false;
-    pending_.clear();
     for (auto [l, p] : pages) {
       Layer& t = s.layers[l];
       if (t.tiers[p] == to) continue;

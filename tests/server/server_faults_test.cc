@@ -1,18 +1,13 @@
 // The real server on loopback with stories260K, started per test with its own
 // flags: calibration files and the `auto` table, limits, metrics (swaps included),
 // injected faults (each fails or delays only its request) and graceful shutdown.
-#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <thread>
 
 #include "absl/strings/str_join.h"
-#include "engine/generator.h"
-#include "engine/pruning/registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
-#include "kernels/cpu/cpu_isa.h"
 #include "tests/command.h"
 #include "tests/engine/test_calibration.h"
 #include "tests/server/server_test_util.h"

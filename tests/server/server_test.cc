@@ -3,19 +3,14 @@
 // the validation table, tokenizer and model info, the CPU and KV flags, pruning
 // strategies over the wire (server_faults_test.cc: the servers started per test).
 #include <atomic>
-#include <cstdio>
-#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_join.h"
-#include "engine/generator.h"
 #include "engine/pruning/registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "tests/command.h"
-#include "tests/engine/test_calibration.h"
 #include "tests/server/server_test_util.h"
 
 namespace ps::testing {
