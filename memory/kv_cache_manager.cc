@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,7 +31,9 @@ KvCacheManager::KvCacheManager(BlockPool& device, BlockPool& host, const Options
       block_tokens_(o.block_tokens),
       blocks_per_page_(o.blocks_per_page),
       metered_(o.metered),
-      host_rows_(host, o.host_row_bytes) {
+      host_rows_(host, o.host_row_bytes),
+      prefix_enabled_(o.prefix_cache),
+      prefix_(o.block_tokens) {
   PS_CHECK(n_layers_ > 0 && block_tokens_ > 0 && blocks_per_page_ > 0) << "bad KV geometry";
   PS_CHECK(device.tier() == Tier::kDevice && host.tier() == Tier::kHost) << "pools in the wrong tiers";
   pending_[0].assign(device.num_blocks(), 0);
@@ -121,7 +124,7 @@ void KvCacheManager::NotePeak(int64_t seq) {
 }
 
 int64_t KvCacheManager::Available(Tier tier) const {
-  if (tier == Tier::kHost) return host_.num_free() + host_copies_;
+  if (tier == Tier::kHost) return host_.num_free() + host_copies_ + Evictable(Tier::kHost);
   return device_.num_free() + releasing_ - reserved_total_;
 }
 
@@ -286,6 +289,7 @@ std::optional<std::vector<int32_t>> KvCacheManager::TakeHost(int64_t n, int64_t 
       }
     }
   }
+  FreeHostFromCache(n, std::numeric_limits<uint64_t>::max());  // a running sequence's KV before a cached page
   return host_.Allocate(static_cast<int32_t>(n));
 }
 
@@ -477,6 +481,12 @@ absl::Status KvCacheManager::VerifyIntegrity() const {
                                               " for tables holding ", held[0], "/", held[1]));
     }
   }
+  for (const PrefixEntry* e : prefix_.All()) {
+    if (static_cast<int64_t>(e->blocks.size()) != int64_t{n_layers_} * blocks_per_page_) {
+      return absl::InternalError(absl::StrCat("a cached page of ", e->blocks.size(), " blocks"));
+    }
+    for (int32_t id : e->blocks) ++refs[static_cast<int>(e->tier)][id];
+  }
   int64_t copies = 0;
   for (const auto& [seq, s] : seqs_) copies += s.host_copies;
   if (copies != host_copies_) {
@@ -497,7 +507,8 @@ absl::Status KvCacheManager::VerifyIntegrity() const {
       }
       if (p.ref_count(id) != expected[id]) {
         return absl::InternalError(absl::StrCat(std::string(TierName(tier)), " block ", id, " has ", p.ref_count(id),
-                                                " references but ", expected[id], " table entries and plans"));
+                                                " references but ", expected[id],
+                                                " table entries, cached pages and plans"));
       }
       freeing += tier == Tier::kDevice && pending[id] > 0 && pending[id] == expected[id];
     }

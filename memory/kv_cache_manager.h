@@ -37,6 +37,7 @@
 #include "memory/block_pool.h"
 #include "memory/host_row_store.h"
 #include "memory/kv_planner.h"
+#include "memory/prefix_index.h"
 #include "memory/swap_engine.h"
 
 namespace ps {
@@ -63,6 +64,7 @@ class KvCacheManager final : public KvPlanner {
     bool metered = false;       // appends and swap-ins draw on reservations
     size_t host_row_bytes = 0;  // bytes of one parked row (0: none)
     int blocks_per_page = 1;
+    bool prefix_cache = false;  // keep full prompt pages for later sequences (prefix_cache.cc)
   };
   KvCacheManager(BlockPool& device, BlockPool& host, const Options& options);
   KvCacheManager(BlockPool& device, BlockPool& host, int n_layers, int block_tokens)
@@ -95,6 +97,19 @@ class KvCacheManager final : public KvPlanner {
   // Frees every block of the sequence (Free) once no copy of a plan of its is in
   // flight; until then it may not append, move or fork.
   void Release(int64_t seq) override;
+
+  // ---- The prefix cache (its part of this class is in prefix_cache.cc).
+  bool prefix_cache() const override { return prefix_enabled_; }
+  PrefixHit AttachPrefix(int64_t seq, std::span<const int32_t> tokens, std::string_view extra) override;
+  int64_t CachePrefix(int64_t seq, std::span<const int32_t> tokens, std::string_view extra) override;
+  int64_t Evictable(Tier tier) const override;
+  SwapPlan PlanEvict(int64_t n) override;
+  // The copies of an eviction plan failed: the pages they were to hold are dropped.
+  void ForgetEvicted(const SwapPlan& plan);
+  // Drops every cached page no sequence holds, in both tiers; the blocks freed.
+  int64_t FlushPrefixCache();
+  // Pages the cache holds per tier.
+  int64_t CachedPages(Tier tier) const { return prefix_.size(tier); }
 
   // ---- Moves between tiers. The plans take destination blocks now and re-point
   // the tables; the caller runs the copies, then Complete(plan).
@@ -212,6 +227,17 @@ class KvCacheManager final : public KvPlanner {
   std::map<int64_t, int> in_flight_;  // seq -> plans not yet completed
   std::set<int64_t> released_;        // sequences released with plans in flight
   HostRowStore host_rows_;
+
+  // The prefix cache: each entry holds one reference on each of its blocks.
+  bool prefix_enabled_;
+  PrefixIndex prefix_;
+  // No sequence or plan holds the entry's blocks: only the cache.
+  bool Unreferenced(const PrefixEntry& e) const;
+  // Drops the entry (its blocks unreferenced, now); the device blocks freed.
+  int64_t DropEntry(PrefixEntry& e);
+  // Drops unreferenced host-tier entries used before `stamp`, least recently used
+  // first, until n host blocks are free; whether they are.
+  bool FreeHostFromCache(int64_t n, uint64_t stamp);
 };
 
 }  // namespace ps

@@ -10,7 +10,10 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -37,6 +40,15 @@ struct SwapPlan {
   // A sequence whose reservation is credited with the device blocks freed (a
   // strategy's move to the host tier during a step), or -1.
   int64_t credit_seq = -1;
+};
+
+// The sequence id of the prefix cache's own plans (PlanEvict).
+inline constexpr int64_t kPrefixCacheSeq = std::numeric_limits<int64_t>::min();
+
+// What a new sequence starts from (KvPlanner::AttachPrefix).
+struct PrefixHit {
+  int64_t tokens = 0;    // leading prompt tokens whose KV the sequence shares with the cache
+  bool in_host = false;  // some of it sits in the host tier: swap the sequence in before it runs
 };
 
 class KvPlanner {
@@ -73,6 +85,28 @@ class KvPlanner {
   virtual std::optional<SwapPlan> PlanSwapOut(int64_t seq) = 0;
   // The sequence's blocks go back (see above).
   virtual void Release(int64_t seq) = 0;
+
+  // ---- The prefix cache (memory/prefix_index.h): full prompt pages kept after
+  // their sequence, keyed by their tokens and `extra` (the salt, and the strategy
+  // where it shapes the KV). Cached pages no sequence holds are evicted least
+  // recently used first: device -> host tier -> dropped.
+  virtual bool prefix_cache() const = 0;
+  // A new sequence (no blocks yet) starts from the longest cached prefix of
+  // `tokens`, whole pages and at least one token short of the end: its tables share
+  // the cached blocks at every layer. Nothing cached: {} and no sequence is made.
+  virtual PrefixHit AttachPrefix(int64_t seq, std::span<const int32_t> tokens, std::string_view extra) = 0;
+  // The sequence's leading full pages that hold tokens[0, n) unpruned at every layer
+  // go into the cache (the pages cached before are marked used); the number of
+  // pages of the prefix the cache now holds.
+  virtual int64_t CachePrefix(int64_t seq, std::span<const int32_t> tokens, std::string_view extra) = 0;
+  // Device blocks of cached pages no sequence holds (evictable now).
+  virtual int64_t Evictable(Tier tier) const = 0;
+  // Frees at least n device blocks of unreferenced cached pages (fewer if there are
+  // not so many), least recently used first: moved to the host tier where it has
+  // room (the copies to run first; the device blocks count as available now),
+  // dropped otherwise.
+  virtual SwapPlan PlanEvict(int64_t n) = 0;
+
   // The owner's invariants (every block free or accounted for, the counts right).
   virtual absl::Status VerifyIntegrity() const = 0;
 };
