@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "spdlog/spdlog.h"
 
 namespace ps {
 namespace {
@@ -67,6 +68,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Model& model, Backe
                     .host_blocks = o.kv_host_blocks,
                     .host_row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float),
                     .metered = true,
+                    .prefix_cache = o.prefix_cache,
                     .copy = o.swap_copy};
   PS_RETURN_IF_ERROR(kv.geometry.Validate());
   kv.device_blocks = o.kv_device_blocks > 0 ? o.kv_device_blocks : DefaultDeviceBlocks(kv.geometry, c.n_ctx);
@@ -127,7 +129,8 @@ StepResult Engine::Execute(const StepPlan& plan) {
   r.seqs.reserve(plan.finish.size() + plan.run.size() + plan.swap_out.size() + plan.swap_in.size());
   for (const StepPlan::Start& s : plan.start) {
     PS_CHECK(s.spec != nullptr && !seqs_.contains(s.seq_id)) << "bad start of sequence " << s.seq_id;
-    seqs_[s.seq_id] = std::make_unique<Seq>(model_, *s.spec);
+    Seq& seq = *(seqs_[s.seq_id] = std::make_unique<Seq>(model_, *s.spec));
+    seq.computed = seq.next_position = s.cached;
   }
   for (int64_t id : plan.finish) End(id, SeqStatus::kOk, "", &r.seqs.emplace_back());  // may have started above
   for (int64_t id : plan.drop) DropKv(Find(id));
@@ -147,7 +150,16 @@ void Engine::Swap(const StepPlan& plan, StepResult* r, std::set<int64_t>* lost) 
     lost->insert(id);
     r->seqs.push_back({.seq_id = id, .status = status, .error = error});
   };
-  // Swap-outs first, all of them: their device blocks are reused from here on.
+  // The prefix cache's evictions and the swap-outs first, all of them: their device
+  // blocks are reused from here on.
+  for (const SwapPlan& p : plan.evict) {
+    const absl::Status st = kv_->Finish(kv_->Submit(p), p);
+    if (!st.ok()) {
+      kv_->manager().ForgetEvicted(p);
+      spdlog::warn("moving {} cached KV blocks to the host tier failed ({}): those prefixes are dropped",
+                   p.copies.size(), std::string(st.message()));
+    }
+  }
   struct InFlight {
     int64_t seq_id;
     SwapPlan plan;

@@ -25,6 +25,7 @@ struct EngineOptions {
   // KV blocks of the device tier; 0 = enough for 64 full-context sequences, up to 1 GiB.
   int64_t kv_device_blocks = 0;
   int64_t kv_host_blocks = 0;       // host tier (swap space, parked rows); 0 = none
+  bool prefix_cache = false;        // reuse the KV of cached prompt prefixes (memory/prefix_index.h)
   CpuSwapEngine::CopyFn swap_copy;  // tests: inject copy failures (null = memcpy)
 };
 

@@ -23,12 +23,17 @@ struct GenerationSpec {
   StopCriteria stop;
   PruningParams pruning;        // validated
   bool report_pruning = false;  // return the kept prompt spans when it ends
+  // Keeps prompt prefixes of other tenants apart in the prefix cache (the
+  // authenticated principal and the request's own salt); "" shares with every
+  // request that gives none.
+  std::string cache_salt;
 };
 
 // A request's accounting, filled by the engine (tokens, blocks) and the scheduler (times).
 struct Usage {
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache (not computed)
   // Prompt token-layer pairs computed / layers: the first pass over the prompt
   // (prefix passes included) and prompt tokens revived during decode.
   double prompt_tokens_computed = 0;
@@ -60,8 +65,12 @@ struct StepPlan {
   struct Start {
     int64_t seq_id = 0;
     const GenerationSpec* spec = nullptr;
+    int32_t cached = 0;  // leading prompt tokens whose KV the sequence shares with the prefix cache
   };
   std::vector<Start> start;
+  // The prefix cache's evictions to the host tier (KvPlanner::PlanEvict): run
+  // first, before the step reuses the device blocks they free.
+  std::vector<SwapPlan> evict;
   // Sequences whose KV the scheduler released (recompute preemption): the next run
   // starts again from the first history token, with a fresh strategy.
   std::vector<int64_t> drop;
@@ -84,7 +93,9 @@ struct StepPlan {
   };
   std::vector<Run> run;
 
-  bool empty() const { return finish.empty() && start.empty() && drop.empty() && swap_out.empty() && run.empty(); }
+  bool empty() const {
+    return finish.empty() && start.empty() && evict.empty() && drop.empty() && swap_out.empty() && run.empty();
+  }
 };
 
 enum class SeqStatus {

@@ -50,7 +50,8 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
                                                                           .block_tokens = g.block_tokens,
                                                                           .metered = o.metered,
                                                                           .host_row_bytes = o.host_row_bytes,
-                                                                          .blocks_per_page = g.blocks_per_page()});
+                                                                          .blocks_per_page = g.blocks_per_page(),
+                                                                          .prefix_cache = o.prefix_cache});
   PS_ASSIGN_OR_RETURN(kv->swap_, MakeSwapEngine(backend, *kv->device_, *kv->host_, o.copy));
   return kv;
 }

@@ -27,6 +27,7 @@ struct KvCacheOptions {
   int64_t host_blocks = 0;     // 0: no host tier
   size_t host_row_bytes = 0;   // bytes of a parked row (the model's hidden state); 0: none
   bool metered = false;        // appends draw on reservations (the serving path)
+  bool prefix_cache = false;   // keep full prompt pages for later sequences (KvCacheManager)
   CpuSwapEngine::CopyFn copy;  // CPU backend: replaces memcpy (tests inject failures)
 };
 

@@ -103,6 +103,17 @@ int64_t KvCacheManager::BlocksIn(int64_t seq, Tier tier) const {
   return it == seqs_.end() ? 0 : it->second.held[static_cast<int>(tier)];
 }
 
+int64_t KvCacheManager::OwnBlocks(int64_t seq, Tier tier) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return 0;
+  int64_t n = 0;
+  for (const LayerTable& t : it->second.layers) {
+    ForLiveBlocks(t, blocks_per_page_,
+                  [&](int64_t p, int32_t id) { n += t.tiers[p] == tier && pool(tier).ref_count(id) == 1; });
+  }
+  return n;
+}
+
 KvCacheManager::Peak KvCacheManager::PeakBlocks(int64_t seq) const {
   auto it = peaks_.find(seq);
   return it == peaks_.end() ? Peak{} : it->second;

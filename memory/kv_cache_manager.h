@@ -79,6 +79,7 @@ class KvCacheManager final : public KvPlanner {
   int64_t BlocksNeeded(int64_t seq, int64_t n_tokens) const override;
   // The host row store not included.
   int64_t BlocksIn(int64_t seq, Tier tier) const override;
+  int64_t OwnBlocks(int64_t seq, Tier tier) const override;
   // The most blocks `seq` (>= 0) has held at once since its first block, its scratch
   // passes' and clean host copies included: in the device tier, and in both tiers.
   // Forgotten when the sequence is freed.
@@ -103,6 +104,7 @@ class KvCacheManager final : public KvPlanner {
   PrefixHit AttachPrefix(int64_t seq, std::span<const int32_t> tokens, std::string_view extra) override;
   int64_t CachePrefix(int64_t seq, std::span<const int32_t> tokens, std::string_view extra) override;
   int64_t Evictable(Tier tier) const override;
+  int64_t CachedBlocks(Tier tier) const override { return prefix_.size(tier) * n_layers_ * blocks_per_page_; }
   SwapPlan PlanEvict(int64_t n) override;
   // The copies of an eviction plan failed: the pages they were to hold are dropped.
   void ForgetEvicted(const SwapPlan& plan);

@@ -69,6 +69,9 @@ class KvPlanner {
   // Blocks the sequence's tables hold in `tier` (a block shared with another
   // sequence counts for each); O(1).
   virtual int64_t BlocksIn(int64_t seq, Tier tier) const = 0;
+  // Of those, the blocks no table, cached page or plan shares: what the tier gets
+  // back when the sequence lets go of its blocks there (O(blocks)).
+  virtual int64_t OwnBlocks(int64_t seq, Tier tier) const = 0;
   // Blocks a reservation (device) or a swap-out (host) can still take: device
   // blocks free or being freed by planned moves, less what is reserved; host blocks
   // free or holding clean copies.
@@ -99,7 +102,9 @@ class KvPlanner {
   // go into the cache (the pages cached before are marked used); the number of
   // pages of the prefix the cache now holds.
   virtual int64_t CachePrefix(int64_t seq, std::span<const int32_t> tokens, std::string_view extra) = 0;
-  // Device blocks of cached pages no sequence holds (evictable now).
+  // Blocks the cache holds in `tier` (held by sequences too, some of them).
+  virtual int64_t CachedBlocks(Tier tier) const = 0;
+  // Blocks of cached pages in `tier` no sequence holds (evictable now).
   virtual int64_t Evictable(Tier tier) const = 0;
   // Frees at least n device blocks of unreferenced cached pages (fewer if there are
   // not so many), least recently used first: moved to the host tier where it has

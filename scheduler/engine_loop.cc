@@ -124,7 +124,10 @@ void EngineLoop::Publish(const StepResult& result, const std::vector<Outgoing>& 
     load_.running = scheduler_.running();
     load_.waiting = scheduler_.waiting();
     load_.swapped = scheduler_.swapped();
-    for (Tier t : {Tier::kDevice, Tier::kHost}) load_.kv[static_cast<int>(t)].used = executor_.kv().UsedBlocks(t);
+    for (Tier t : {Tier::kDevice, Tier::kHost}) {
+      load_.kv[static_cast<int>(t)].used = executor_.kv().UsedBlocks(t);
+      load_.kv[static_cast<int>(t)].cached = executor_.kv().CachedBlocks(t);
+    }
     for (PreemptionMode m : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
       load_.preemptions[static_cast<int>(m)] = scheduler_.preemptions(m);
     }

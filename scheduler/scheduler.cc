@@ -44,6 +44,14 @@ int StepLimit(const Request& r, int prefill_chunk) {
   return r.spec.pruning.WholePrompt() ? std::numeric_limits<int>::max() : prefill_chunk;
 }
 
+// The prefix cache's `extra` for a request (KvPlanner::AttachPrefix): the strategy's
+// key and the salt, apart.
+std::optional<std::string> PrefixExtra(const KvPlanner& kv, const Request& r) {
+  std::optional<std::string> key = r.spec.pruning.PrefixCacheKey();
+  if (!kv.prefix_cache() || !key) return std::nullopt;
+  return absl::StrCat(key->size(), ":", *key, r.spec.cache_salt);
+}
+
 }  // namespace
 
 Scheduler::Scheduler(const SchedulerOptions& options, KvPlanner& kv, SchedulerObserver* observer)
@@ -105,6 +113,7 @@ RequestEvent Scheduler::Finished(const Running& run, const SeqOutcome& o, Finish
                   .usage = o.usage,
                   .kept_spans = o.kept_spans};
   if (o.token) ev.matched_stop = o.token->matched_stop;
+  ev.usage.cached_tokens = run.cached;
   ev.usage.queue_seconds = Seconds(r.arrival, run.admitted);
   ev.usage.ttft_seconds = run.prefilled ? Seconds(r.arrival, run.first_token) : 0.0;
   ev.usage.total_seconds = Seconds(r.arrival, now);
@@ -141,11 +150,19 @@ void Scheduler::Admit(Clock::time_point now, StepPlan* plan) {
     const std::shared_ptr<Request>& r = waiting_[taken];
     if (first_preempted != nullptr && !ByPriority(*r, *first_preempted)) break;
     const int64_t need = kv_.BlocksNeeded(next_seq_id_, static_cast<int64_t>(r->spec.prompt.size()));
-    if (!running_.empty() && reserved + need > kv_.Available(Tier::kDevice)) break;
+    if (!running_.empty() && reserved + need > kv_.Available(Tier::kDevice) + kv_.Evictable(Tier::kDevice)) break;
     reserved += need;
-    Running run{
-        .request = r, .seq_id = next_seq_id_++, .history = static_cast<int>(r->spec.prompt.size()), .admitted = now};
-    plan->start.push_back({.seq_id = run.seq_id, .spec = &r->spec});
+    Running run{.request = r,
+                .seq_id = next_seq_id_++,
+                .history = static_cast<int>(r->spec.prompt.size()),
+                .prefix_extra = PrefixExtra(kv_, *r),
+                .admitted = now};
+    if (run.prefix_extra) {  // starts from the longest cached prefix of its prompt
+      const PrefixHit hit = kv_.AttachPrefix(run.seq_id, r->spec.prompt, *run.prefix_extra);
+      run.computed = run.cached = static_cast<int>(hit.tokens);
+      run.preempted = hit.in_host;  // brought in like a swapped sequence
+    }
+    plan->start.push_back({.seq_id = run.seq_id, .spec = &r->spec, .cached = run.cached});
     running_.push_back(std::move(run));
     ++taken;
   }
@@ -196,15 +213,19 @@ void Scheduler::Preempt(size_t i, StepPlan* plan) {
   if (swap) {
     plan->swap_out.push_back({.seq_id = run.seq_id, .plan = std::move(*swap)});
   } else {  // recompute mode, or no room in the host tier
-    kv_.Release(run.seq_id);
+    Recompute(run);
     plan->drop.push_back(run.seq_id);
-    run.computed = 0;
   }
   const PreemptionMode mode = swap ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
   spdlog::debug("request {} preempted ({}): {} device blocks available", run.request->id,
                 std::string(PreemptionModeName(mode)), kv_.Available(Tier::kDevice));
   ++preemptions_[static_cast<int>(mode)];
   if (observer_ != nullptr) observer_->OnPreemption(mode);
+}
+
+void Scheduler::Recompute(Running& run) {
+  kv_.Release(run.seq_id);
+  run.computed = run.cached = 0;
 }
 
 StepPlan Scheduler::Schedule(Clock::time_point now) {
@@ -240,7 +261,8 @@ StepPlan Scheduler::Schedule(Clock::time_point now) {
   std::vector<char> victim(running_.size(), 0);
   std::vector<size_t> victims;
   std::vector<std::pair<size_t, int64_t>> in_step;  // (index, blocks to reserve)
-  int64_t free_blocks = kv_.Available(Tier::kDevice);
+  // Cached prefixes no sequence holds give way to running sequences.
+  int64_t free_blocks = kv_.Available(Tier::kDevice) + kv_.Evictable(Tier::kDevice);
   for (size_t k = 0; k < order.size(); ++k) {
     const size_t i = order[k];
     if (rows[i] == 0 || victim[i]) continue;
@@ -249,11 +271,11 @@ StepPlan Scheduler::Schedule(Clock::time_point now) {
                          (run.Swapped() ? kv_.BlocksIn(run.seq_id, Tier::kHost) : 0);
     for (size_t v = order.size(); need > free_blocks && v-- > k + 1;) {
       const size_t j = order[v];
-      const int64_t held = kv_.BlocksIn(running_[j].seq_id, Tier::kDevice);
-      if (victim[j] || held == 0) continue;
+      const int64_t own = kv_.OwnBlocks(running_[j].seq_id, Tier::kDevice);  // blocks others share stay
+      if (victim[j] || own == 0) continue;
       victim[j] = 1;
       victims.push_back(j);
-      free_blocks += held;
+      free_blocks += own;
     }
     if (need <= free_blocks) {
       free_blocks -= need;
@@ -267,7 +289,14 @@ StepPlan Scheduler::Schedule(Clock::time_point now) {
   }
   for (size_t v : victims) Preempt(v, &plan);
 
-  // 4. Reservations and rows: swapped-out participants come back first.
+  // 4. Reservations and rows: cached prefixes evicted as far as the step needs
+  // their blocks, swapped-out participants come back first.
+  int64_t step_need = 0;
+  for (const auto& [i, need] : in_step) step_need += need;
+  if (const int64_t short_by = step_need - kv_.Available(Tier::kDevice); short_by > 0) {
+    SwapPlan evict = kv_.PlanEvict(short_by);  // pages dropped outright need no copy
+    if (!evict.copies.empty()) plan.evict.push_back(std::move(evict));
+  }
   for (const auto& [i, need] : in_step) {
     Running& run = running_[i];
     PS_CHECK(kv_.Reserve(run.seq_id, need))
@@ -302,14 +331,12 @@ void Scheduler::Update(const StepResult& result, Clock::time_point now) {
         run.added_rows = o.added_rows;
         break;
       case SeqStatus::kKvLost:  // a failed swap: its KV is released and recomputed
-        kv_.Release(run.seq_id);
+        Recompute(run);
         spdlog::warn("request {}: {}; its KV will be recomputed", run.request->id, o.error);
-        run.computed = 0;
         run.preempted = true;
         break;
       case SeqStatus::kKvShort:  // more blocks than reserved: recomputed with a margin, or failed alone
-        kv_.Release(run.seq_id);
-        run.computed = 0;
+        Recompute(run);
         run.preempted = true;
         run.margin += n_layers_ * blocks_per_page_;  // a page per layer
         ++preemptions_[static_cast<int>(PreemptionMode::kRecompute)];
@@ -328,6 +355,8 @@ void Scheduler::Update(const StepResult& result, Clock::time_point now) {
       if (!run.prefilled) {
         run.prefilled = true;
         run.first_token = now;
+        // The prompt's whole pages, as computed, for later requests.
+        if (run.prefix_extra) kv_.CachePrefix(run.seq_id, run.request->spec.prompt, *run.prefix_extra);
       }
       RequestEvent ev{.kind = RequestEvent::Kind::kTokens, .text = o.token->text};
       ev.tokens.push_back(o.token->sampled);

@@ -21,6 +21,8 @@
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -57,6 +59,7 @@ struct SchedulerOptions {
 struct KvTierLoad {
   int64_t used = 0;  // blocks
   int64_t total = 0;
+  int64_t cached = 0;  // of `used`, the prefix cache's blocks (shared with requests, some of them)
 };
 
 struct LoadSnapshot {
@@ -120,8 +123,12 @@ class Scheduler {
   struct Running {
     std::shared_ptr<Request> request;
     int64_t seq_id = 0;
-    int history = 0;         // prompt + generated tokens
-    int computed = 0;        // leading history tokens whose KV is cached (0 after a recompute preemption)
+    int history = 0;   // prompt + generated tokens
+    int computed = 0;  // leading history tokens whose KV is cached (0 after a recompute preemption)
+    int cached = 0;    // leading prompt tokens whose KV came from the prefix cache
+    // What keeps its prefix apart in the prefix cache (the strategy's key and the
+    // salt); none: its KV is not cacheable, or the cache is off.
+    std::optional<std::string> prefix_extra;
     bool prefilled = false;  // the first token has been sampled
     bool preempted = false;  // KV swapped out or dropped; waits for room before running again
     Clock::time_point admitted{}, first_token{};
@@ -148,6 +155,8 @@ class Scheduler {
   // Ends running_[i] in this plan (its KV released now).
   void EndRunning(size_t i, FinishReason reason, CancelReason cancel, std::string error, StepPlan* plan);
   void Preempt(size_t i, StepPlan* plan);
+  // Its KV is released to be recomputed from the first token.
+  void Recompute(Running& run);
   void FinishWaiting(const std::shared_ptr<Request>& r, CancelReason cancel, Clock::time_point now);
   void Emit(const std::shared_ptr<Request>& r, RequestEvent event) { events_.push_back({r, std::move(event)}); }
   RequestEvent Finished(const Running& run, const SeqOutcome& outcome, FinishReason reason, CancelReason cancel,

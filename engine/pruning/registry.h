@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,11 @@ class StrategyParams {
   // The prompt must be computed in a single step (the strategy scores tokens from
   // the last prompt token), not in chunks.
   virtual bool WholePrompt() const { return false; }
+  // The prefix cache (memory/prefix_index.h): the key under which the KV this
+  // strategy leaves for a prompt prefix may be cached and reused, when that KV
+  // depends on the prefix alone ("" : the KV `full` leaves); nullopt when it
+  // depends on the whole prompt (no reuse either way).
+  virtual std::optional<std::string> PrefixCacheKey() const { return std::nullopt; }
   // A fresh strategy for one sequence. The parameters must be valid.
   virtual std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const = 0;
   // The other strategies' defaults, given once they are all made (StrategyDefaults::
@@ -104,6 +110,9 @@ struct PruningParams {
 
   std::string_view name() const { return strategy != nullptr ? std::string_view(strategy->name) : "full"; }
   bool WholePrompt() const { return params != nullptr && params->WholePrompt(); }
+  std::optional<std::string> PrefixCacheKey() const {
+    return params != nullptr ? params->PrefixCacheKey() : std::optional<std::string>("");
+  }
   // A fresh strategy for one sequence; null for `full`.
   std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const {
     return params != nullptr ? params->Make(config) : nullptr;

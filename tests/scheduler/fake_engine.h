@@ -1,8 +1,9 @@
 // A StepExecutor without a model, for the planner's tests: it does the engine's
 // bookkeeping on a real KvCacheManager, the KV owner's tables (appends within the
-// reservations, swaps; the scheduler releases the blocks) and makes up its tokens from the prompt and the token's
-// index, so every request's tokens are known in advance whatever the batching, preemption or recomputation. A request
-// can be made to take more blocks than the scheduler reserved (a strategy that under-reports what it adds).
+// reservations, swaps, the prefix cache's evictions; the scheduler releases the blocks) and makes up its tokens from
+// the prompt and the token's index, so every request's tokens are known in advance whatever the batching, preemption or
+// recomputation. A request can be made to take more blocks than the scheduler reserved (a strategy that under-reports
+// what it adds).
 #pragma once
 
 #include <map>
@@ -32,7 +33,10 @@ class FakeEngine final : public StepExecutor {
 
   StepResult Execute(const StepPlan& plan) override {
     StepResult r;
-    for (const StepPlan::Start& s : plan.start) seqs_[s.seq_id] = Seq{.spec = s.spec, .history = s.spec->prompt};
+    for (const StepPlan::Start& s : plan.start) {
+      seqs_[s.seq_id] = Seq{.spec = s.spec, .history = s.spec->prompt, .computed = s.cached};
+    }
+    for (const SwapPlan& p : plan.evict) kv_.Complete(p);
     for (int64_t id : plan.finish) End(id, &r.seqs.emplace_back());
     for (int64_t id : plan.drop) seqs_.at(id).computed = 0;
     for (const StepPlan::SwapOut& s : plan.swap_out) {

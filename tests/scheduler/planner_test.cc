@@ -30,6 +30,7 @@ struct Options {
   int device_blocks = 12;
   int host_blocks = 12;
   SchedulerOptions scheduler;
+  bool prefix_cache = false;
 };
 
 // A scheduler over a fake engine on a two-layer, 4-token-block KV cache.
@@ -38,15 +39,19 @@ class Planner {
   explicit Planner(const Options& o = {})
       : device_(Tier::kDevice, o.device_blocks, 64),
         host_(Tier::kHost, o.host_blocks, 64),
-        kv_(device_, host_, {.n_layers = 2, .block_tokens = 4, .metered = true}),
+        kv_(device_, host_, {.n_layers = 2, .block_tokens = 4, .metered = true, .prefix_cache = o.prefix_cache}),
         engine_(kv_),
         scheduler_(o.scheduler, kv_, &recorder_) {}
 
   std::shared_ptr<Request> Add(const std::string& id, int prompt_tokens, int new_tokens, int priority = 0) {
+    std::vector<int32_t> prompt(prompt_tokens, 0);
+    prompt[0] = 1 + static_cast<int32_t>(requests_.size());  // FakeToken's seed
+    return Add(id, std::move(prompt), new_tokens, priority);
+  }
+  std::shared_ptr<Request> Add(const std::string& id, std::vector<int32_t> prompt, int new_tokens, int priority = 0) {
     auto r = std::make_shared<Request>();
     r->id = id;
-    r->spec.prompt.assign(prompt_tokens, 0);
-    r->spec.prompt[0] = 1 + static_cast<int32_t>(requests_.size());  // FakeToken's seed
+    r->spec.prompt = std::move(prompt);
     r->spec.stop.max_new_tokens = new_tokens;
     r->priority = priority;
     r->arrival = now_;
@@ -141,6 +146,55 @@ class Planner {
   std::map<int64_t, std::string> ids_;
   std::map<std::string, Log> logs_;
 };
+
+// The prefix cache: a request whose prompt starts with the pages a finished one
+// computed shares them and runs the rest; when running requests need the room,
+// cached pages no one holds go to the host tier (copies before the step), and a
+// later hit there comes back like a swapped sequence.
+TEST(Planner, CachedPrefixesAreSharedAndGiveWayToRunningRequests) {
+  Planner p({.device_blocks = 12, .host_blocks = 8, .prefix_cache = true});
+  const std::vector<int32_t> doc = {7, 1, 2, 3, 4, 5, 6, 7, 8};  // 2 whole pages and a token
+  p.Add("a", doc, 2);
+  EXPECT_EQ(p.Runs(p.Step()), "a:0+9*");
+  p.Drain();
+  EXPECT_EQ(p.kv_.UsedBlocks(Tier::kDevice), 4);  // 2 pages x 2 layers, the cache's
+  EXPECT_EQ(p.kv_.CachedBlocks(Tier::kDevice), 4);
+
+  std::vector<int32_t> longer = doc;
+  longer.insert(longer.end(), {9, 9});
+  p.Add("b", longer, 2);
+  StepPlan plan = p.Step();
+  ASSERT_EQ(plan.start.size(), 1u);
+  EXPECT_EQ(plan.start[0].cached, 8);
+  EXPECT_EQ(p.Runs(plan), "b:8+3*");
+  p.Drain();
+  EXPECT_EQ(p.log("b").end.usage.cached_tokens, 8);
+  EXPECT_EQ(p.log("b").tokens, p.Want("b"));
+  EXPECT_EQ(p.kv_.CachedBlocks(Tier::kDevice), 4);  // b's prompt had no further whole page
+
+  // 11 blocks for a 21-token prompt with 8 free: the cached pages go to the host tier.
+  p.Add("big", std::vector<int32_t>(21, 3), 1);
+  plan = p.Step();
+  ASSERT_EQ(plan.evict.size(), 1u);
+  EXPECT_EQ(plan.evict[0].copies.size(), 4u);
+  EXPECT_EQ(p.Runs(plan), "big:0+21*");
+  EXPECT_EQ(p.kv_.CachedBlocks(Tier::kHost), 4);
+  p.Drain();
+
+  // Found in the host tier: swapped in, then the rest runs.
+  p.Add("c", longer, 2);
+  plan = p.Step();
+  EXPECT_EQ(plan.start[0].cached, 8);
+  ASSERT_EQ(plan.swap_in.size(), 1u);
+  EXPECT_EQ(p.Runs(plan), "c:8+3*");
+  p.Drain();
+  EXPECT_EQ(p.log("c").tokens, p.Want("c"));
+  EXPECT_EQ(p.log("c").end.usage.cached_tokens, 8);
+  const int64_t cached = p.kv_.CachedBlocks(Tier::kDevice) + p.kv_.CachedBlocks(Tier::kHost);
+  EXPECT_EQ(p.kv_.UsedBlocks(Tier::kDevice) + p.kv_.UsedBlocks(Tier::kHost), cached);  // idle: only the cache's
+  EXPECT_EQ(p.kv_.FlushPrefixCache(), cached);
+  p.ExpectEverythingFree();
+}
 
 // FCFS within a priority: a request that does not fit stops admission (the ones
 // behind it wait even when they would fit); a higher priority goes first.

@@ -1,0 +1,155 @@
+// The prefix cache through the serving core: a later request over the same
+// document computes only what follows the cached pages and gets the tokens it
+// would get alone; salts and uncacheable strategies keep apart; a prefix evicted
+// to the host tier is found there; many requests over a few documents under a
+// tight device tier, with cancellations, lose nothing.
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_join.h"
+#include "tests/scheduler/scheduler_test_util.h"
+
+namespace ps {
+namespace {
+
+// A document of n tokens (after BOS) and a question about it.
+std::vector<int32_t> Document(int doc, int n) {
+  std::vector<int32_t> p = {1};
+  for (int k = 0; k < n; ++k) p.push_back(260 + (doc * 37 + k * 11) % 250);
+  return p;
+}
+std::vector<int32_t> Ask(std::vector<int32_t> doc, int question) {
+  for (int k = 0; k < 5; ++k) doc.push_back(270 + (question * 17 + k * 7) % 200);
+  return doc;
+}
+
+const LoadSnapshot& Idle(const Served& s, LoadSnapshot* load) {
+  *load = s.Load();
+  EXPECT_EQ(load->in_flight, 0);
+  EXPECT_EQ(load->running, 0);
+  return *load;
+}
+
+// 16-token pages; stories260K has 5 layers and 8 blocks a page (K and V of 4 KV heads).
+constexpr int kPage = 16, kPageBlocks = 5 * 8;
+
+TEST_F(SchedulerTest, QuestionsOverOneDocumentComputeOnlyWhatFollowsItsCachedPages) {
+  ThreadPool engine_pool(2);
+  Served s(*model_, engine_pool, {.engine = {.kv_block_tokens = kPage, .prefix_cache = true}});
+  const std::vector<int32_t> doc = Document(0, 100);  // 101 tokens: 6 whole pages
+  auto run = [&](const std::string& id, const std::vector<int32_t>& prompt, const std::string& salt = "",
+                 const PruningParams& pruning = {}) -> const RequestEvent& {
+    std::shared_ptr<Request> r = Make(id, prompt, 8);
+    r->spec.cache_salt = salt;
+    r->spec.pruning = pruning;
+    EXPECT_TRUE(s.Submit(r).ok());
+    EXPECT_TRUE(sinks_[id]->Wait());
+    EXPECT_EQ(sinks_[id]->finished.reason, FinishReason::kLength) << sinks_[id]->finished.error;
+    return sinks_[id]->finished;
+  };
+  const RequestEvent& first = run("q0", Ask(doc, 0));
+  EXPECT_EQ(first.usage.cached_tokens, 0);
+  EXPECT_DOUBLE_EQ(first.usage.prompt_tokens_computed, 106);
+  for (int q = 1; q <= 3; ++q) {
+    const std::string id = "q" + std::to_string(q);
+    const RequestEvent& ev = run(id, Ask(doc, q));
+    EXPECT_EQ(ev.usage.cached_tokens, 6 * kPage) << id;
+    EXPECT_EQ(ev.usage.prompt_tokens, 106) << id;
+    EXPECT_DOUBLE_EQ(ev.usage.prompt_tokens_computed, 106 - 6 * kPage) << id;
+    EXPECT_EQ(sinks_[id]->tokens, Offline(Ask(doc, q), 8)) << id;
+  }
+  // Another tenant's salt, and a strategy whose KV depends on the whole prompt: no reuse.
+  EXPECT_EQ(run("salted", Ask(doc, 4), "tenant-b").usage.cached_tokens, 0);
+  EXPECT_EQ(run("salted-again", Ask(doc, 5), "tenant-b").usage.cached_tokens, 6 * kPage);
+  EXPECT_EQ(run("lazyllm", Ask(doc, 6), "", Pruning("lazyllm")).usage.cached_tokens, 0);
+  LoadSnapshot load;
+  Idle(s, &load);
+  // The document's pages under two salts, and each question's last whole page
+  // (prompt 106 = 6 pages + 10 tokens: none).
+  EXPECT_EQ(load.kv[static_cast<int>(Tier::kDevice)].cached, 2 * 6 * kPageBlocks);
+  EXPECT_EQ(load.kv[static_cast<int>(Tier::kDevice)].used, load.kv[static_cast<int>(Tier::kDevice)].cached);
+}
+
+TEST_F(SchedulerTest, APrefixEvictedToTheHostTierIsFoundThere) {
+  ThreadPool engine_pool(2);
+  // Room for 12 pages per layer: one request of 113 tokens (8 pages) and little else.
+  Served s(*model_, engine_pool,
+           {.engine = {.kv_block_tokens = kPage,
+                       .kv_device_blocks = 12 * kPageBlocks,
+                       .kv_host_blocks = 40 * kPageBlocks,
+                       .prefix_cache = true}});
+  auto run = [&](const std::string& id, const std::vector<int32_t>& prompt) -> const RequestEvent& {
+    EXPECT_TRUE(s.Submit(Make(id, prompt, 8)).ok());
+    EXPECT_TRUE(sinks_[id]->Wait());
+    EXPECT_EQ(sinks_[id]->finished.reason, FinishReason::kLength) << sinks_[id]->finished.error;
+    return sinks_[id]->finished;
+  };
+  const std::vector<int32_t> a = Document(1, 100), b = Document(2, 100);
+  run("a0", Ask(a, 0));
+  LoadSnapshot load;
+  EXPECT_EQ(Idle(s, &load).kv[static_cast<int>(Tier::kDevice)].cached, 6 * kPageBlocks);
+  run("b0", Ask(b, 0));  // needs 8 pages with 6 free: a's tail goes to the host tier
+  Idle(s, &load);
+  EXPECT_GT(load.kv[static_cast<int>(Tier::kHost)].cached, 0);
+  EXPECT_GT(load.swap_bytes_to_host, 0u);
+  const uint64_t to_device = load.swap_bytes_to_device;
+  const RequestEvent& again = run("a1", Ask(a, 1));
+  EXPECT_EQ(again.usage.cached_tokens, 6 * kPage);
+  EXPECT_EQ(sinks_["a1"]->tokens, Offline(Ask(a, 1), 8));
+  EXPECT_GT(Idle(s, &load).swap_bytes_to_device, to_device);  // brought back from the host tier
+}
+
+TEST_F(SchedulerTest, ManyRequestsOverFewDocumentsUnderPressureLoseNothing) {
+  constexpr int kRequests = 30;
+  std::mt19937 rng(11);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int> lengths;
+  for (int i = 0; i < kRequests; ++i) {
+    prompts.push_back(Ask(Document(static_cast<int>(rng() % 3), 60 + static_cast<int>(rng() % 3) * 20), i));
+    lengths.push_back(4 + static_cast<int>(rng() % 12));
+  }
+  ThreadPool engine_pool(2);
+  // Tight: requests fit one by one (at most 9 pages) but far from all at once.
+  server::ServingOptions options{
+      .engine = {.kv_block_tokens = kPage,
+                 .kv_device_blocks = 30 * kPageBlocks,
+                 .kv_host_blocks = 200 * kPageBlocks,
+                 .prefix_cache = true},
+      .scheduler = {.max_batch_tokens = 128, .prefill_chunk = 32, .gather_first = kRequests / 2}};
+  Served s(*model_, engine_pool, options);
+  for (int i = 0; i < kRequests; ++i) {
+    std::shared_ptr<Request> r = Make("r" + std::to_string(i), prompts[i], lengths[i]);
+    if (i % 7 == 3) r->Cancel(CancelReason::kClient);  // cancelled before it starts
+    if (i % 7 == 5) {                                  // cancelled after its second token
+      sinks_[r->id]->on_token = [r](size_t n) {
+        if (n == 2) r->Cancel(CancelReason::kClient);
+      };
+    }
+    ASSERT_TRUE(s.Submit(r).ok());
+  }
+  int hits = 0;
+  for (int i = 0; i < kRequests; ++i) {
+    CollectingSink& sink = *sinks_["r" + std::to_string(i)];
+    ASSERT_TRUE(sink.Wait()) << i;
+    if (i % 7 == 3 || i % 7 == 5) {
+      EXPECT_EQ(sink.finished.reason, FinishReason::kCancelled) << i;
+      continue;
+    }
+    EXPECT_EQ(sink.finished.reason, FinishReason::kLength) << i << ": " << sink.finished.error;
+    EXPECT_EQ(sink.tokens, Offline(prompts[i], lengths[i])) << "request " << i;
+    hits += sink.finished.usage.cached_tokens > 0;
+  }
+  EXPECT_GT(hits, kRequests / 4) << "the test meant to share prefixes";
+  LoadSnapshot load;
+  Idle(s, &load);
+  EXPECT_GT(static_cast<uint64_t>(load.preemptions[static_cast<int>(PreemptionMode::kSwap)]) + load.swap_bytes_to_host,
+            0u)
+      << "the test meant to put the device tier under pressure";
+  // Idle: every block in use is the cache's.
+  for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    EXPECT_EQ(load.kv[static_cast<int>(t)].used, load.kv[static_cast<int>(t)].cached) << TierName(t);
+  }
+}
+
+}  // namespace
+}  // namespace ps
