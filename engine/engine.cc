@@ -131,6 +131,7 @@ StepResult Engine::Execute(const StepPlan& plan) {
     PS_CHECK(s.spec != nullptr && !seqs_.contains(s.seq_id)) << "bad start of sequence " << s.seq_id;
     Seq& seq = *(seqs_[s.seq_id] = std::make_unique<Seq>(model_, *s.spec));
     seq.computed = seq.next_position = s.cached;
+    for (int32_t i = 0; i < s.cached; ++i) seq.kept_prompt.push_back(i);  // full's KV, at every layer
   }
   for (int64_t id : plan.finish) End(id, SeqStatus::kOk, "", &r.seqs.emplace_back());  // may have started above
   for (int64_t id : plan.drop) DropKv(Find(id));

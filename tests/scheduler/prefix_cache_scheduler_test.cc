@@ -42,6 +42,7 @@ TEST_F(SchedulerTest, QuestionsOverOneDocumentComputeOnlyWhatFollowsItsCachedPag
     std::shared_ptr<Request> r = Make(id, prompt, 8);
     r->spec.cache_salt = salt;
     r->spec.pruning = pruning;
+    r->spec.report_pruning = true;
     EXPECT_TRUE(s.Submit(r).ok());
     EXPECT_TRUE(sinks_[id]->Wait());
     EXPECT_EQ(sinks_[id]->finished.reason, FinishReason::kLength) << sinks_[id]->finished.error;
@@ -57,6 +58,9 @@ TEST_F(SchedulerTest, QuestionsOverOneDocumentComputeOnlyWhatFollowsItsCachedPag
     EXPECT_EQ(ev.usage.prompt_tokens, 106) << id;
     EXPECT_DOUBLE_EQ(ev.usage.prompt_tokens_computed, 106 - 6 * kPage) << id;
     EXPECT_EQ(sinks_[id]->tokens, Offline(Ask(doc, q), 8)) << id;
+    ASSERT_EQ(ev.kept_spans.size(), 1u) << id;  // the cached tokens reached the last layer too
+    EXPECT_EQ(ev.kept_spans[0].begin, 0);
+    EXPECT_EQ(ev.kept_spans[0].end, 106);
   }
   // Another tenant's salt, and a strategy whose KV depends on the whole prompt: no reuse.
   EXPECT_EQ(run("salted", Ask(doc, 4), "tenant-b").usage.cached_tokens, 0);
