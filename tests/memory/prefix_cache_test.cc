@@ -83,6 +83,12 @@ class PrefixCacheTest : public ::testing::Test {
   KvCacheManager m_{device_, host_, {.n_layers = 2, .block_tokens = 4, .prefix_cache = true}};
   const std::vector<int32_t> doc_ = Iota(1000, 10);  // two whole pages and two tokens
 
+  // Sequence 1 computes the document, which the cache keeps after it.
+  void CacheDocument() {
+    Compute(1, doc_);
+    EXPECT_EQ(m_.CachePrefix(1, doc_, ""), 2);
+    m_.Release(1);
+  }
   // A sequence that computed `tokens` at both layers.
   void Compute(int64_t seq, const std::vector<int32_t>& tokens, int from = 0) {
     for (int l = 0; l < 2; ++l) ASSERT_TRUE(m_.Append(seq, l, Iota(from, static_cast<int>(tokens.size()) - from)));
@@ -145,9 +151,7 @@ TEST_F(PrefixCacheTest, PrunedOrPartialPagesAreNotCached) {
 }
 
 TEST_F(PrefixCacheTest, EvictionMovesTheOldestToTheHostThenDropsThem) {
-  Compute(1, doc_);
-  m_.CachePrefix(1, doc_, "");
-  m_.Release(1);
+  CacheDocument();
   const std::vector<int32_t> other = Iota(2000, 5);
   Compute(2, other);  // layer 0: blocks 6, 7; layer 1: 8, 9
   m_.CachePrefix(2, other, "");
@@ -204,9 +208,7 @@ TEST_F(PrefixCacheTest, EvictionMovesTheOldestToTheHostThenDropsThem) {
 }
 
 TEST_F(PrefixCacheTest, ASwapOutTakesHostRoomFromTheCache) {
-  Compute(1, doc_);
-  m_.CachePrefix(1, doc_, "");
-  m_.Release(1);
+  CacheDocument();
   SwapPlan plan = m_.PlanEvict(4);
   m_.Complete(plan);
   EXPECT_EQ(m_.CachedPages(Tier::kHost), 2);
@@ -220,9 +222,7 @@ TEST_F(PrefixCacheTest, ASwapOutTakesHostRoomFromTheCache) {
 }
 
 TEST_F(PrefixCacheTest, AFailedEvictionForgetsItsPagesAndAFlushKeepsWhatIsHeld) {
-  Compute(1, doc_);
-  m_.CachePrefix(1, doc_, "");
-  m_.Release(1);
+  CacheDocument();
   SwapPlan plan = m_.PlanEvict(2);
   m_.Complete(plan);
   m_.ForgetEvicted(plan);
