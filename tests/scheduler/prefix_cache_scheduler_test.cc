@@ -123,10 +123,10 @@ TEST_F(SchedulerTest, ManyRequestsOverFewDocumentsUnderPressureLoseNothing) {
   Served s(*model_, engine_pool, options);
   for (int i = 0; i < kRequests; ++i) {
     std::shared_ptr<Request> r = Make("r" + std::to_string(i), prompts[i], lengths[i]);
-    if (i % 7 == 3) r->Cancel(CancelReason::kClient);  // cancelled before it starts
-    if (i % 7 == 5) {                                  // cancelled after its second token
-      sinks_[r->id]->on_token = [r](size_t n) {
-        if (n == 2) r->Cancel(CancelReason::kClient);
+    if (i % 7 == 3) r->Cancel(CancelReason::kClient);                        // cancelled before it starts
+    if (i % 7 == 5) {                                                        // cancelled after its second token
+      sinks_[r->id]->on_token = [w = std::weak_ptr<Request>(r)](size_t n) {  // not a cycle through the sink
+        if (auto req = w.lock(); req && n == 2) req->Cancel(CancelReason::kClient);
       };
     }
     ASSERT_TRUE(s.Submit(r).ok());
