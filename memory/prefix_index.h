@@ -47,10 +47,8 @@ class PrefixIndex {
   static uint64_t RootKey(std::string_view extra);
   static uint64_t PageKey(uint64_t parent, std::span<const int32_t> tokens);
 
-  int block_tokens() const { return block_tokens_; }
-  // Entries per tier and in all.
+  // Entries in `tier`.
   int64_t size(Tier tier) const { return static_cast<int64_t>(lru_[static_cast<int>(tier)].size()); }
-  int64_t size() const { return static_cast<int64_t>(entries_.size()); }
 
   // The entries of the longest cached prefix of `tokens` under `extra` (whole pages,
   // at most max_pages), first page first. Does not stamp them (Touch).
