@@ -235,8 +235,8 @@ class KvCacheManager final : public KvPlanner {
   PrefixIndex prefix_;
   // No sequence or plan holds the entry's blocks: only the cache.
   bool Unreferenced(const PrefixEntry& e) const;
-  // Drops the entry (its blocks unreferenced, now); the device blocks freed.
-  int64_t DropEntry(PrefixEntry& e);
+  // Drops the entry (its blocks unreferenced, now).
+  void DropEntry(PrefixEntry& e);
   // Drops unreferenced host-tier entries used before `stamp`, least recently used
   // first, until n host blocks are free; whether they are.
   bool FreeHostFromCache(int64_t n, uint64_t stamp);

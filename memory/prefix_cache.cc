@@ -3,7 +3,6 @@
 // each of their blocks. A sequence that starts from cached pages shares their
 // blocks like a fork; pages no sequence or plan holds are what eviction takes.
 #include <algorithm>
-#include <limits>
 #include <utility>
 
 #include "base/status.h"
@@ -16,11 +15,9 @@ bool KvCacheManager::Unreferenced(const PrefixEntry& e) const {
   return std::ranges::all_of(e.blocks, [&](int32_t id) { return p.ref_count(id) == 1; });
 }
 
-int64_t KvCacheManager::DropEntry(PrefixEntry& e) {
-  int64_t device_freed = 0;
-  for (int32_t id : e.blocks) device_freed += Unref(e.tier, id) && e.tier == Tier::kDevice;
+void KvCacheManager::DropEntry(PrefixEntry& e) {
+  for (int32_t id : e.blocks) Unref(e.tier, id);
   prefix_.Erase(e);  // e is gone from here on
-  return device_freed;
 }
 
 bool KvCacheManager::FreeHostFromCache(int64_t n, uint64_t stamp) {
