@@ -32,8 +32,8 @@ struct Options {
   std::string addr = "127.0.0.1:50051", dataset = "synthetic",
               haystack = "../shared/testdata/haystack/paul_graham_essays", strategy_mix = "full", sweep_rates,
               result_file, progress = "auto";
-  int64_t input_len = 1024, output_len = 128, num_requests = 100, max_concurrency = 0, seed = 0, sampling_seed = -1,
-          priorities = 1;
+  int64_t input_len = 1024, output_len = 128, documents = 4, questions = 8, question_len = 32, num_requests = 100,
+          max_concurrency = 0, seed = 0, sampling_seed = -1, priorities = 1;
   double request_rate = std::numeric_limits<double>::infinity(), burstiness = 1.0, duration = 0, range_ratio = 0,
          cancel_fraction = 0, cancel_within = 1.0, deadline_fraction = 0, deadline = 1.0, abort_fraction = 0,
          abort_within = 1.0, temperature = 0, slo_ttft_ms = 0, slo_tpot_ms = 0, slo_e2el_ms = 0, connect_timeout = 30;
@@ -44,10 +44,16 @@ struct Options {
 void AddFlags(ps::FlagParser& f, Options& o) {
   f.AddString("addr", &o.addr, "the server's gRPC address");
   f.AddString("dataset", &o.dataset,
-              "synthetic (prompts of --input-len tokens cut from --haystack) or a JSONL file: lines "
+              "synthetic (prompts of --input-len tokens cut from --haystack), shared-prefix (--documents documents "
+              "of --input-len tokens cut from --haystack, each asked --questions questions of --question-len tokens: "
+              "what a prefix cache serves) or a JSONL file: lines "
               "{\"prompt\": ..., \"max_tokens\": N}, {\"messages\": [...]} or ShareGPT {\"conversations\": [...]}");
   f.AddString("haystack", &o.haystack, "folder of text files the synthetic prompts are cut from");
   f.AddInt("input-len", &o.input_len, "synthetic prompt tokens (mean)");
+  f.AddInt("documents", &o.documents, "shared-prefix: documents");
+  f.AddInt("questions", &o.questions,
+           "shared-prefix: questions per document (each prompt is a document and a question)");
+  f.AddInt("question-len", &o.question_len, "shared-prefix: tokens per question");
   f.AddInt("output-len", &o.output_len, "tokens to generate where the dataset gives no max_tokens (mean)");
   f.AddFloat("range-ratio", &o.range_ratio, "synthetic lengths uniform in len * [1 - r, 1 + r]");
   f.AddInt("num-requests", &o.num_requests, "requests to send (0: send for --duration)");
@@ -100,6 +106,8 @@ absl::Status Validate(const Options& o) {
     return absl::InvalidArgumentError("give --num-requests N > 0, or --num-requests 0 with --duration S > 0");
   if (o.input_len < 1 || o.output_len < 1)
     return absl::InvalidArgumentError("--input-len and --output-len must be >= 1");
+  if (o.documents < 1 || o.questions < 1 || o.question_len < 1)
+    return absl::InvalidArgumentError("--documents, --questions and --question-len must be >= 1");
   if (!(o.range_ratio >= 0 && o.range_ratio < 1)) return absl::InvalidArgumentError("--range-ratio must be in [0, 1)");
   if (!(o.request_rate > 0)) return absl::InvalidArgumentError("--request-rate must be > 0 (inf allowed)");
   if (!(o.burstiness > 0)) return absl::InvalidArgumentError("--burstiness must be > 0");
@@ -148,7 +156,7 @@ absl::StatusOr<lt::Workload> MakeWorkload(const Options& o, pb::Generation::Stub
     if (!s.ok()) return absl::UnavailableError(absl::StrCat("Tokenize: ", s.error_message()));
     return std::vector<int32_t>(resp.token_ids().begin(), resp.token_ids().end());
   };
-  if (o.dataset == "synthetic") {
+  if (o.dataset == "synthetic" || o.dataset == "shared-prefix") {
     // Roughly 4 bytes per token; twice the longest prompt so windows vary.
     const size_t want = static_cast<size_t>(o.input_len * (1 + o.range_ratio)) * 8 + 4096;
     absl::StatusOr<std::string> text = lt::ReadTextFiles(o.haystack, want);
@@ -156,11 +164,17 @@ absl::StatusOr<lt::Workload> MakeWorkload(const Options& o, pb::Generation::Stub
     absl::StatusOr<std::vector<int32_t>> ids = tokenize(*text);
     if (!ids.ok()) return ids.status();
     if (ids->empty()) return absl::InvalidArgumentError("--haystack: the text has no tokens");
-    return lt::Workload::Synthetic(*std::move(ids),
-                                   {.input_len = static_cast<int>(o.input_len),
-                                    .output_len = static_cast<int>(o.output_len),
-                                    .range_ratio = o.range_ratio},
-                                   static_cast<uint64_t>(o.seed));
+    const lt::SyntheticOptions lengths{.input_len = static_cast<int>(o.input_len),
+                                       .output_len = static_cast<int>(o.output_len),
+                                       .range_ratio = o.range_ratio};
+    if (o.dataset == "shared-prefix") {
+      return lt::Workload::SharedPrefix(*ids, lengths,
+                                        {.documents = static_cast<int>(o.documents),
+                                         .questions = static_cast<int>(o.questions),
+                                         .question_len = static_cast<int>(o.question_len)},
+                                        static_cast<uint64_t>(o.seed));
+    }
+    return lt::Workload::Synthetic(*std::move(ids), lengths, static_cast<uint64_t>(o.seed));
   }
   std::ifstream in(o.dataset);
   if (!in) return absl::NotFoundError(absl::StrCat("--dataset: cannot open ", o.dataset));
@@ -179,6 +193,9 @@ Json ConfigJson(const Options& o) {
   return {{"addr", o.addr},
           {"dataset", o.dataset},
           {"input_len", o.input_len},
+          {"documents", o.documents},
+          {"questions", o.questions},
+          {"question_len", o.question_len},
           {"output_len", o.output_len},
           {"range_ratio", o.range_ratio},
           {"num_requests", o.num_requests},

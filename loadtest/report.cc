@@ -31,7 +31,7 @@ void AddStats(Json& out, const std::string& name, const std::vector<double>& val
 Json SummarizeSome(const std::vector<const RequestRecord*>& records, double duration_s, const Slo& slo) {
   Json out;
   int completed = 0, cancelled = 0, failed = 0, good = 0;
-  int64_t input_tokens = 0, output_tokens = 0;
+  int64_t input_tokens = 0, cached_tokens = 0, output_tokens = 0;
   std::vector<double> ttft, tpot, itl, e2el;
   std::map<std::string, int> failures;
   for (const RequestRecord* r : records) {
@@ -45,6 +45,7 @@ Json SummarizeSome(const std::vector<const RequestRecord*>& records, double dura
     }
     ++completed;
     input_tokens += r->prompt_tokens;
+    cached_tokens += r->cached_tokens;
     output_tokens += r->output_tokens;
     if (r->ttft >= 0) ttft.push_back(r->ttft);
     if (r->output_tokens > 1) tpot.push_back(Tpot(*r));
@@ -63,6 +64,7 @@ Json SummarizeSome(const std::vector<const RequestRecord*>& records, double dura
   out["failed"] = failed;
   out["failures"] = failures;
   out["total_input_tokens"] = input_tokens;
+  out["total_cached_tokens"] = cached_tokens;
   out["total_output_tokens"] = output_tokens;
   out["request_throughput"] = completed / d;
   out["output_throughput"] = output_tokens / d;
@@ -123,6 +125,7 @@ std::string FormatSummary(const Json& s) {
          absl::StrCat(j["completed"].get<int>(), " / ", j["cancelled"].get<int>(), " / ", j["failed"].get<int>()));
     line("Benchmark duration (s):", num(j["duration"]));
     line("Total input tokens:", absl::StrCat(j["total_input_tokens"].get<int64_t>()));
+    line("Cached input tokens:", absl::StrCat(j["total_cached_tokens"].get<int64_t>()));
     line("Total generated tokens:", absl::StrCat(j["total_output_tokens"].get<int64_t>()));
     line("Request throughput (req/s):", num(j["request_throughput"]));
     if (j.contains("request_goodput")) line("Request goodput (req/s):", num(j["request_goodput"]));

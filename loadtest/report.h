@@ -21,6 +21,7 @@ struct RequestRecord {
   int status_code = 0;  // the gRPC status code
   std::string error;    // the status message when not OK
   int prompt_tokens = 0;
+  int cached_tokens = 0;  // of prompt_tokens, those the server's prefix cache held (Finished)
   int output_tokens = 0;
   double ttft = -1;         // seconds from the send to the first token (-1: no token)
   double e2e = 0;           // seconds from the send to the call's end

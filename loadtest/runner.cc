@@ -61,6 +61,7 @@ class Call final : public grpc::ClientReadReactor<pb::GenerateResponse> {
         break;
       case pb::GenerateResponse::kFinished:
         record_.output_tokens = static_cast<int>(response_.finished().usage().completion_tokens());
+        record_.cached_tokens = static_cast<int>(response_.finished().usage().cached_tokens());
         break;
       default: break;
     }
@@ -239,7 +240,7 @@ class Runner {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, Call*> calls_;  // in flight
-  int alive_ = 0;                     // calls not yet deleted: in flight or ending
+  int alive_ = 0;                    // calls not yet deleted: in flight or ending
   struct Scheduled {
     Clock::time_point when;
     uint64_t call;

@@ -137,12 +137,36 @@ Prompt Workload::Next() {
     return p;
   }
   Prompt p;
-  const int n = Length(synthetic_.input_len);
-  size_t at = std::uniform_int_distribution<size_t>(0, source_.size() - 1)(rng_);
-  p.token_ids.reserve(n);
-  for (int i = 0; i < n; ++i, at = (at + 1) % source_.size()) p.token_ids.push_back(source_[at]);
+  p.token_ids = Window(source_, Length(synthetic_.input_len));
   p.max_tokens = Length(synthetic_.output_len);
   return p;
+}
+
+std::vector<int32_t> Workload::Window(const std::vector<int32_t>& source, int n) {
+  std::vector<int32_t> w;
+  w.reserve(n);
+  size_t at = std::uniform_int_distribution<size_t>(0, source.size() - 1)(rng_);
+  for (int i = 0; i < n; ++i, at = (at + 1) % source.size()) w.push_back(source[at]);
+  return w;
+}
+
+Workload Workload::SharedPrefix(const std::vector<int32_t>& source, const SyntheticOptions& options,
+                                const SharedPrefixOptions& shared, uint64_t seed) {
+  Workload w(seed);
+  w.synthetic_ = options;
+  for (int d = 0; d < shared.documents; ++d) {
+    const std::vector<int32_t> doc = w.Window(source, w.Length(options.input_len));
+    for (int q = 0; q < shared.questions; ++q) {
+      Prompt p;
+      p.token_ids = doc;
+      const std::vector<int32_t> question = w.Window(source, shared.question_len);
+      p.token_ids.insert(p.token_ids.end(), question.begin(), question.end());
+      p.max_tokens = w.Length(options.output_len);
+      w.prompts_.push_back(std::move(p));
+    }
+  }
+  std::shuffle(w.prompts_.begin(), w.prompts_.end(), w.rng_);
+  return w;
 }
 
 absl::StatusOr<StrategyMix> StrategyMix::Parse(const std::string& spec) {

@@ -48,19 +48,34 @@ struct SyntheticOptions {
   double range_ratio = 0;  // lengths uniform in [len * (1 - r), len * (1 + r)], as vLLM's random dataset
 };
 
+// Questions over shared documents (a prefix cache's workload): `documents`
+// documents of SyntheticOptions::input_len tokens, each asked `questions` different
+// questions of `question_len` tokens (document then question in one prompt).
+struct SharedPrefixOptions {
+  int documents = 4;
+  int questions = 8;
+  int question_len = 32;
+};
+
 // The prompts of a run, drawn one at a time: a dataset's (shuffled, then again
-// from the start when exhausted) or synthetic windows of a token sequence.
+// from the start when exhausted), synthetic windows of a token sequence, or
+// questions over shared documents cut from it.
 class Workload {
  public:
   static Workload FromDataset(std::vector<Prompt> prompts, uint64_t seed);
   // `source`: token ids of a long text; prompt i is a window of it at a random
   // offset (the text repeats when a window runs past its end).
   static Workload Synthetic(std::vector<int32_t> source, const SyntheticOptions& options, uint64_t seed);
+  // Every (document, question) pair once, in a random order (then again): documents
+  // and questions are windows of `source` at random offsets; lengths as `options`.
+  static Workload SharedPrefix(const std::vector<int32_t>& source, const SyntheticOptions& options,
+                               const SharedPrefixOptions& shared, uint64_t seed);
   Prompt Next();
 
  private:
   explicit Workload(uint64_t seed) : rng_(seed) {}
   int Length(int mean);
+  std::vector<int32_t> Window(const std::vector<int32_t>& source, int n);  // at a random offset, wrapping
   std::vector<Prompt> prompts_;
   size_t next_ = 0;
   std::vector<int32_t> source_;

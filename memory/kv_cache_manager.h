@@ -108,8 +108,8 @@ class KvCacheManager final : public KvPlanner {
   SwapPlan PlanEvict(int64_t n) override;
   // The copies of an eviction plan failed: the pages they were to hold are dropped.
   void ForgetEvicted(const SwapPlan& plan);
-  // Drops every cached page no sequence holds, in both tiers; the blocks freed.
-  int64_t FlushPrefixCache();
+  int64_t FlushPrefixCache() override;
+  PrefixCacheCounts prefix_counts() const override { return prefix_counts_; }
   // Pages the cache holds per tier.
   int64_t CachedPages(Tier tier) const { return prefix_.size(tier); }
 
@@ -233,6 +233,7 @@ class KvCacheManager final : public KvPlanner {
   // The prefix cache: each entry holds one reference on each of its blocks.
   bool prefix_enabled_;
   PrefixIndex prefix_;
+  PrefixCacheCounts prefix_counts_;
   // No sequence or plan holds the entry's blocks: only the cache.
   bool Unreferenced(const PrefixEntry& e) const;
   // Drops the entry (its blocks unreferenced, now).

@@ -47,8 +47,16 @@ inline constexpr int64_t kPrefixCacheSeq = std::numeric_limits<int64_t>::min();
 
 // What a new sequence starts from (KvPlanner::AttachPrefix).
 struct PrefixHit {
-  int64_t tokens = 0;    // leading prompt tokens whose KV the sequence shares with the cache
-  bool in_host = false;  // some of it sits in the host tier: swap the sequence in before it runs
+  int64_t tokens = 0;       // leading prompt tokens whose KV the sequence shares with the cache
+  int64_t host_tokens = 0;  // of them, in host-tier pages: swap the sequence in before it runs
+};
+
+// The prefix cache's totals since start (KvPlanner::prefix_counts).
+struct PrefixCacheCounts {
+  int64_t queried_tokens = 0;      // prompt tokens of the sequences that looked for a cached prefix
+  int64_t hit_tokens[2] = {0, 0};  // of them, found cached, by the tier of their pages (indexed by Tier)
+  // Blocks of unreferenced cached pages evicted for room: moved to the host tier, or dropped.
+  int64_t evicted_to_host = 0, dropped = 0;
 };
 
 class KvPlanner {
@@ -111,6 +119,9 @@ class KvPlanner {
   // room (the copies to run first; the device blocks count as available now),
   // dropped otherwise.
   virtual SwapPlan PlanEvict(int64_t n) = 0;
+  // Drops every cached page no sequence holds, in both tiers; the blocks freed.
+  virtual int64_t FlushPrefixCache() = 0;
+  virtual PrefixCacheCounts prefix_counts() const = 0;
 
   // The owner's invariants (every block free or accounted for, the counts right).
   virtual absl::Status VerifyIntegrity() const = 0;

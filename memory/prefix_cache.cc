@@ -25,6 +25,7 @@ bool KvCacheManager::FreeHostFromCache(int64_t n, uint64_t stamp) {
   for (PrefixEntry* e : prefix_.Oldest(Tier::kHost)) {
     if (e->stamp >= stamp) break;
     if (!Unreferenced(*e)) continue;
+    prefix_counts_.dropped += static_cast<int64_t>(e->blocks.size());
     DropEntry(*e);
     if (host_.num_free() >= n) return true;
   }
@@ -43,6 +44,7 @@ PrefixHit KvCacheManager::AttachPrefix(int64_t seq, std::span<const int32_t> tok
   PS_CHECK(seq >= 0 && !seqs_.contains(seq) && !released_.contains(seq))
       << "a cached prefix for sequence " << seq << ", which exists";
   if (!prefix_enabled_ || tokens.empty()) return {};
+  prefix_counts_.queried_tokens += static_cast<int64_t>(tokens.size());
   const int64_t max_pages = (static_cast<int64_t>(tokens.size()) - 1) / block_tokens_;
   std::vector<PrefixEntry*> chain = prefix_.Match(extra, tokens, max_pages);
   // A page being moved to the host tier is found again once its copy has landed
@@ -69,7 +71,11 @@ PrefixHit KvCacheManager::AttachPrefix(int64_t seq, std::span<const int32_t> tok
     t.positions.resize(hit.tokens);
     for (int32_t p = 0; p < static_cast<int32_t>(hit.tokens); ++p) t.positions[p] = p;
   }
-  hit.in_host = std::ranges::any_of(chain, [](const PrefixEntry* e) { return e->tier == Tier::kHost; });
+  for (const PrefixEntry* e : chain) {
+    if (e->tier == Tier::kHost) hit.host_tokens += block_tokens_;
+  }
+  prefix_counts_.hit_tokens[static_cast<int>(Tier::kDevice)] += hit.tokens - hit.host_tokens;
+  prefix_counts_.hit_tokens[static_cast<int>(Tier::kHost)] += hit.host_tokens;
   NotePeak(seq);
   return hit;
 }
@@ -139,9 +145,11 @@ SwapPlan KvCacheManager::PlanEvict(int64_t n) {
     const int64_t k = static_cast<int64_t>(e->blocks.size());
     freed += k;
     if (!FreeHostFromCache(k, e->stamp)) {
+      prefix_counts_.dropped += k;
       DropEntry(*e);
       continue;
     }
+    prefix_counts_.evicted_to_host += k;
     std::optional<std::vector<int32_t>> host = host_.Allocate(static_cast<int32_t>(k));
     PS_CHECK(host.has_value()) << k << " free host blocks not there";
     for (int64_t i = 0; i < k; ++i) {
@@ -165,7 +173,10 @@ void KvCacheManager::ForgetEvicted(const SwapPlan& plan) {
     });
     if (written) lost.push_back(e);
   }
-  for (PrefixEntry* e : lost) DropEntry(*e);
+  for (PrefixEntry* e : lost) {
+    prefix_counts_.dropped += static_cast<int64_t>(e->blocks.size());
+    DropEntry(*e);
+  }
 }
 
 int64_t KvCacheManager::FlushPrefixCache() {

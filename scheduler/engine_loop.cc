@@ -58,10 +58,26 @@ void EngineLoop::CancelAll(CancelReason reason) {
 
 LoadSnapshot EngineLoop::Load() const {
   std::lock_guard<std::mutex> lock(mu_);
+  return Snapshot();
+}
+
+LoadSnapshot EngineLoop::Snapshot() const {
   LoadSnapshot s = load_;
   s.waiting += static_cast<int>(incoming_.size());
   s.in_flight = static_cast<int>(active_.size());
   return s;
+}
+
+void EngineLoop::FlushPrefixCache(FlushDone done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopping_) {
+      flushes_.push_back(std::move(done));
+      wake_.notify_one();
+      return;
+    }
+  }
+  done(absl::UnavailableError("the server is shutting down"));
 }
 
 void EngineLoop::Stop() {
@@ -79,20 +95,41 @@ void EngineLoop::Stop() {
 
 void EngineLoop::Loop() {
   while (true) {
+    std::vector<FlushDone> flushes;
+    bool done = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] {
         const bool gathered = static_cast<int>(incoming_.size()) >= gather_;
-        return stopping_ || (gathered && !incoming_.empty()) || !scheduler_.idle();
+        return stopping_ || (gathered && !incoming_.empty()) || !scheduler_.idle() || !flushes_.empty();
       });
-      if (stopping_ && incoming_.empty() && scheduler_.idle()) return;
-      gather_ = 0;
-      // Still waiting until the step publishes its load: Submit counts them against --max-queue.
-      load_.waiting += static_cast<int>(incoming_.size());
-      for (auto& r : incoming_) scheduler_.Add(std::move(r));
-      incoming_.clear();
+      flushes.swap(flushes_);
+      done = stopping_ && incoming_.empty() && scheduler_.idle();
+      // Not on a flush alone before the first step has gathered its requests.
+      if (!done && (stopping_ || static_cast<int>(incoming_.size()) >= gather_)) {
+        gather_ = 0;
+        // Still waiting until the step publishes its load: Submit counts them against --max-queue.
+        load_.waiting += static_cast<int>(incoming_.size());
+        for (auto& r : incoming_) scheduler_.Add(std::move(r));
+        incoming_.clear();
+      }
     }
-    Step();
+    if (done) {
+      for (FlushDone& f : flushes) f(absl::UnavailableError("the server is shutting down"));
+      return;
+    }
+    if (!flushes.empty()) {
+      const int64_t freed = executor_.kv().FlushPrefixCache();
+      LoadSnapshot snapshot;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        PublishKv();
+        snapshot = Snapshot();
+      }
+      if (observer_ != nullptr) observer_->OnStep(snapshot, 0);  // the gauges without their blocks
+      for (FlushDone& f : flushes) f(freed);
+    }
+    if (!scheduler_.idle()) Step();
   }
 }
 
@@ -124,21 +161,24 @@ void EngineLoop::Publish(const StepResult& result, const std::vector<Outgoing>& 
     load_.running = scheduler_.running();
     load_.waiting = scheduler_.waiting();
     load_.swapped = scheduler_.swapped();
-    for (Tier t : {Tier::kDevice, Tier::kHost}) {
-      load_.kv[static_cast<int>(t)].used = executor_.kv().UsedBlocks(t);
-      load_.kv[static_cast<int>(t)].cached = executor_.kv().CachedBlocks(t);
-    }
+    PublishKv();
     for (PreemptionMode m : {PreemptionMode::kSwap, PreemptionMode::kRecompute}) {
       load_.preemptions[static_cast<int>(m)] = scheduler_.preemptions(m);
     }
     load_.swap_bytes_to_host = result.swap_bytes_to_host;
     load_.swap_bytes_to_device = result.swap_bytes_to_device;
     load_.move_wait_seconds = result.move_wait_seconds;
-    snapshot = load_;
-    snapshot.waiting += static_cast<int>(incoming_.size());
-    snapshot.in_flight = static_cast<int>(active_.size());
+    snapshot = Snapshot();
   }
   if (observer_ != nullptr) observer_->OnStep(snapshot, result.batch_tokens);
+}
+
+void EngineLoop::PublishKv() {
+  for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    load_.kv[static_cast<int>(t)].used = executor_.kv().UsedBlocks(t);
+    load_.kv[static_cast<int>(t)].cached = executor_.kv().CachedBlocks(t);
+  }
+  load_.prefix = executor_.kv().prefix_counts();
 }
 
 }  // namespace ps

@@ -12,8 +12,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/step.h"
 #include "scheduler/scheduler.h"
 
@@ -38,6 +40,11 @@ class EngineLoop {
   // Cancels every active request with `reason`; they finish at the next step.
   void CancelAll(CancelReason reason);
   LoadSnapshot Load() const;
+  // Drops every cached prompt prefix no request holds (KvPlanner::FlushPrefixCache)
+  // between two steps, then calls `done` with the blocks freed (on the loop's thread),
+  // or with UNAVAILABLE once the loop stops (on the caller's thread after Stop()).
+  using FlushDone = std::function<void(absl::StatusOr<int64_t>)>;
+  void FlushPrefixCache(FlushDone done);
   // Finishes every request (kShutdown) and joins the thread. Idempotent.
   void Stop();
 
@@ -45,6 +52,8 @@ class EngineLoop {
   void Loop();
   void Step();
   void Publish(const StepResult& result, const std::vector<Outgoing>& events);
+  void PublishKv();               // the KV counts into load_ (mu_ held)
+  LoadSnapshot Snapshot() const;  // load_ with the inbox counted (mu_ held)
 
   Scheduler& scheduler_;
   StepExecutor& executor_;
@@ -54,6 +63,7 @@ class EngineLoop {
   mutable std::mutex mu_;  // guards the fields below
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Request>> incoming_;
+  std::vector<FlushDone> flushes_;                        // FlushPrefixCache calls waiting
   std::map<std::string, std::weak_ptr<Request>> active_;  // id -> request, waiting or running
   bool stopping_ = false;
   int gather_;  // requests the first step waits for (SchedulerOptions::gather_first), then 0

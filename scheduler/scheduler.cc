@@ -160,7 +160,7 @@ void Scheduler::Admit(Clock::time_point now, StepPlan* plan) {
     if (run.prefix_extra) {  // starts from the longest cached prefix of its prompt
       const PrefixHit hit = kv_.AttachPrefix(run.seq_id, r->spec.prompt, *run.prefix_extra);
       run.computed = run.cached = static_cast<int>(hit.tokens);
-      run.preempted = hit.in_host;  // brought in like a swapped sequence
+      run.preempted = hit.host_tokens > 0;  // brought in like a swapped sequence
     }
     plan->start.push_back({.seq_id = run.seq_id, .spec = &r->spec, .cached = run.cached});
     running_.push_back(std::move(run));

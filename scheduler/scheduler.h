@@ -71,6 +71,7 @@ struct LoadSnapshot {
   int64_t preemptions[2] = {0, 0};  // indexed by PreemptionMode
   uint64_t swap_bytes_to_host = 0, swap_bytes_to_device = 0;  // totals since start (swaps and block moves)
   double move_wait_seconds = 0;  // total since start: the engine waiting for a strategy's block moves
+  PrefixCacheCounts prefix;      // totals since start
 };
 
 // Step-level notifications, for metrics. Called on the engine loop's thread.

@@ -37,8 +37,9 @@ name=$(basename "$model")
 mkdir -p "$dir"
 server_args=(--calibrate-text ../shared/testdata/haystack/paul_graham_essays ${PS_EVAL_SERVER_ARGS:-})
 [ -f "$dir/$name.auto.json" ] && server_args+=(--auto-table "$dir/$name.auto.json")
+# No prefix cache: the timing phase repeats prompts, and every request is measured cold.
 build/pruneserve --model "$model" --host 127.0.0.1 --port 0 --port-file "$tmp/ports" \
-  --metrics-port -1 --log-level warn --prefill-chunk 65536 --max-batch-tokens 65536 \
+  --metrics-port -1 --log-level warn --prefill-chunk 65536 --max-batch-tokens 65536 --prefix-cache off \
   "${server_args[@]}" > "$tmp/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$tmp"' EXIT

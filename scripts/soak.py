@@ -48,6 +48,12 @@ def used_blocks(metrics_url):  # the gauges appear with the first engine step
     return {tier: used.get(tier, 0.0) for tier in ("device", "host")}
 
 
+def request_blocks(metrics_url):
+    """Blocks in use that are not the prefix cache's: what requests hold, 0 once idle."""
+    used, cached = used_blocks(metrics_url), scrape(metrics_url, "pruneserve_prefix_cache_blocks", "tier")
+    return {tier: used[tier] - cached.get(tier, 0.0) for tier in used}
+
+
 def wait_for(cond, timeout, step=0.05):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -94,6 +100,8 @@ def main():
     ap.add_argument("--interval", type=float, default=5, help="seconds between samples")
     ap.add_argument("--flat-tolerance", type=float, default=0.05)
     ap.add_argument("--threads", type=int, default=2, help="the server's compute threads")
+    ap.add_argument("--server-arg", action="append", default=[], help="another server flag (repeatable), "
+                    "e.g. --server-arg=--prefix-cache=off")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     out = lambda name: os.path.join(args.out, name)  # noqa: E731
@@ -116,7 +124,7 @@ def main():
         [binary("pruneserve"), "--model", args.model, "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
          "--port-file", port_file, "--threads", str(args.threads), "--kv-device-bytes", str(3 << 20),
          "--kv-host-bytes", str(6 << 20), "--max-running", "32", "--pod-groups", calibration,
-         "--drain-timeout", "30"],
+         "--drain-timeout", "30", *args.server_arg],
         stdout=log, stderr=subprocess.STDOUT)
     if not wait_for(lambda: os.path.exists(port_file) or server.poll() is not None, 60) or server.poll() is not None:
         sys.exit(f"soak: the server did not start; see {out('server.log')}")
@@ -159,8 +167,8 @@ def soak(args, server, addr, metrics_url, out, binary):
                   f"KV blocks device {used['device']:6.0f} host {used['host']:6.0f}", flush=True)
             time.sleep(args.interval)  # the sampling period, not a synchronisation
     loadtest.wait()
-    drained = wait_for(lambda: sum(used_blocks(metrics_url).values()) == 0, 30)
-    end_used = used_blocks(metrics_url)
+    drained = wait_for(lambda: sum(request_blocks(metrics_url).values()) == 0, 30)
+    end_used = request_blocks(metrics_url)
     preemptions = scrape(metrics_url, "pruneserve_preemptions_total", "mode")
     server.send_signal(signal.SIGTERM)
     exit_code = server.wait(timeout=60)

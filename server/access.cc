@@ -41,17 +41,19 @@ std::string PeerHost(std::string_view peer) {
 AccessControl::AccessControl(std::vector<std::string> api_keys, int max_streams_per_client)
     : keys_(std::move(api_keys)), max_streams_per_client_(max_streams_per_client) {}
 
-absl::Status AccessControl::Authenticate(std::string_view authorization) const {
-  if (keys_.empty()) return absl::OkStatus();
+absl::StatusOr<std::string> AccessControl::Authenticate(std::string_view authorization) const {
+  if (keys_.empty()) return std::string();
   constexpr std::string_view kBearer = "Bearer ";
   if (!authorization.starts_with(kBearer)) {
     return absl::UnauthenticatedError("an API key is required: send the header 'Authorization: Bearer KEY'");
   }
   const std::string_view presented = authorization.substr(kBearer.size());
-  bool match = false;
-  for (const std::string& key : keys_) match |= ConstantTimeEquals(presented, key);  // no early exit
-  if (!match) return absl::UnauthenticatedError("the API key is not valid");
-  return absl::OkStatus();
+  size_t match = keys_.size();
+  for (size_t i = 0; i < keys_.size(); ++i) {  // no early exit
+    if (ConstantTimeEquals(presented, keys_[i])) match = i;
+  }
+  if (match == keys_.size()) return absl::UnauthenticatedError("the API key is not valid");
+  return absl::StrCat("key-", match + 1);
 }
 
 absl::StatusOr<std::shared_ptr<void>> AccessControl::OpenStream(const std::string& client) {

@@ -31,9 +31,10 @@ class AccessControl {
   AccessControl(std::vector<std::string> api_keys, int max_streams_per_client);
 
   bool requires_token() const { return !keys_.empty(); }
-  // OK when no keys are set or `authorization` is "Bearer KEY" with a known key;
-  // UNAUTHENTICATED otherwise.
-  absl::Status Authenticate(std::string_view authorization) const;
+  // The caller's principal when no keys are set ("") or `authorization` is
+  // "Bearer KEY" with a known key ("key-N", N its place in the key file: what keeps
+  // one tenant's cached prompt prefixes from another's); UNAUTHENTICATED otherwise.
+  absl::StatusOr<std::string> Authenticate(std::string_view authorization) const;
 
   // An open stream of `client` (PeerHost of the caller), counted until the
   // returned handle is destroyed; RESOURCE_EXHAUSTED when the client already has

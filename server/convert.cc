@@ -7,7 +7,7 @@
 namespace ps::server {
 
 absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequest& in, const Model& model,
-                                                          const RequestDefaults& defaults) {
+                                                          const RequestDefaults& defaults, std::string_view principal) {
   const Tokenizer* tok = model.tokenizer();
   const ModelConfig& c = model.config();
   auto r = std::make_shared<Request>();
@@ -109,6 +109,12 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
   r->priority = in.priority();
   PS_ASSIGN_OR_RETURN(r->spec.pruning, defaults.strategies->FromProto(in.pruning()));
   r->spec.report_pruning = in.return_pruning_report();
+  if (in.cache_salt().size() > kMaxCacheSaltBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache_salt: ", in.cache_salt().size(), " bytes; ", kMaxCacheSaltBytes, " at most"));
+  }
+  // Apart: the principal's length first, so no salt can pose as another principal's.
+  r->spec.cache_salt = absl::StrCat(principal.size(), ":", std::string(principal), in.cache_salt());
   return r;
 }
 
@@ -157,6 +163,7 @@ pb::GenerateResponse ToProto(const RequestEvent& ev, bool want_logprobs) {
   u->set_kv_blocks(static_cast<uint64_t>(ev.usage.kv_blocks));
   u->set_kv_device_blocks(static_cast<uint64_t>(ev.usage.kv_device_blocks));
   u->set_strategy(ev.usage.strategy);
+  u->set_cached_tokens(static_cast<uint32_t>(ev.usage.cached_tokens));
   for (const auto& [layer, tokens] : ev.usage.kept_per_layer) {
     pb::LayerTokens* lt = u->add_kept_per_layer();
     lt->set_layer(static_cast<uint32_t>(layer));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include <grpcpp/support/status.h>
 
@@ -33,11 +34,16 @@ struct RequestDefaults {
   RequestLimits limits;
 };
 
+inline constexpr size_t kMaxCacheSaltBytes = 256;
+
 // Builds a scheduler request (without id, sink or deadline). Errors are
 // INVALID_ARGUMENT naming the field, FAILED_PRECONDITION for a chat request to a
 // model whose template is not supported, or RESOURCE_EXHAUSTED beyond `limits`.
+// `principal` (AccessControl::Authenticate) and the request's cache_salt keep its
+// prompt prefixes apart in the prefix cache.
 absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequest& in, const Model& model,
-                                                          const RequestDefaults& defaults);
+                                                          const RequestDefaults& defaults,
+                                                          std::string_view principal = {});
 
 pb::FinishReason ToProto(FinishReason r);
 // The streamed message for an engine event.

@@ -5,6 +5,8 @@
 #include <mutex>
 #include <optional>
 
+#include <spdlog/spdlog.h>
+
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "model/tokenizer/chat_template.h"
@@ -162,12 +164,15 @@ void GenerateStream::OnDone() {
 
 }  // namespace
 
-absl::StatusOr<const ServiceState*> GenerationService::Admit(grpc::CallbackServerContext* ctx) const {
+absl::StatusOr<const ServiceState*> GenerationService::Admit(grpc::CallbackServerContext* ctx,
+                                                             std::string* principal) const {
   if (access_ != nullptr) {
     const auto& md = ctx->client_metadata();
     const auto it = md.find("authorization");
-    PS_RETURN_IF_ERROR(access_->Authenticate(it == md.end() ? std::string_view()
-                                                            : std::string_view(it->second.data(), it->second.size())));
+    PS_ASSIGN_OR_RETURN(std::string who,
+                        access_->Authenticate(it == md.end() ? std::string_view()
+                                                             : std::string_view(it->second.data(), it->second.size())));
+    if (principal != nullptr) *principal = std::move(who);
   }
   const ServiceState* state = state_.load();
   if (state == nullptr) return absl::UnavailableError("the model is loading");
@@ -177,7 +182,8 @@ absl::StatusOr<const ServiceState*> GenerationService::Admit(grpc::CallbackServe
 grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc::CallbackServerContext* ctx,
                                                                             const pb::GenerateRequest* in) {
   auto* stream = new GenerateStream();
-  const absl::StatusOr<const ServiceState*> admitted = Admit(ctx);
+  std::string principal;
+  const absl::StatusOr<const ServiceState*> admitted = Admit(ctx, &principal);
   if (!admitted.ok()) {
     stream->Reject(ToGrpc(admitted.status()));
     return stream;
@@ -187,7 +193,7 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc
     stream->Reject(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is draining"));
     return stream;
   }
-  auto req = RequestFromProto(*in, *b->model, b->defaults);
+  auto req = RequestFromProto(*in, *b->model, b->defaults, principal);
   if (!req.ok()) {
     stream->Reject(ToGrpc(req.status()));
     return stream;
@@ -314,6 +320,7 @@ grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext
     kv->set_tier(std::string(TierName(t)));
     kv->set_used_tokens(static_cast<uint64_t>(tier.used / b->kv_token_blocks) * b->kv_block_tokens);
     kv->set_capacity_tokens(static_cast<uint64_t>(tier.total / b->kv_token_blocks) * b->kv_block_tokens);
+    kv->set_cached_tokens(static_cast<uint64_t>(tier.cached / b->kv_token_blocks) * b->kv_block_tokens);
   }
   out->set_swapped(load.swapped);
   out->set_preemptions_swap(load.preemptions[static_cast<int>(PreemptionMode::kSwap)]);
@@ -321,6 +328,22 @@ grpc::ServerUnaryReactor* GenerationService::GetLoad(grpc::CallbackServerContext
   out->set_swap_bytes_to_host(load.swap_bytes_to_host);
   out->set_swap_bytes_to_device(load.swap_bytes_to_device);
   return Reply(ctx, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* GenerationService::FlushCache(grpc::CallbackServerContext* ctx, const pb::FlushCacheRequest*,
+                                                        pb::FlushCacheResponse* out) {
+  const absl::StatusOr<const ServiceState*> admitted = Admit(ctx);
+  if (!admitted.ok()) return Reply(ctx, ToGrpc(admitted.status()));
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // Answered from the engine loop's thread once the flush has run between two steps.
+  (*admitted)->loop->FlushPrefixCache([reactor, out](absl::StatusOr<int64_t> freed) {
+    if (freed.ok()) {
+      spdlog::info("prefix cache flushed: {} blocks freed", *freed);
+      out->set_dropped_blocks(static_cast<uint64_t>(*freed));
+    }
+    reactor->Finish(ToGrpc(freed.status()));
+  });
+  return reactor;
 }
 
 }  // namespace ps::server

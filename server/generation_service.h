@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 
 #include "pruneserve/v1/generation.grpc.pb.h"
 #include "scheduler/engine_loop.h"
@@ -50,10 +51,13 @@ class GenerationService final : public pb::Generation::CallbackService {
                                          pb::ModelInfo* response) override;
   grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* ctx, const pb::GetLoadRequest* request,
                                     pb::LoadInfo* response) override;
+  grpc::ServerUnaryReactor* FlushCache(grpc::CallbackServerContext* ctx, const pb::FlushCacheRequest* request,
+                                       pb::FlushCacheResponse* response) override;
 
  private:
-  // The state, once the caller is authenticated and the model is loaded.
-  absl::StatusOr<const ServiceState*> Admit(grpc::CallbackServerContext* ctx) const;
+  // The state, once the caller is authenticated (their principal, AccessControl::
+  // Authenticate, into `principal` when given) and the model is loaded.
+  absl::StatusOr<const ServiceState*> Admit(grpc::CallbackServerContext* ctx, std::string* principal = nullptr) const;
 
   AccessControl* access_;
   std::atomic<const ServiceState*> state_{nullptr};

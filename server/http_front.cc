@@ -126,7 +126,7 @@ void HttpFront::Route() {
   server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     const_cast<httplib::Request&>(req).headers.erase("Accept-Encoding");  // the server's own, mutable object
     if (access_ != nullptr && req.path.starts_with("/v1/")) {
-      if (absl::Status s = access_->Authenticate(req.get_header_value("Authorization")); !s.ok()) {
+      if (absl::Status s = access_->Authenticate(req.get_header_value("Authorization")).status(); !s.ok()) {
         SendError(res, req.path.starts_with("/v1/chat/") ? Api::kChat : Api::kCompletions, s);
         res.set_header("WWW-Authenticate", "Bearer");
         return httplib::Server::HandlerResponse::Handled;
@@ -156,7 +156,10 @@ void HttpFront::Route() {
       if (draining_.load()) return SendError(res, api, absl::UnavailableError("the server is draining"));
       absl::StatusOr<openai::ApiRequest> parsed = openai::ParseRequest(api, req.body, options_.served_models);
       if (!parsed.ok()) return SendError(res, api, parsed.status());
-      absl::StatusOr<std::shared_ptr<Request>> built = RequestFromProto(parsed->request, *st->model, st->defaults);
+      std::string principal;  // the pre-routing handler has let only known keys through
+      if (access_ != nullptr) principal = access_->Authenticate(req.get_header_value("Authorization")).value_or("");
+      absl::StatusOr<std::shared_ptr<Request>> built =
+          RequestFromProto(parsed->request, *st->model, st->defaults, principal);
       if (!built.ok()) return SendError(res, api, built.status());
       std::shared_ptr<void> slot;  // the client's stream count, held until the response is written
       if (access_ != nullptr) {

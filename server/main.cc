@@ -59,6 +59,9 @@ void AddFlags(ps::FlagParser& f, ps::server::ServerOptions& o) {
   f.AddFloat(
       "kv-host-fraction", &o.kv_host_fraction,
       "host KV tier as a fraction of the host memory available at start-up; overrides --kv-host-bytes (0 = off)");
+  f.AddString("prefix-cache", &o.prefix_cache,
+              "on | off: keep the KV of full prompt pages for later requests with the same prefix (the least "
+              "recently used move to the host tier when the device tier needs room, and are dropped from there)");
   f.AddString("preemption", &o.preemption, "swap | recompute: what happens to a preempted request's KV");
   f.AddStringList("strategy-arg", &o.strategy_args,
                   "server default of a pruning parameter, STRATEGY.key=value (e.g. lazyllm.keep=0.5,0.3,0.2,0.1, "

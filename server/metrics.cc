@@ -17,6 +17,13 @@ prometheus::Histogram::BucketBoundaries SwapBuckets() {
 
 std::string SwapDirection(Tier to) { return to == Tier::kHost ? "to_host" : "to_device"; }
 
+// A counter that follows an engine total: advanced by what the total gained since `seen`.
+template <typename T>
+void Follow(prometheus::Counter& counter, T total, T& seen) {
+  if (total > seen) counter.Increment(static_cast<double>(total - seen));
+  seen = std::max(seen, total);
+}
+
 }  // namespace
 
 Metrics::Metrics()
@@ -101,7 +108,25 @@ Metrics::Metrics()
                      .Name("pruneserve_kv_move_wait_seconds_total")
                      .Help("Time the engine waited for KV blocks a strategy moved between the tiers (prefetch not "
                            "hidden behind compute)")
-                     .Register(*registry_)) {
+                     .Register(*registry_)),
+      prefix_queried_(prometheus::BuildCounter()
+                          .Name("pruneserve_prefix_cache_queried_tokens_total")
+                          .Help("Prompt tokens of the requests that looked for a cached prefix")
+                          .Register(*registry_)),
+      prefix_hit_(prometheus::BuildCounter()
+                      .Name("pruneserve_prefix_cache_hit_tokens_total")
+                      .Help("Prompt tokens found in the prefix cache (not computed), by the tier that held them")
+                      .Register(*registry_)),
+      prefix_blocks_(prometheus::BuildGauge()
+                         .Name("pruneserve_prefix_cache_blocks")
+                         .Help("KV blocks the prefix cache holds, by tier (shared with running requests, some of "
+                               "them; counted in pruneserve_kv_blocks' used)")
+                         .Register(*registry_)),
+      prefix_evicted_(prometheus::BuildCounter()
+                          .Name("pruneserve_prefix_cache_evicted_blocks_total")
+                          .Help("Cached KV blocks no request held, evicted for room: moved to the host tier, or "
+                                "dropped")
+                          .Register(*registry_)) {
   running_.Add({}).Set(0);
   waiting_.Add({}).Set(0);
   swapped_.Add({}).Set(0);
@@ -111,6 +136,12 @@ Metrics::Metrics()
   for (Tier t : {Tier::kHost, Tier::kDevice}) swap_bytes_.Add({{"direction", SwapDirection(t)}});
   move_wait_.Add({});
   swap_seconds_.Add({}, SwapBuckets());
+  prefix_queried_.Add({});
+  for (Tier t : {Tier::kDevice, Tier::kHost}) {
+    prefix_hit_.Add({{"tier", std::string(TierName(t))}});
+    prefix_blocks_.Add({{"tier", std::string(TierName(t))}});
+  }
+  for (const char* to : {"host", "dropped"}) prefix_evicted_.Add({{"to", to}});
 }
 
 void Metrics::SetCacheConfig(int block_tokens, const std::string& kv_dtype, int64_t device_blocks,
@@ -148,18 +179,19 @@ void Metrics::OnStep(const LoadSnapshot& load, int batch_tokens) {
     kv_blocks_.Add({{"tier", tier}, {"state", "used"}}).Set(static_cast<double>(kv.used));
     kv_blocks_.Add({{"tier", tier}, {"state", "free"}}).Set(static_cast<double>(kv.total - kv.used));
     kv_usage_.Add({{"tier", tier}}).Set(kv.total > 0 ? static_cast<double>(kv.used) / kv.total : 0.0);
+    prefix_blocks_.Add({{"tier", tier}}).Set(static_cast<double>(kv.cached));
+    Follow(prefix_hit_.Add({{"tier", tier}}), load.prefix.hit_tokens[static_cast<int>(t)],
+           seen_prefix_.hit_tokens[static_cast<int>(t)]);
   }
   // Whole-sequence swaps and a strategy's block moves alike.
   for (auto [to, total] :
        {std::pair{Tier::kHost, load.swap_bytes_to_host}, {Tier::kDevice, load.swap_bytes_to_device}}) {
-    uint64_t& seen = seen_swap_bytes_[static_cast<int>(to)];
-    if (total > seen) swap_bytes_.Add({{"direction", SwapDirection(to)}}).Increment(static_cast<double>(total - seen));
-    seen = std::max(seen, total);
+    Follow(swap_bytes_.Add({{"direction", SwapDirection(to)}}), total, seen_swap_bytes_[static_cast<int>(to)]);
   }
-  if (load.move_wait_seconds > seen_move_wait_) {
-    move_wait_.Add({}).Increment(load.move_wait_seconds - seen_move_wait_);
-    seen_move_wait_ = load.move_wait_seconds;
-  }
+  Follow(move_wait_.Add({}), load.move_wait_seconds, seen_move_wait_);
+  Follow(prefix_queried_.Add({}), load.prefix.queried_tokens, seen_prefix_.queried_tokens);
+  Follow(prefix_evicted_.Add({{"to", "host"}}), load.prefix.evicted_to_host, seen_prefix_.evicted_to_host);
+  Follow(prefix_evicted_.Add({{"to", "dropped"}}), load.prefix.dropped, seen_prefix_.dropped);
   if (batch_tokens > 0) {
     batch_tokens_
         .Add({}, prometheus::Histogram::BucketBoundaries{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096})

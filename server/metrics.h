@@ -56,10 +56,15 @@ class Metrics final : public SchedulerObserver {
   prometheus::Family<prometheus::Counter>& swap_bytes_;
   prometheus::Family<prometheus::Histogram>& swap_seconds_;
   prometheus::Family<prometheus::Counter>& move_wait_;
+  prometheus::Family<prometheus::Counter>& prefix_queried_;
+  prometheus::Family<prometheus::Counter>& prefix_hit_;
+  prometheus::Family<prometheus::Gauge>& prefix_blocks_;
+  prometheus::Family<prometheus::Counter>& prefix_evicted_;
   // The engine's totals at the last OnStep (the counters advance by the difference;
   // OnStep comes from the engine loop's thread only).
   uint64_t seen_swap_bytes_[2] = {0, 0};  // indexed by Tier (the destination)
   double seen_move_wait_ = 0;
+  PrefixCacheCounts seen_prefix_;
 };
 
 }  // namespace ps::server

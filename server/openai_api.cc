@@ -179,6 +179,7 @@ const std::set<std::string>& KnownFields(Api api) {
                                                 "min_tokens",
                                                 "ignore_eos",
                                                 "priority",
+                                                "cache_salt",
                                                 "pruning"};
   static const std::set<std::string> kCompletions = [] {
     std::set<std::string> s = kCommon;
@@ -288,6 +289,10 @@ absl::StatusOr<ApiRequest> ParseRequest(Api api, std::string_view body, const st
     if (!iu.is_boolean()) return Bad("stream_options.include_usage", "must be a boolean");
     out.include_usage = iu.get<bool>();
   }
+  if (const Json* salt = f.Get("cache_salt"); salt != nullptr) {  // vLLM's: the gRPC field's checks then apply
+    if (!salt->is_string()) return Bad("cache_salt", "must be a string");
+    r.set_cache_salt(salt->get<std::string>());
+  }
   if (const Json* p = f.Get("pruning"); p != nullptr) PS_RETURN_IF_ERROR(ParsePruning(*p, r.mutable_pruning()));
   return out;
 }
@@ -376,7 +381,8 @@ const char* ResponseWriter::FinishReasonText(FinishReason reason) {
 Json ResponseWriter::UsageJson(const Usage& u) const {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 // Completions: {tokens, token_logprobs, top_logprobs, text_offset}; chat: {content: [...]}.

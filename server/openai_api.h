@@ -40,7 +40,7 @@ struct ApiRequest {
 // `served_models`. Fields OpenAI defines that this server cannot honour (n > 1,
 // echo, suffix, logit_bias, tools, a JSON response_format) are InvalidArgument, and
 // so are unknown fields. Extensions: top_k, min_p, repetition_penalty, min_tokens,
-// ignore_eos, priority (vLLM's), and "pruning": {"strategy": NAME, PARAM: VALUE...}.
+// ignore_eos, priority, cache_salt (vLLM's), and "pruning": {"strategy": NAME, PARAM: VALUE...}.
 absl::StatusOr<ApiRequest> ParseRequest(Api api, std::string_view body, const std::vector<std::string>& served_models);
 
 // The OpenAI parameter an error from the server's validation is about: its

@@ -99,6 +99,9 @@ absl::Status RunServer(ServerOptions o) {
   if (!o.cpu_isa.empty()) {
     if (absl::Status s = CapCpuKernels(o.cpu_isa); !s.ok()) return Error(absl::StrCat("--cpu-isa: ", s.message()));
   }
+  if (o.prefix_cache != "on" && o.prefix_cache != "off") {
+    return Error("--prefix-cache must be on or off, not '" + o.prefix_cache + "'");
+  }
   if (o.preemption != "swap" && o.preemption != "recompute") {
     return Error("--preemption must be swap or recompute, not '" + o.preemption + "'");
   }
@@ -281,7 +284,8 @@ absl::Status RunServer(ServerOptions o) {
                       ServingOptions{.engine = {.kv_block_tokens = geometry.block_tokens,
                                                 .kv_dtype = kv_dtype,
                                                 .kv_device_blocks = kv_blocks,
-                                                .kv_host_blocks = host_blocks},
+                                                .kv_host_blocks = host_blocks,
+                                                .prefix_cache = o.prefix_cache == "on"},
                                      .scheduler = {.max_running = static_cast<int>(o.max_running),
                                                    .max_queue = static_cast<int>(o.max_queue),
                                                    .max_batch_tokens = static_cast<int>(o.max_batch_tokens),
@@ -299,6 +303,7 @@ absl::Status RunServer(ServerOptions o) {
                  blocks, o.kv_block_size, o.kv_dtype, blocks * static_cast<double>(geometry.block_bytes()) / (1 << 20),
                  blocks / geometry.BlocksForTokens(1) * o.kv_block_size);
   }
+  spdlog::info("prefix cache: {}", o.prefix_cache);
   spdlog::info("preemption: {}{}", o.preemption,
                preemption == PreemptionMode::kSwap && host_blocks < geometry.BlocksForTokens(1)
                    ? " (no host tier: recompute)"

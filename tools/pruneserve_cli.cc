@@ -27,6 +27,8 @@ constexpr char kUsage[] =
     "  info                     print model information\n"
     "  health                   print SERVING / NOT_SERVING\n"
     "  abort --request-id ID    cancel a running request\n"
+    "  load                     print the running and waiting requests and the KV tiers' use\n"
+    "  flush-cache              drop every cached prompt prefix no request holds\n"
     "Run `pruneserve-cli COMMAND --help` for the flags. The exit code is the gRPC status code.\n";
 
 int Report(const grpc::Status& s) {
@@ -72,7 +74,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string cmd = argv[cmd_at];
-  std::string prompt, system, request_id;
+  std::string prompt, system, request_id, cache_salt;
   std::vector<std::string> stops, strategy_args;
   std::string strategy = "full";
   bool report = false;
@@ -84,6 +86,8 @@ int main(int argc, char** argv) {
   f.AddString("prompt", &prompt, "input text (generate, chat, tokenize)");
   f.AddString("system", &system, "system message (chat)");
   f.AddString("request-id", &request_id, "request id (generate, chat, abort)");
+  f.AddString("cache-salt", &cache_salt,
+              "keeps the request's prompt prefixes apart in the server's prefix cache (generate, chat)");
   f.AddInt("max-new-tokens", &max_new, "tokens to generate at most (-1 = server default)");
   f.AddFloat("temperature", &temperature, "0 = greedy (-1 = server default)");
   f.AddFloat("top-p", &top_p, "nucleus mass (-1 = server default)");
@@ -153,6 +157,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     req.set_return_pruning_report(report);
+    req.set_cache_salt(cache_salt);
     auto reader = stub->Generate(&ctx, req);
     pb::GenerateResponse resp;
     std::vector<int32_t> all_ids;
@@ -176,11 +181,11 @@ int main(int argc, char** argv) {
           const auto& u = fin.usage();
           std::fprintf(
               stderr,
-              "finish %s%s; prompt %u tokens (computed %.1f), completion %u tokens; queue %.3f s, "
+              "finish %s%s; prompt %u tokens (computed %.1f, cached %u), completion %u tokens; queue %.3f s, "
               "ttft %.3f s, total %.3f s (%.1f tok/s)\n",
               ReasonName(fin.reason()), fin.matched_stop().empty() ? "" : (" '" + fin.matched_stop() + "'").c_str(),
-              u.prompt_tokens(), u.prompt_tokens_computed(), u.completion_tokens(), u.queue_time_seconds(),
-              u.time_to_first_token_seconds(), u.total_time_seconds(),
+              u.prompt_tokens(), u.prompt_tokens_computed(), u.cached_tokens(), u.completion_tokens(),
+              u.queue_time_seconds(), u.time_to_first_token_seconds(), u.total_time_seconds(),
               u.completion_tokens() > 1 ? (u.completion_tokens() - 1) /
                                               std::max(1e-9, u.total_time_seconds() - u.time_to_first_token_seconds())
                                         : 0.0);
@@ -226,6 +231,18 @@ int main(int argc, char** argv) {
     pb::AbortResponse resp;
     grpc::Status s = stub->Abort(&ctx, req, &resp);
     if (s.ok()) std::cout << (resp.found() ? "aborted" : "not found") << "\n";
+    return Report(s);
+  }
+  if (cmd == "load") {
+    pb::LoadInfo resp;
+    grpc::Status s = stub->GetLoad(&ctx, pb::GetLoadRequest(), &resp);
+    if (s.ok()) std::cout << resp.DebugString();
+    return Report(s);
+  }
+  if (cmd == "flush-cache") {
+    pb::FlushCacheResponse resp;
+    grpc::Status s = stub->FlushCache(&ctx, pb::FlushCacheRequest(), &resp);
+    if (s.ok()) std::cout << "dropped " << resp.dropped_blocks() << " blocks\n";
     return Report(s);
   }
   std::fprintf(stderr, "pruneserve-cli: unknown command '%s'\n%s", cmd.c_str(), kUsage);

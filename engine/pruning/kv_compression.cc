@@ -10,11 +10,12 @@ KvCompression::KvCompression(int n_layers, int n_kv_heads) : n_layers_(n_layers)
 
 absl::Status KvCompression::BeginStep(StepRows* rows, SeqContext& ctx) {
   (void)ctx;
-  // A step from position 0 computes the prompt (WholePrompt: all of it; again after
-  // a preemption dropped the KV, with the tokens generated so far).
-  in_prompt_ = !rows->positions.empty() && rows->positions.front() == 0;
+  // The first step computes the prompt (WholePrompt: all of it but a prefix taken
+  // from the prefix cache), and so does a step from position 0 (again after a
+  // preemption dropped the KV, with the tokens generated so far).
+  in_prompt_ = !rows->positions.empty() && (rows->positions.front() == 0 || evicted_.empty());
   if (in_prompt_) {
-    prompt_ = static_cast<int32_t>(rows->positions.size());
+    prompt_ = rows->positions.back() + 1;
     evicted_.assign(n_layers_, 0);
     kept_.assign(n_layers_, std::vector<std::vector<int32_t>>(n_kv_heads_));
   }

@@ -1,5 +1,6 @@
 // KV compression after prefill, the mechanism of the KV-cache baselines
-// (StreamingLLM, SnapKV): the prompt is computed densely in one step; at the first
+// (StreamingLLM, SnapKV): the prompt is computed densely in one step (a prefix may
+// come from the prefix cache: the KV dense attention leaves is `full`'s); at the first
 // step after it, each layer's whole prompt pages that a KV head does not keep lose
 // that head's K and V blocks (freed), and from then on each head's queries attend to
 // its kept prompt pages, the prompt's last partial page and every generated token.

@@ -22,6 +22,8 @@ class Params final : public BoundParams<Params, StreamingLlmParams> {
   }
 
   bool WholePrompt() const override { return true; }
+  // The prompt pass is dense: its KV is `full`'s, evicted by position only after it.
+  std::optional<std::string> PrefixCacheKey() const override { return std::string(); }
   std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
     return std::make_unique<StreamingLlm>(p_, config);
   }

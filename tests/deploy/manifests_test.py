@@ -157,6 +157,7 @@ class ManifestsTest(unittest.TestCase):
         self.assertEqual(len(titles), len(set(titles)))
         self.assertEqual(len({p["id"] for p in dash["panels"]}), len(titles))
         for want in ("Time to first token", "Inter-token latency", "End-to-end latency", "Token throughput",
+                     "Prefix cache hit rate by tier",
                      "KV cache usage by tier", "KV swap traffic", "Preemptions", "Pruned prompt tokens by strategy"):
             self.assertIn(want, titles)
         for p in dash["panels"]:

@@ -116,7 +116,7 @@ class LoadtestServerTest(unittest.TestCase):
         self.assertGreater(run["completed"], 0)
         self.assertTrue(wait_for(lambda: self.server.metric("pruneserve_num_requests_running") == 0
                                  and self.server.metric("pruneserve_num_requests_waiting") == 0
-                                 and self.server.metric("pruneserve_kv_blocks", tier="device", state="used") == 0,
+                                 and self.server.request_blocks("device") == 0,
                                  30, step=0.05))
 
     def test_3_a_sweep_writes_one_run_per_rate(self):

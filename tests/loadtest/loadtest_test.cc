@@ -1,6 +1,8 @@
 // The load generator's parts without a server: arrival gaps, the dataset and
 // strategy-mix parsers, synthetic prompts, and the vLLM-defined figures.
 #include <cmath>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -159,6 +161,25 @@ TEST(Workload, SyntheticPromptsAreWindowsOfTheSourceWithinTheRange) {
   const std::string first = d.Next().text, second = d.Next().text;
   EXPECT_NE(first, second);
   EXPECT_EQ(d.Next().text, first);  // cycles
+}
+
+TEST(Workload, SharedPrefixAsksEveryDocumentItsQuestionsOnce) {
+  std::vector<int32_t> source(5000);
+  for (int i = 0; i < 5000; ++i) source[i] = i;
+  Workload w = Workload::SharedPrefix(source, {.input_len = 200, .output_len = 8},
+                                      {.documents = 3, .questions = 4, .question_len = 10}, 5);
+  std::map<std::vector<int32_t>, std::set<std::vector<int32_t>>> asked;  // document -> questions
+  for (int i = 0; i < 12; ++i) {
+    const Prompt p = w.Next();
+    ASSERT_EQ(p.token_ids.size(), 210u);
+    EXPECT_EQ(p.max_tokens, 8);
+    const std::vector<int32_t> doc(p.token_ids.begin(), p.token_ids.begin() + 200);
+    asked[doc].insert(std::vector<int32_t>(p.token_ids.begin() + 200, p.token_ids.end()));
+  }
+  ASSERT_EQ(asked.size(), 3u);
+  for (const auto& [doc, questions] : asked) EXPECT_EQ(questions.size(), 4u);
+  const Prompt again = w.Next();  // then the same prompts again
+  EXPECT_TRUE(asked.contains(std::vector<int32_t>(again.token_ids.begin(), again.token_ids.begin() + 200)));
 }
 
 TEST(StrategyMix, ParsesWeightsAndDrawsInProportion) {

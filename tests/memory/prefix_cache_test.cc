@@ -107,7 +107,7 @@ TEST_F(PrefixCacheTest, ALaterSequenceSharesTheCachedPages) {
   question.push_back(7);
   const PrefixHit hit = m_.AttachPrefix(2, question, "");
   EXPECT_EQ(hit.tokens, 8);
-  EXPECT_FALSE(hit.in_host);
+  EXPECT_EQ(hit.host_tokens, 0);
   EXPECT_EQ(m_.Table(2, 0).blocks, (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(m_.Table(2, 1).blocks, (std::vector<int32_t>{3, 4}));
   EXPECT_EQ(m_.Table(2, 1).positions, Iota(0, 8));
@@ -178,7 +178,13 @@ TEST_F(PrefixCacheTest, EvictionMovesTheOldestToTheHostThenDropsThem) {
   // Found in the host tier: the sequence is brought in like a swapped one.
   PrefixHit hit = m_.AttachPrefix(4, doc_, "");
   EXPECT_EQ(hit.tokens, 8);
-  EXPECT_TRUE(hit.in_host);
+  EXPECT_EQ(hit.host_tokens, 4);
+  const PrefixCacheCounts counts = m_.prefix_counts();
+  EXPECT_EQ(counts.queried_tokens, 20);  // sequences 3 and 4
+  EXPECT_EQ(counts.hit_tokens[static_cast<int>(Tier::kDevice)], 8);
+  EXPECT_EQ(counts.hit_tokens[static_cast<int>(Tier::kHost)], 4);
+  EXPECT_EQ(counts.evicted_to_host, 2);
+  EXPECT_EQ(counts.dropped, 0);
   EXPECT_EQ(m_.BlocksIn(4, Tier::kHost), 2);
   ASSERT_TRUE(m_.Reserve(4, 2));
   std::optional<SwapPlan> in = m_.PlanSwapIn(4);
@@ -203,6 +209,7 @@ TEST_F(PrefixCacheTest, EvictionMovesTheOldestToTheHostThenDropsThem) {
   EXPECT_TRUE(drop.copies.empty());
   EXPECT_EQ(m_.CachedPages(Tier::kDevice), 0);
   EXPECT_EQ(device_.num_free(), 12);
+  EXPECT_EQ(m_.prefix_counts().dropped, 6);  // doc's two pages and other's one, two layers each
   m_.Complete(drop);
   EXPECT_INTACT(m_);
 }
@@ -309,7 +316,7 @@ TEST(PrefixCacheOps, AHitAlwaysHoldsTheKvOfItsOwnPrefix) {
       ++starts;
       const PrefixHit hit = m.AttachPrefix(id, tokens, salt);
       hits += hit.tokens > 0;
-      if (hit.in_host) {
+      if (hit.host_tokens > 0) {
         ++host_hits;
         std::optional<SwapPlan> in = m.PlanSwapIn(id);
         if (!in) {

@@ -69,6 +69,11 @@ class Server:
         return sum(v for (n, ls), v in self.metrics().items()
                    if n == name and all((k, val) in ls for k, val in labels.items()))
 
+    def request_blocks(self, tier):
+        """KV blocks of `tier` in use and not the prefix cache's: what requests hold (0 once idle)."""
+        return (self.metric("pruneserve_kv_blocks", tier=tier, state="used")
+                - self.metric("pruneserve_prefix_cache_blocks", tier=tier))
+
     def stop(self):
         """SIGTERM; returns (exit code, log)."""
         self.proc.send_signal(signal.SIGTERM)

@@ -101,6 +101,12 @@ TEST_F(SchedulerTest, APrefixEvictedToTheHostTierIsFoundThere) {
   EXPECT_EQ(again.usage.cached_tokens, 6 * kPage);
   EXPECT_EQ(sinks_["a1"]->tokens, Offline(Ask(a, 1), 8));
   EXPECT_GT(Idle(s, &load).swap_bytes_to_device, to_device);  // brought back from the host tier
+  EXPECT_GT(load.prefix.hit_tokens[static_cast<int>(Tier::kHost)], 0);
+  EXPECT_EQ(
+      load.prefix.hit_tokens[static_cast<int>(Tier::kDevice)] + load.prefix.hit_tokens[static_cast<int>(Tier::kHost)],
+      6 * kPage);
+  EXPECT_GT(load.prefix.evicted_to_host, 0);
+  EXPECT_EQ(load.prefix.queried_tokens, 3 * 106);
 }
 
 TEST_F(SchedulerTest, ManyRequestsOverFewDocumentsUnderPressureLoseNothing) {
@@ -149,10 +155,18 @@ TEST_F(SchedulerTest, ManyRequestsOverFewDocumentsUnderPressureLoseNothing) {
   EXPECT_GT(static_cast<uint64_t>(load.preemptions[static_cast<int>(PreemptionMode::kSwap)]) + load.swap_bytes_to_host,
             0u)
       << "the test meant to put the device tier under pressure";
-  // Idle: every block in use is the cache's.
+  // Idle: every block in use is the cache's, and a flush frees them all.
+  int64_t cached = 0;
   for (Tier t : {Tier::kDevice, Tier::kHost}) {
     EXPECT_EQ(load.kv[static_cast<int>(t)].used, load.kv[static_cast<int>(t)].cached) << TierName(t);
+    cached += load.kv[static_cast<int>(t)].cached;
   }
+  EXPECT_GT(cached, 0);
+  EXPECT_EQ(s.FlushPrefixCache().value_or(-1), cached);
+  Idle(s, &load);
+  for (Tier t : {Tier::kDevice, Tier::kHost}) EXPECT_EQ(load.kv[static_cast<int>(t)].used, 0) << TierName(t);
+  s.Stop();
+  EXPECT_EQ(s.FlushPrefixCache().status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

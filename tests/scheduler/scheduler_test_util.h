@@ -3,6 +3,8 @@
 // a fixture with request builders and offline references.
 #pragma once
 
+#include <future>
+
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -78,6 +80,12 @@ class Served {
   bool Abort(const std::string& id) { return serving_->loop().Abort(id); }
   LoadSnapshot Load() const { return serving_->loop().Load(); }
   void Stop() { serving_->loop().Stop(); }
+  // EngineLoop::FlushPrefixCache, waited for.
+  absl::StatusOr<int64_t> FlushPrefixCache() {
+    std::promise<absl::StatusOr<int64_t>> done;
+    serving_->loop().FlushPrefixCache([&](absl::StatusOr<int64_t> freed) { done.set_value(std::move(freed)); });
+    return done.get_future().get();
+  }
   const testing::GuardedBackend& guarded() const { return guarded_; }
   bool guarding() const { return guarding_; }  // whether the guard is in use
 

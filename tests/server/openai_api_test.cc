@@ -26,6 +26,7 @@ TEST(OpenAiApi, CompletionFieldsBecomeTheGenerateRequest) {
              {"user", nullptr},
              {"ignore_eos", true},
              {"priority", 3},
+             {"cache_salt", "tenant-a"},
              {"pruning", {{"strategy", "lazyllm"}, {"layers", {10, 20}}, {"keep", {0.5, 0.25}}, {"max_revivals", 4}}}});
   ASSERT_TRUE(r.ok()) << r.status();
   const pb::GenerateRequest& g = r->request;
@@ -38,6 +39,7 @@ TEST(OpenAiApi, CompletionFieldsBecomeTheGenerateRequest) {
   EXPECT_EQ(g.stopping().max_new_tokens(), 16u);  // OpenAI's default for completions
   EXPECT_TRUE(g.stopping().ignore_eos());
   EXPECT_EQ(g.priority(), 3);
+  EXPECT_EQ(g.cache_salt(), "tenant-a");
   EXPECT_TRUE(g.logprobs());
   EXPECT_EQ(g.top_logprobs(), 2u);
   EXPECT_TRUE(r->stream && r->include_usage);
@@ -209,6 +211,7 @@ RequestEvent Finish(std::string tail, FinishReason reason) {
   RequestEvent ev{.kind = RequestEvent::Kind::kFinished, .text = std::move(tail), .reason = reason};
   ev.usage.prompt_tokens = 4;
   ev.usage.completion_tokens = 3;
+  ev.usage.cached_tokens = 2;
   return ev;
 }
 
@@ -255,6 +258,7 @@ TEST(OpenAiApi, ChatStreamsRoleThenDeltasThenFinishUsageAndDone) {
   EXPECT_EQ(b[1]["choices"][0]["finish_reason"], "stop");
   EXPECT_TRUE(b[2]["choices"].empty());
   EXPECT_EQ(b[2]["usage"]["total_tokens"], 7);
+  EXPECT_EQ(b[2]["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
   for (const Json& j : b) EXPECT_EQ(j["id"], "chatcmpl-1");
 }
 
@@ -281,6 +285,7 @@ TEST(OpenAiApi, ErrorsEndTheStreamAndWholeResponsesCollectEverything) {
   EXPECT_EQ(f["choices"][0]["logprobs"]["text_offset"], Json({0, 2, 4}));
   EXPECT_EQ(f["choices"][0]["logprobs"]["top_logprobs"][2]["dd"], -1.5);
   EXPECT_EQ(f["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(f["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
 }
 
 }  // namespace

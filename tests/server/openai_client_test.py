@@ -163,7 +163,7 @@ class OpenAIClientTest(unittest.TestCase):
         cancelled = wait_for(lambda: self.server.metric("pruneserve_requests_total", finish_reason="cancelled")
                              == before + 1, 30, step=0.05)
         self.assertTrue(cancelled, "the request was not cancelled")
-        self.assertTrue(wait_for(lambda: self.server.metric("pruneserve_kv_blocks", tier="device", state="used") == 0
+        self.assertTrue(wait_for(lambda: self.server.request_blocks("device") == 0
                                  and self.server.metric("pruneserve_num_requests_running") == 0, 30, step=0.05))
 
 

@@ -94,6 +94,22 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("top_p", cm.exception.details())
 
+    def test_3_a_repeat_prompt_hits_the_prefix_cache_until_a_flush(self):
+        prompt = "Ben had a red ball and a blue kite. He liked to play in the sun. " * 3
+        first, fin1 = self.stream(prompt, 8)
+        again, fin2 = self.stream(prompt, 8)
+        self.assertEqual(again, first)
+        self.assertEqual(fin1.usage.cached_tokens, 0)
+        self.assertEqual(fin2.usage.cached_tokens, (fin2.usage.prompt_tokens - 1) // 16 * 16)  # whole pages
+        self.assertGreater(fin2.usage.cached_tokens, 0)
+        load = self.stub.GetLoad(pb.GetLoadRequest(), timeout=10)
+        self.assertGreater(load.kv[0].cached_tokens, 0)
+        dropped = self.stub.FlushCache(pb.FlushCacheRequest(), timeout=10).dropped_blocks
+        self.assertGreater(dropped, 0)
+        self.assertEqual([kv.used_tokens for kv in self.stub.GetLoad(pb.GetLoadRequest(), timeout=10).kv], [0, 0])
+        _, fin3 = self.stream(prompt, 8)
+        self.assertEqual(fin3.usage.cached_tokens, 0)
+
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

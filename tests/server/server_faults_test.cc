@@ -198,10 +198,11 @@ TEST(ServerMetrics, CountersMatchWhatClientsReceived) {
 // A device tier of 120 pages (stories260K: 8 blocks of 512 bytes each) for 16
 // concurrent streams of ~25 pages each (--gather-first: they meet in the engine on any machine):
 // requests are swapped to the host tier and back, the streams still carry the engine's tokens,
-// and metrics and GetLoad show the swapping.
+// and metrics and GetLoad show the swapping. Without the prefix cache: its evictions to the
+// host tier would count in the swap bytes too (prefix_cache_scheduler_test.cc has those).
 TEST(ServerMetrics, SwapPreemptionIsVisibleAndHarmless) {
-  ServerProcess s(
-      StoriesOnF32Kv({"--kv-device-bytes", "491520", "--kv-host-bytes", "16777216", "--gather-first", "16"}));
+  ServerProcess s(StoriesOnF32Kv(
+      {"--kv-device-bytes", "491520", "--kv-host-bytes", "16777216", "--gather-first", "16", "--prefix-cache", "off"}));
   constexpr int kStreams = 16;
   std::vector<StreamResult> results(kStreams);
   std::vector<std::thread> clients;
@@ -270,16 +271,19 @@ TEST(ServerFaults, FailedSwapCopyIsRecomputed) {
   ASSERT_TRUE(Drained(s));
   const std::string page = s.Metrics();
   EXPECT_GT(MetricValue(page, R"(pruneserve_preemptions_total{mode="swap"})"), 0) << page;
-  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_blocks{state="used",tier="host"})"), 0);
+  // Idle: the host blocks in use are the prefix cache's (pages it moved there), if any.
+  EXPECT_EQ(MetricValue(page, R"(pruneserve_kv_blocks{state="used",tier="host"})"),
+            MetricValue(page, R"(pruneserve_prefix_cache_blocks{tier="host"})"));
   const StreamResult next = RunStream(*s.Stub(), GreedyRequest(PromptOf(3), 20));
   ASSERT_TRUE(next.status.ok()) << next.status.error_message();
   EXPECT_EQ(next.tokens, Offline(PromptOf(3), 20));
 }
 
-// A host tier with no room: preempted requests are recomputed instead of swapped.
+// A host tier with no room: preempted requests are recomputed instead of swapped. (The
+// fault is the scheduler's: the prefix cache, off here, would still move pages there.)
 TEST(ServerFaults, FullHostTierFallsBackToRecompute) {
   ServerProcess s(StoriesOnF32Kv({"--kv-device-bytes", "491520", "--kv-host-bytes", "16777216", "--gather-first", "16",
-                                  "--inject-fault", "host_tier_full=1000000"}));
+                                  "--inject-fault", "host_tier_full=1000000", "--prefix-cache", "off"}));
   ExpectOfflineTokens(TightTierStreams(s));
   ASSERT_TRUE(Drained(s));
   const std::string page = s.Metrics();

@@ -39,9 +39,10 @@ double MetricValue(const std::string& page, const std::string& sample) {
 
 StreamResult RunStream(pb::Generation::Stub& stub, const pb::GenerateRequest& req,
                        const std::function<void(grpc::ClientContext&, int)>& on_chunk,
-                       std::chrono::milliseconds deadline) {
+                       std::chrono::milliseconds deadline, const std::string& api_key) {
   grpc::ClientContext ctx;
   if (deadline.count() > 0) ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
   auto reader = stub.Generate(&ctx, req);
   StreamResult r;
   pb::GenerateResponse resp;

@@ -49,20 +49,10 @@ class ServerProcess {
     std::filesystem::remove_all(dir_);  // a stale port file of an earlier process with this pid
     std::filesystem::create_directories(dir_);
     const std::string port_file = dir_ + "/ports", log = dir_ + "/server.log";
-    std::vector<std::string> argv = {std::string(PS_BINARY_DIR) + "/pruneserve",
-                                     "--host",
-                                     "127.0.0.1",
-                                     "--port",
-                                     "0",
-                                     "--metrics-port",
-                                     "0",
-                                     "--port-file",
-                                     port_file,
-                                     "--log-level",
-                                     "info",
+    std::vector<std::string> argv = {std::string(PS_BINARY_DIR) + "/pruneserve", "--host", "127.0.0.1", "--port", "0",
+                                     "--metrics-port", "0", "--port-file", port_file, "--log-level", "info",
                                      // Hermetic: no calibration cached by another run (args may name another).
-                                     "--calibration-cache",
-                                     dir_ + "/calibration"};
+                                     "--calibration-cache", dir_ + "/calibration"};
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> cargv;
     for (auto& a : argv) cargv.push_back(a.data());
@@ -156,9 +146,11 @@ struct StreamResult {
 
 // Runs one Generate call to the end. `on_chunk` (optional) runs after each chunk
 // with the context, so a test can cancel mid-stream.
+// `api_key` (when not empty) goes in the authorization metadata.
 StreamResult RunStream(pb::Generation::Stub& stub, const pb::GenerateRequest& req,
                        const std::function<void(grpc::ClientContext&, int chunk_index)>& on_chunk = nullptr,
-                       std::chrono::milliseconds deadline = std::chrono::milliseconds(0));
+                       std::chrono::milliseconds deadline = std::chrono::milliseconds(0),
+                       const std::string& api_key = "");
 
 // A greedy request for `ids` with max_new_tokens, ignoring EOS.
 pb::GenerateRequest GreedyRequest(const std::vector<int32_t>& ids, int max_new_tokens, const std::string& id = "");

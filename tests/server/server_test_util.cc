@@ -50,7 +50,8 @@ bool Drained(ServerProcess& s) {
         grpc::ClientContext ctx;
         pb::LoadInfo load;
         if (!stub->GetLoad(&ctx, {}, &load).ok()) return false;
-        return load.running() == 0 && load.waiting() == 0 && load.kv(0).used_tokens() == 0;
+        // Idle: the blocks still in use are the prefix cache's.
+        return load.running() == 0 && load.waiting() == 0 && load.kv(0).used_tokens() == load.kv(0).cached_tokens();
       },
       std::chrono::seconds(20));
 }

@@ -26,7 +26,9 @@ int Lines(const std::string& path) {
 
 TEST(Eval, SmokeOnStoriesAndResume) {
   ServerProcess server({"--model", std::string(PS_TESTDATA) + "/stories260K/stories260K.gguf", "--threads", "2",
-                        "--prefill-chunk", "4096", "--max-batch-tokens", "4096"});
+                        "--prefill-chunk", "4096", "--max-batch-tokens", "4096",
+                        // As scripts/eval.sh: every request computed cold (prompts share essays' openings).
+                        "--prefix-cache", "off"});
   const std::string dir = ::testing::TempDir() + "/eval_smoke_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   const std::string csv = dir + "/results.csv", summary = dir + "/summary.csv", auto_table = dir + "/auto.json";
