@@ -110,6 +110,8 @@ class KvCacheManager final : public KvPlanner {
   void ForgetEvicted(const SwapPlan& plan);
   int64_t FlushPrefixCache() override;
   PrefixCacheCounts prefix_counts() const override { return prefix_counts_; }
+  std::vector<PrefixEvent> TakePrefixEvents() override { return prefix_.TakeEvents(); }
+  std::vector<PrefixEvent> PrefixSnapshot() const override { return prefix_.Snapshot(); }
   // Pages the cache holds per tier.
   int64_t CachedPages(Tier tier) const { return prefix_.size(tier); }
 

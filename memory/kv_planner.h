@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "memory/block_pool.h"
+#include "memory/prefix_index.h"
 #include "memory/swap_engine.h"
 
 namespace ps {
@@ -122,6 +123,10 @@ class KvPlanner {
   // Drops every cached page no sequence holds, in both tiers; the blocks freed.
   virtual int64_t FlushPrefixCache() = 0;
   virtual PrefixCacheCounts prefix_counts() const = 0;
+  // Pages stored and removed since the last call (for prefix-aware routers), and
+  // every page cached now as stored events.
+  virtual std::vector<PrefixEvent> TakePrefixEvents() = 0;
+  virtual std::vector<PrefixEvent> PrefixSnapshot() const = 0;
 
   // The owner's invariants (every block free or accounted for, the counts right).
   virtual absl::Status VerifyIntegrity() const = 0;

@@ -91,6 +91,7 @@ PrefixEntry* PrefixIndex::Insert(uint64_t parent, std::string_view extra, std::s
   e.blocks = std::move(blocks);
   e.stamp = ++clock_;
   lru_[static_cast<int>(tier)].emplace(e.stamp, key);
+  events_.push_back({.stored = true, .tier = tier, .key = key, .parent = parent, .tokens = e.tokens});
   return &e;
 }
 
@@ -105,6 +106,8 @@ void PrefixIndex::Touch(std::span<PrefixEntry* const> chain) {
 }
 
 void PrefixIndex::Move(PrefixEntry& e, Tier tier, std::vector<int32_t> blocks) {
+  events_.push_back({.stored = false, .tier = e.tier, .key = e.key, .parent = e.parent});
+  events_.push_back({.stored = true, .tier = tier, .key = e.key, .parent = e.parent, .tokens = e.tokens});
   lru_[static_cast<int>(e.tier)].erase(e.stamp);
   e.tier = tier;
   e.blocks = std::move(blocks);
@@ -112,6 +115,7 @@ void PrefixIndex::Move(PrefixEntry& e, Tier tier, std::vector<int32_t> blocks) {
 }
 
 void PrefixIndex::Erase(const PrefixEntry& e) {
+  events_.push_back({.stored = false, .tier = e.tier, .key = e.key, .parent = e.parent});
   lru_[static_cast<int>(e.tier)].erase(e.stamp);
   entries_.erase(e.key);
 }
@@ -126,6 +130,30 @@ std::vector<const PrefixEntry*> PrefixIndex::All() const {
   std::vector<const PrefixEntry*> out;
   for (const auto& [key, e] : entries_) out.push_back(&e);
   std::sort(out.begin(), out.end(), [](const PrefixEntry* a, const PrefixEntry* b) { return a->key < b->key; });
+  return out;
+}
+
+std::vector<PrefixEvent> PrefixIndex::Snapshot() const {
+  // Breadth-first from the pages whose parent is no entry (first pages, and pages
+  // whose parent was evicted), so that a parent precedes its children.
+  std::unordered_map<uint64_t, std::vector<const PrefixEntry*>> children;
+  std::vector<const PrefixEntry*> order;
+  for (const PrefixEntry* e : All()) {
+    if (entries_.contains(e->parent)) {
+      children[e->parent].push_back(e);
+    } else {
+      order.push_back(e);
+    }
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (auto it = children.find(order[i]->key); it != children.end()) {
+      order.insert(order.end(), it->second.begin(), it->second.end());
+    }
+  }
+  std::vector<PrefixEvent> out;
+  for (const PrefixEntry* e : order) {
+    out.push_back({.stored = true, .tier = e->tier, .key = e->key, .parent = e->parent, .tokens = e->tokens});
+  }
   return out;
 }
 

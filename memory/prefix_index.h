@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "memory/block_pool.h"
@@ -38,6 +39,15 @@ struct PrefixEntry {
   Tier tier = Tier::kDevice;
   std::vector<int32_t> blocks;  // [n_layers * blocks_per_page], every layer's page
   uint64_t stamp = 0;           // LRU position (larger: used more recently)
+};
+
+// A change of the index, for prefix-aware routers (KvPlanner::TakePrefixEvents): a
+// page stored in a tier, or removed from it (a move between tiers is both).
+struct PrefixEvent {
+  bool stored = true;
+  Tier tier = Tier::kDevice;
+  uint64_t key = 0, parent = 0;
+  std::vector<int32_t> tokens;  // stored: the page's
 };
 
 class PrefixIndex {
@@ -69,12 +79,17 @@ class PrefixIndex {
   std::vector<PrefixEntry*> Oldest(Tier tier);
   // Every entry, in key order (integrity checks).
   std::vector<const PrefixEntry*> All() const;
+  // The changes since the last call, in order.
+  std::vector<PrefixEvent> TakeEvents() { return std::exchange(events_, {}); }
+  // Every entry as a stored event, parents before their children.
+  std::vector<PrefixEvent> Snapshot() const;
 
  private:
   int block_tokens_;
   uint64_t clock_ = 0;
   std::unordered_map<uint64_t, PrefixEntry> entries_;  // by key
   std::map<uint64_t, uint64_t> lru_[2];                // per tier: stamp -> key
+  std::vector<PrefixEvent> events_;                    // since TakeEvents
 };
 
 }  // namespace ps

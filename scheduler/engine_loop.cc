@@ -1,5 +1,9 @@
 #include "scheduler/engine_loop.h"
 
+#include <algorithm>
+#include <optional>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 
@@ -80,6 +84,25 @@ void EngineLoop::FlushPrefixCache(FlushDone done) {
   done(absl::UnavailableError("the server is shutting down"));
 }
 
+int64_t EngineLoop::SubscribeKvEvents(KvEventSink sink) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!exited_) {
+      const int64_t id = next_subscriber_++;
+      kv_subscribers_.push_back({.id = id, .sink = std::move(sink), .started = false});
+      wake_.notify_one();  // its snapshot comes from the loop's thread
+      return id;
+    }
+  }
+  sink(nullptr);  // the loop has stopped: the end at once
+  return 0;
+}
+
+void EngineLoop::UnsubscribeKvEvents(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(kv_subscribers_, [&](const KvSubscriber& s) { return s.id == id; });
+}
+
 void EngineLoop::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -101,7 +124,8 @@ void EngineLoop::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       wake_.wait(lock, [&] {
         const bool gathered = static_cast<int>(incoming_.size()) >= gather_;
-        return stopping_ || (gathered && !incoming_.empty()) || !scheduler_.idle() || !flushes_.empty();
+        const bool joined = std::ranges::any_of(kv_subscribers_, [](const KvSubscriber& s) { return !s.started; });
+        return stopping_ || (gathered && !incoming_.empty()) || !scheduler_.idle() || !flushes_.empty() || joined;
       });
       flushes.swap(flushes_);
       done = stopping_ && incoming_.empty() && scheduler_.idle();
@@ -116,8 +140,16 @@ void EngineLoop::Loop() {
     }
     if (done) {
       for (FlushDone& f : flushes) f(absl::UnavailableError("the server is shutting down"));
+      std::vector<KvSubscriber> subscribers;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        subscribers.swap(kv_subscribers_);
+        exited_ = true;
+      }
+      for (const KvSubscriber& s : subscribers) s.sink(nullptr);  // the end of their streams
       return;
     }
+    DeliverKvEvents();  // new subscribers' snapshots before this iteration changes anything
     if (!flushes.empty()) {
       const int64_t freed = executor_.kv().FlushPrefixCache();
       LoadSnapshot snapshot;
@@ -127,6 +159,7 @@ void EngineLoop::Loop() {
         snapshot = Snapshot();
       }
       if (observer_ != nullptr) observer_->OnStep(snapshot, 0);  // the gauges without their blocks
+      DeliverKvEvents();
       for (FlushDone& f : flushes) f(freed);
     }
     if (!scheduler_.idle()) Step();
@@ -149,6 +182,28 @@ void EngineLoop::Step() {
   // Events go out after the load is published: a client that sees its request
   // finish also sees its blocks free in Load().
   for (Outgoing& o : events) o.request->sink->OnEvent(std::move(o.event));
+  DeliverKvEvents();
+}
+
+void EngineLoop::DeliverKvEvents() {
+  const std::vector<PrefixEvent> events = executor_.kv().TakePrefixEvents();
+  std::vector<std::pair<KvEventSink, bool>> sinks;  // and whether it joined since the last delivery
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (KvSubscriber& s : kv_subscribers_) {
+      sinks.emplace_back(s.sink, !s.started);
+      s.started = true;
+    }
+  }
+  std::optional<std::vector<PrefixEvent>> snapshot;
+  for (const auto& [sink, joined] : sinks) {
+    if (joined) {
+      if (!snapshot) snapshot = executor_.kv().PrefixSnapshot();
+      sink(&*snapshot);  // the state after `events`: it needs none of them
+    } else if (!events.empty()) {
+      sink(&events);
+    }
+  }
 }
 
 void EngineLoop::Publish(const StepResult& result, const std::vector<Outgoing>& events) {

@@ -45,6 +45,13 @@ class EngineLoop {
   // or with UNAVAILABLE once the loop stops (on the caller's thread after Stop()).
   using FlushDone = std::function<void(absl::StatusOr<int64_t>)>;
   void FlushPrefixCache(FlushDone done);
+  // The prefix cache's changes, for prefix-aware routers: `sink` gets every page
+  // cached when it joins (as stored events, maybe none), then each step's changes
+  // (never none), on the loop's thread, and nullptr when the loop stops (the end);
+  // it must not block. The id is UnsubscribeKvEvents'.
+  using KvEventSink = std::function<void(const std::vector<PrefixEvent>* events)>;
+  int64_t SubscribeKvEvents(KvEventSink sink);
+  void UnsubscribeKvEvents(int64_t id);
   // Finishes every request (kShutdown) and joins the thread. Idempotent.
   void Stop();
 
@@ -54,6 +61,7 @@ class EngineLoop {
   void Publish(const StepResult& result, const std::vector<Outgoing>& events);
   void PublishKv();               // the KV counts into load_ (mu_ held)
   LoadSnapshot Snapshot() const;  // load_ with the inbox counted (mu_ held)
+  void DeliverKvEvents();         // the prefix cache's changes to the subscribers
 
   Scheduler& scheduler_;
   StepExecutor& executor_;
@@ -63,7 +71,15 @@ class EngineLoop {
   mutable std::mutex mu_;  // guards the fields below
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Request>> incoming_;
-  std::vector<FlushDone> flushes_;                        // FlushPrefixCache calls waiting
+  std::vector<FlushDone> flushes_;  // FlushPrefixCache calls waiting
+  struct KvSubscriber {
+    int64_t id;
+    KvEventSink sink;
+    bool started;  // has had its snapshot
+  };
+  std::vector<KvSubscriber> kv_subscribers_;
+  int64_t next_subscriber_ = 1;
+  bool exited_ = false;                                   // the loop's thread has returned
   std::map<std::string, std::weak_ptr<Request>> active_;  // id -> request, waiting or running
   bool stopping_ = false;
   int gather_;  // requests the first step waits for (SchedulerOptions::gather_first), then 0

@@ -53,7 +53,7 @@ absl::StatusOr<std::string> AccessControl::Authenticate(std::string_view authori
     if (ConstantTimeEquals(presented, keys_[i])) match = i;
   }
   if (match == keys_.size()) return absl::UnauthenticatedError("the API key is not valid");
-  return absl::StrCat("key-", match + 1);
+  return keys_[match];
 }
 
 absl::StatusOr<std::shared_ptr<void>> AccessControl::OpenStream(const std::string& client) {

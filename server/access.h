@@ -32,8 +32,9 @@ class AccessControl {
 
   bool requires_token() const { return !keys_.empty(); }
   // The caller's principal when no keys are set ("") or `authorization` is
-  // "Bearer KEY" with a known key ("key-N", N its place in the key file: what keeps
-  // one tenant's cached prompt prefixes from another's); UNAUTHENTICATED otherwise.
+  // "Bearer KEY" with a known key (the key: it salts the prefix cache's root keys,
+  // so one tenant can neither hit another's cached prefixes nor compute their page
+  // keys; never logged or sent); UNAUTHENTICATED otherwise.
   absl::StatusOr<std::string> Authenticate(std::string_view authorization) const;
 
   // An open stream of `client` (PeerHost of the caller), counted until the

@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "model/tokenizer/chat_template.h"
+#include "server/kv_event_stream.h"
 #include "server/metered_sink.h"
+#include "server/queued_write_reactor.h"
 
 namespace ps::server {
 namespace {
@@ -31,7 +33,7 @@ constexpr size_t kMaxMergedBytes = 4 << 10;
 // time (gRPC allows one outstanding write); token chunks queued behind a write in
 // flight are merged into one message (up to kMaxMergedBytes). Push may come from
 // any thread.
-class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateResponse> {
+class GenerateStream final : public QueuedWriteReactor<pb::GenerateResponse> {
  public:
   void Push(pb::GenerateResponse msg, std::optional<grpc::Status> final) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -97,25 +99,10 @@ class GenerateStream final : public grpc::ServerWriteReactor<pb::GenerateRespons
   std::shared_ptr<void> slot;        // the client's stream count, released in OnDone
 
  private:
-  void WriteNextLocked() {
-    if (writing_ || finished_) return;
-    if (!queue_.empty()) {
-      writing_ = true;
-      current_ = std::move(queue_.front());
-      queue_.pop_front();
-      if (current_.has_chunk()) unsent_tokens_ -= current_.chunk().token_ids_size();
-      StartWrite(&current_);
-    } else if (final_) {
-      finished_ = true;
-      Finish(*final_);
-    }
+  void Dequeued(const pb::GenerateResponse& msg) override {
+    if (msg.has_chunk()) unsent_tokens_ -= msg.chunk().token_ids_size();
   }
 
-  std::mutex mu_;
-  std::deque<pb::GenerateResponse> queue_;
-  pb::GenerateResponse current_;
-  std::optional<grpc::Status> final_;
-  bool writing_ = false, finished_ = false;
   std::shared_ptr<Request> request_;
   grpc::CallbackServerContext* ctx_ = nullptr;
   size_t max_backlog_ = 0;    // unsent tokens beyond which the request is cancelled
@@ -344,6 +331,16 @@ grpc::ServerUnaryReactor* GenerationService::FlushCache(grpc::CallbackServerCont
     reactor->Finish(ToGrpc(freed.status()));
   });
   return reactor;
+}
+
+grpc::ServerWriteReactor<pb::KvEventBatch>* GenerationService::SubscribeKvEvents(grpc::CallbackServerContext* ctx,
+                                                                                 const pb::SubscribeKvEventsRequest*) {
+  const absl::StatusOr<const ServiceState*> admitted = Admit(ctx);
+  const ServiceState* b = admitted.ok() ? *admitted : nullptr;
+  // Token ids are the prompts' text: a server with API keys (tenants) sends keys only.
+  const bool with_tokens = access_ == nullptr || !access_->requires_token();
+  return StartKvEventStream(b != nullptr ? b->loop : nullptr, b != nullptr ? b->kv_block_tokens : 0, with_tokens,
+                            admitted.status());
 }
 
 }  // namespace ps::server

@@ -53,6 +53,8 @@ class GenerationService final : public pb::Generation::CallbackService {
                                     pb::LoadInfo* response) override;
   grpc::ServerUnaryReactor* FlushCache(grpc::CallbackServerContext* ctx, const pb::FlushCacheRequest* request,
                                        pb::FlushCacheResponse* response) override;
+  grpc::ServerWriteReactor<pb::KvEventBatch>* SubscribeKvEvents(grpc::CallbackServerContext* ctx,
+                                                                const pb::SubscribeKvEventsRequest* request) override;
 
  private:
   // The state, once the caller is authenticated (their principal, AccessControl::

@@ -100,8 +100,8 @@ class ManifestsTest(unittest.TestCase):
         for overlay in ("overlays/cpu", "overlays/gpu"):
             self.assertEqual(kinds[overlay], ["Deployment", "HorizontalPodAutoscaler", "Namespace",
                                               "PodDisruptionBudget", "PodMonitor", "Service", "Service"])
-        self.assertEqual(kinds["gateway"], ["Deployment", "Gateway", "HTTPRoute", "InferencePool", "Role",
-                                            "RoleBinding", "Service", "ServiceAccount"])
+        self.assertEqual(kinds["gateway"], ["ConfigMap", "Deployment", "Gateway", "HTTPRoute", "InferencePool",
+                                            "Role", "RoleBinding", "Service", "ServiceAccount"])
 
     def test_a_broken_manifest_fails_validation(self):
         docs = self.render("overlays/cpu")
@@ -143,6 +143,20 @@ class ManifestsTest(unittest.TestCase):
         self.assertEqual(epp_service["metadata"]["name"], pool["spec"]["endpointPickerRef"]["name"])
         self.assertIn(pool["spec"]["endpointPickerRef"]["port"]["number"],
                       [p["port"] for p in epp_service["spec"]["ports"]])
+        # The EPP reads its plugins from the ConfigMap it mounts: prefix-cache scoring in the default profile.
+        epp = next(d for d in gateway if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+        config_map = next(d for d in gateway if d["kind"] == "ConfigMap")
+        self.assertEqual(epp["volumes"][0]["configMap"]["name"], config_map["metadata"]["name"])
+        mount = epp["containers"][0]["volumeMounts"][0]
+        self.assertEqual(mount["name"], epp["volumes"][0]["name"])
+        (name, text), = config_map["data"].items()
+        self.assertIn(f"--config-file={mount['mountPath']}/{name}", epp["containers"][0]["args"])
+        config = yaml.safe_load(text)
+        self.assertEqual(config["kind"], "EndpointPickerConfig")
+        declared = {p["type"] for p in config["plugins"]}
+        profile = [p["pluginRef"] for p in config["schedulingProfiles"][0]["plugins"]]
+        self.assertIn("prefix-cache-scorer", profile)
+        self.assertTrue(set(profile) <= declared, profile)
         route = next(d for d in gateway if d["kind"] == "HTTPRoute")
         self.assertEqual(route["spec"]["rules"][0]["backendRefs"][0]["name"], pool["metadata"]["name"])
         with open(self.path("kubernetes", "prometheus-adapter", "values.yaml")) as f:

@@ -56,6 +56,38 @@ TEST(PrefixIndex, MatchesTheLongestChainAndComparesTokens) {
   EXPECT_EQ(index.size(Tier::kHost), 1);
 }
 
+TEST(PrefixIndex, ReportsEveryChangeAndASnapshotWithParentsFirst) {
+  PrefixIndex index(2);
+  const std::vector<int32_t> prompt = Iota(0, 6);
+  const uint64_t root = PrefixIndex::RootKey("");
+  PrefixEntry* p0 = index.Insert(root, "", std::span(prompt).subspan(0, 2), Tier::kDevice, {1});
+  PrefixEntry* p1 = index.Insert(p0->key, "", std::span(prompt).subspan(2, 2), Tier::kDevice, {2});
+  PrefixEntry* p2 = index.Insert(p1->key, "", std::span(prompt).subspan(4, 2), Tier::kDevice, {3});
+  const uint64_t k0 = p0->key, k1 = p1->key, k2 = p2->key;
+  index.Move(*p1, Tier::kHost, {7});
+  index.Erase(*p2);
+  const std::vector<PrefixEvent> events = index.TakeEvents();
+  ASSERT_EQ(events.size(), 6u);
+  EXPECT_TRUE(events[0].stored && events[0].key == k0 && events[0].parent == root);
+  EXPECT_EQ(events[0].tokens, (std::vector<int32_t>{0, 1}));
+  EXPECT_TRUE(events[2].stored && events[2].key == k2 && events[2].parent == k1);
+  EXPECT_TRUE(!events[3].stored && events[3].key == k1 && events[3].tier == Tier::kDevice);  // the move
+  EXPECT_TRUE(events[4].stored && events[4].key == k1 && events[4].tier == Tier::kHost);
+  EXPECT_EQ(events[4].tokens, (std::vector<int32_t>{2, 3}));
+  EXPECT_TRUE(!events[5].stored && events[5].key == k2);
+  EXPECT_TRUE(index.TakeEvents().empty());
+  // Whatever the key order, a parent comes before its child.
+  for (int i = 0; i < 8; ++i) {
+    index.Insert(k1, "", std::vector<int32_t>{100 + i, 0}, Tier::kDevice, {20 + i});
+  }
+  const std::vector<PrefixEvent> all = index.Snapshot();
+  ASSERT_EQ(all.size(), 10u);
+  EXPECT_EQ(all[0].key, k0);
+  EXPECT_EQ(all[1].key, k1);
+  EXPECT_EQ(all[1].tier, Tier::kHost);
+  for (const PrefixEvent& e : all) EXPECT_TRUE(e.stored);
+}
+
 TEST(PrefixIndex, AHitAgesThePrefixTailFirst) {
   PrefixIndex index(2);
   const std::vector<int32_t> prompt = Iota(0, 6);

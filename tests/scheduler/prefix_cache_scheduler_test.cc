@@ -2,8 +2,10 @@
 // document computes only what follows the cached pages and gets the tokens it
 // would get alone; salts and uncacheable strategies keep apart; a prefix evicted
 // to the host tier is found there; many requests over a few documents under a
-// tight device tier, with cancellations, lose nothing.
+// tight device tier, with cancellations and deadlines, lose nothing and leave only
+// the cache's blocks, which a flush frees; event subscribers see pages come and go.
 #include <algorithm>
+#include <mutex>
 #include <random>
 
 #include "absl/strings/str_join.h"
@@ -74,6 +76,69 @@ TEST_F(SchedulerTest, QuestionsOverOneDocumentComputeOnlyWhatFollowsItsCachedPag
   EXPECT_EQ(load.kv[static_cast<int>(Tier::kDevice)].used, load.kv[static_cast<int>(Tier::kDevice)].cached);
 }
 
+// What SubscribeKvEvents streams: the pages a request leaves, keyed by the hash
+// chain; a late subscriber's snapshot; the end when the loop stops.
+TEST_F(SchedulerTest, SubscribersSeeThePagesStoredAndRemoved) {
+  ThreadPool engine_pool(2);
+  Served s(*model_, engine_pool, {.engine = {.kv_block_tokens = kPage, .prefix_cache = true}});
+  struct Log {
+    std::mutex mu;
+    std::vector<std::vector<PrefixEvent>> batches;
+    bool ended = false;
+  };
+  auto follow = [&](Log* log) {
+    return s.loop().SubscribeKvEvents([log](const std::vector<PrefixEvent>* events) {
+      std::lock_guard<std::mutex> lock(log->mu);
+      if (events == nullptr) {
+        log->ended = true;
+      } else {
+        log->batches.push_back(*events);
+      }
+    });
+  };
+  Log first, late;
+  follow(&first);
+  const std::vector<int32_t> doc = Document(3, 40);  // 41 tokens + 5: 2 whole pages
+  ASSERT_TRUE(s.Submit(Make("d", Ask(doc, 0), 4)).ok());
+  ASSERT_TRUE(sinks_["d"]->Wait());
+  std::vector<uint64_t> keys;  // the chain of the document's two pages
+  uint64_t parent = PrefixIndex::RootKey(absl::StrCat(0, ":", "", ""));
+  for (int p = 0; p < 2; ++p) {
+    parent = PrefixIndex::PageKey(parent, std::span(doc).subspan(p * kPage, kPage));
+    keys.push_back(parent);
+  }
+  auto stored = [](Log& log) {
+    std::lock_guard<std::mutex> lock(log.mu);
+    std::vector<uint64_t> out;
+    for (const auto& batch : log.batches) {
+      for (const PrefixEvent& e : batch) {
+        if (e.stored) out.push_back(e.key);
+      }
+    }
+    return out;
+  };
+  {
+    std::lock_guard<std::mutex> lock(first.mu);
+    ASSERT_FALSE(first.batches.empty());
+    EXPECT_TRUE(first.batches[0].empty()) << "the snapshot of an empty cache";
+  }
+  EXPECT_EQ(stored(first), keys) << "stored when the request's first token came";
+  const int64_t late_id = follow(&late);
+  ASSERT_TRUE(s.FlushPrefixCache().ok());  // a step of the loop: the late subscriber's snapshot comes first
+  EXPECT_EQ(stored(late), keys);
+  {
+    std::lock_guard<std::mutex> lock(first.mu);
+    const std::vector<PrefixEvent>& removed = first.batches.back();
+    ASSERT_EQ(removed.size(), 2u);
+    EXPECT_FALSE(removed[0].stored || removed[1].stored);
+  }
+  s.loop().UnsubscribeKvEvents(late_id);
+  s.Stop();
+  std::lock_guard<std::mutex> lock(first.mu);
+  EXPECT_TRUE(first.ended);
+  EXPECT_FALSE(late.ended) << "unsubscribed before the stop";
+}
+
 TEST_F(SchedulerTest, APrefixEvictedToTheHostTierIsFoundThere) {
   ThreadPool engine_pool(2);
   // Room for 12 pages per layer: one request of 113 tokens (8 pages) and little else.
@@ -129,9 +194,10 @@ TEST_F(SchedulerTest, ManyRequestsOverFewDocumentsUnderPressureLoseNothing) {
   Served s(*model_, engine_pool, options);
   for (int i = 0; i < kRequests; ++i) {
     std::shared_ptr<Request> r = Make("r" + std::to_string(i), prompts[i], lengths[i]);
-    if (i % 7 == 3) r->Cancel(CancelReason::kClient);                        // cancelled before it starts
-    if (i % 7 == 5) {                                                        // cancelled after its second token
-      sinks_[r->id]->on_token = [w = std::weak_ptr<Request>(r)](size_t n) {  // not a cycle through the sink
+    if (i % 7 == 3) r->Cancel(CancelReason::kClient);                                // cancelled before it starts
+    if (i % 7 == 6) r->deadline = Clock::now() + std::chrono::milliseconds(20 * i);  // ends when it ends
+    if (i % 7 == 5) {                                                                // cancelled after its second token
+      sinks_[r->id]->on_token = [w = std::weak_ptr<Request>(r)](size_t n) {          // not a cycle through the sink
         if (auto req = w.lock(); req && n == 2) req->Cancel(CancelReason::kClient);
       };
     }
@@ -143,6 +209,10 @@ TEST_F(SchedulerTest, ManyRequestsOverFewDocumentsUnderPressureLoseNothing) {
     ASSERT_TRUE(sink.Wait()) << i;
     if (i % 7 == 3 || i % 7 == 5) {
       EXPECT_EQ(sink.finished.reason, FinishReason::kCancelled) << i;
+      continue;
+    }
+    if (i % 7 == 6 && sink.finished.reason == FinishReason::kCancelled) {
+      EXPECT_EQ(sink.finished.cancel, CancelReason::kDeadline) << i;
       continue;
     }
     EXPECT_EQ(sink.finished.reason, FinishReason::kLength) << i << ": " << sink.finished.error;

@@ -80,6 +80,7 @@ class Served {
   bool Abort(const std::string& id) { return serving_->loop().Abort(id); }
   LoadSnapshot Load() const { return serving_->loop().Load(); }
   void Stop() { serving_->loop().Stop(); }
+  EngineLoop& loop() { return serving_->loop(); }
   // EngineLoop::FlushPrefixCache, waited for.
   absl::StatusOr<int64_t> FlushPrefixCache() {
     std::promise<absl::StatusOr<int64_t>> done;
