@@ -67,7 +67,13 @@ TEST_F(SchedulerTest, QuestionsOverOneDocumentComputeOnlyWhatFollowsItsCachedPag
   // Another tenant's salt, and a strategy whose KV depends on the whole prompt: no reuse.
   EXPECT_EQ(run("salted", Ask(doc, 4), "tenant-b").usage.cached_tokens, 0);
   EXPECT_EQ(run("salted-again", Ask(doc, 5), "tenant-b").usage.cached_tokens, 6 * kPage);
-  EXPECT_EQ(run("lazyllm", Ask(doc, 6), "", Pruning("lazyllm")).usage.cached_tokens, 0);
+  // Every strategy but full and streamingllm neither reads cached pages nor leaves its own
+  // (the next `full` request still hits full's pages only: 6 of them).
+  int q = 6;
+  for (const char* name : {"lazyllm", "gemfilter", "sliminfer", "critiprefill", "pod", "snapkv"}) {
+    EXPECT_EQ(run(name, Ask(doc, q++), "", Pruning(name)).usage.cached_tokens, 0) << name;
+  }
+  EXPECT_EQ(run("streamingllm", Ask(doc, q++), "", Pruning("streamingllm")).usage.cached_tokens, 6 * kPage);
   LoadSnapshot load;
   Idle(s, &load);
   // The document's pages under two salts, and each question's last whole page
