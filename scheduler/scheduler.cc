@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "base/fault.h"
@@ -329,6 +330,10 @@ void Scheduler::Update(const StepResult& result, Clock::time_point now) {
       case SeqStatus::kOk:
         run.computed = o.computed;
         run.added_rows = o.added_rows;
+        if (run.prefix_extra && !run.prefilled) {  // the prompt's whole pages as they are computed
+          const std::span<const int32_t> prompt = run.request->spec.prompt;
+          kv_.CachePrefix(run.seq_id, prompt.first(std::min<size_t>(run.computed, prompt.size())), *run.prefix_extra);
+        }
         break;
       case SeqStatus::kKvLost:  // a failed swap: its KV is released and recomputed
         Recompute(run);
@@ -355,8 +360,6 @@ void Scheduler::Update(const StepResult& result, Clock::time_point now) {
       if (!run.prefilled) {
         run.prefilled = true;
         run.first_token = now;
-        // The prompt's whole pages, as computed, for later requests.
-        if (run.prefix_extra) kv_.CachePrefix(run.seq_id, run.request->spec.prompt, *run.prefix_extra);
       }
       RequestEvent ev{.kind = RequestEvent::Kind::kTokens, .text = o.token->text};
       ev.tokens.push_back(o.token->sampled);

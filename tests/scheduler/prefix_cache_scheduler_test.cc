@@ -82,6 +82,40 @@ TEST_F(SchedulerTest, QuestionsOverOneDocumentComputeOnlyWhatFollowsItsCachedPag
   EXPECT_EQ(load.kv[static_cast<int>(Tier::kDevice)].used, load.kv[static_cast<int>(Tier::kDevice)].cached);
 }
 
+// Pages are cached as a chunked prefill computes them: a request over the same
+// document that arrives mid-prefill starts from the pages computed so far.
+TEST_F(SchedulerTest, ARequestArrivingMidPrefillSharesThePagesComputedSoFar) {
+  ThreadPool engine_pool(2);
+  struct Submitter : SchedulerObserver {  // submits the second request after the first's second step
+    void OnStep(const LoadSnapshot&, int batch_tokens) override {
+      if (batch_tokens > 0 && ++steps == 2) submitted = serving->Submit(second).ok();
+    }
+    void OnPreemption(PreemptionMode) override {}
+    void OnSwap(Tier, uint64_t, double) override {}
+    int steps = 0;
+    bool submitted = false;
+    Served* serving = nullptr;
+    std::shared_ptr<Request> second;
+  } submitter;
+  Served s(*model_, engine_pool,
+           {.engine = {.kv_block_tokens = kPage, .prefix_cache = true}, .scheduler = {.prefill_chunk = 32}},
+           &submitter);
+  const std::vector<int32_t> doc = Document(4, 150);
+  submitter.serving = &s;
+  submitter.second = Make("second", Ask(doc, 1), 6);
+  ASSERT_TRUE(s.Submit(Make("first", Ask(doc, 0), 6)).ok());
+  for (const char* id : {"first", "second"}) {
+    ASSERT_TRUE(sinks_[id]->Wait()) << id;
+    EXPECT_EQ(sinks_[id]->finished.reason, FinishReason::kLength) << sinks_[id]->finished.error;
+  }
+  EXPECT_TRUE(submitter.submitted);
+  // Two 32-token chunks were computed when it arrived (4 whole pages), maybe a third.
+  EXPECT_GE(sinks_["second"]->finished.usage.cached_tokens, 4 * kPage);
+  EXPECT_LT(sinks_["second"]->finished.usage.cached_tokens, 9 * kPage) << "the first was still in prefill";
+  EXPECT_EQ(sinks_["second"]->tokens, Offline(Ask(doc, 1), 6));
+  EXPECT_EQ(sinks_["first"]->tokens, Offline(Ask(doc, 0), 6));
+}
+
 // What SubscribeKvEvents streams: the pages a request leaves, keyed by the hash
 // chain; a late subscriber's snapshot; the end when the loop stops.
 TEST_F(SchedulerTest, SubscribersSeeThePagesStoredAndRemoved) {
