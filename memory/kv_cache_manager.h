@@ -240,6 +240,8 @@ class KvCacheManager final : public KvPlanner {
   bool Unreferenced(const PrefixEntry& e) const;
   // Drops the entry (its blocks unreferenced, now).
   void DropEntry(PrefixEntry& e);
+  // DropEntry, counted among the prefix cache's dropped blocks (evicted for room or lost).
+  void EvictEntry(PrefixEntry& e);
   // Drops unreferenced host-tier entries used before `stamp`, least recently used
   // first, until n host blocks are free; whether they are.
   bool FreeHostFromCache(int64_t n, uint64_t stamp);

@@ -20,13 +20,17 @@ void KvCacheManager::DropEntry(PrefixEntry& e) {
   prefix_.Erase(e);  // e is gone from here on
 }
 
+void KvCacheManager::EvictEntry(PrefixEntry& e) {
+  prefix_counts_.dropped += static_cast<int64_t>(e.blocks.size());
+  DropEntry(e);
+}
+
 bool KvCacheManager::FreeHostFromCache(int64_t n, uint64_t stamp) {
   if (host_.num_free() >= n) return true;
   for (PrefixEntry* e : prefix_.Oldest(Tier::kHost)) {
     if (e->stamp >= stamp) break;
     if (!Unreferenced(*e)) continue;
-    prefix_counts_.dropped += static_cast<int64_t>(e->blocks.size());
-    DropEntry(*e);
+    EvictEntry(*e);
     if (host_.num_free() >= n) return true;
   }
   return false;
@@ -145,8 +149,7 @@ SwapPlan KvCacheManager::PlanEvict(int64_t n) {
     const int64_t k = static_cast<int64_t>(e->blocks.size());
     freed += k;
     if (!FreeHostFromCache(k, e->stamp)) {
-      prefix_counts_.dropped += k;
-      DropEntry(*e);
+      EvictEntry(*e);
       continue;
     }
     prefix_counts_.evicted_to_host += k;
@@ -173,10 +176,7 @@ void KvCacheManager::ForgetEvicted(const SwapPlan& plan) {
     });
     if (written) lost.push_back(e);
   }
-  for (PrefixEntry* e : lost) {
-    prefix_counts_.dropped += static_cast<int64_t>(e->blocks.size());
-    DropEntry(*e);
-  }
+  for (PrefixEntry* e : lost) EvictEntry(*e);
 }
 
 int64_t KvCacheManager::FlushPrefixCache() {
