@@ -123,7 +123,13 @@ def main():
     a.ask(docs[1] + a.tokenize("\n\n" + QUESTIONS[0] + "\n"))  # the second document: the first's pages go to the host
     moved = tight.metric("pruneserve_prefix_cache_evicted_blocks_total", to="host")
     check("a second document moves the first to the host tier", moved > 0, f"{moved:.0f} blocks moved")
+    waited = tight.metric("pruneserve_kv_move_wait_seconds_total")
+    brought = tight.metric("pruneserve_kv_swap_bytes_total", direction="to_device")
     tokens, ttft, cached = a.ask(prompts[1])
+    waited = tight.metric("pruneserve_kv_move_wait_seconds_total") - waited
+    brought = tight.metric("pruneserve_kv_swap_bytes_total", direction="to_device") - brought
+    print(f"      its host-tier pages came back as {brought / 2**20:.1f} MiB of copies overlapped with the prefill of"
+          f" the rest, which waited {waited * 1000:.1f} ms for them", flush=True)
     host_hits = tight.metric("pruneserve_prefix_cache_hit_tokens_total", tier="host")
     check("the first document's next question hits in the host tier", host_hits > 0 and cached > 0,
           f"{cached} cached tokens, {host_hits:.0f} of them from the host tier (metrics)")

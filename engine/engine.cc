@@ -49,6 +49,7 @@ struct Engine::Seq {
   SequenceDecoder decoder;                    // its history: prompt + generated tokens
   std::unique_ptr<PruningStrategy> strategy;  // null: full; recreated when the KV is dropped
   int32_t computed = 0;                       // leading history tokens whose KV is cached
+  int32_t cached = 0;                         // of them, the prefix cache's when it started (until dropped)
   int32_t next_position = 0;                  // position of history[computed] (strategies may renumber)
   bool prefilled = false;                     // the prompt was computed once and the first token sampled
   double rows_computed = 0;                   // prompt token-layer pairs (Usage::prompt_tokens_computed)
@@ -88,7 +89,7 @@ Engine::Seq& Engine::Find(int64_t seq_id) {
 }
 
 void Engine::DropKv(Seq& s) {
-  s.computed = 0;
+  s.computed = s.cached = 0;
   s.next_position = 0;
   s.strategy = s.spec.pruning.Make(model_.config());  // its state described the dropped KV
   if (!s.prefilled) {                                 // the first pass starts over
@@ -130,7 +131,7 @@ StepResult Engine::Execute(const StepPlan& plan) {
   for (const StepPlan::Start& s : plan.start) {
     PS_CHECK(s.spec != nullptr && !seqs_.contains(s.seq_id)) << "bad start of sequence " << s.seq_id;
     Seq& seq = *(seqs_[s.seq_id] = std::make_unique<Seq>(model_, *s.spec));
-    seq.computed = seq.next_position = s.cached;
+    seq.computed = seq.next_position = seq.cached = s.cached;
     for (int32_t i = 0; i < s.cached; ++i) seq.kept_prompt.push_back(i);  // full's KV, at every layer
   }
   for (int64_t id : plan.finish) End(id, SeqStatus::kOk, "", &r.seqs.emplace_back());  // may have started above
@@ -187,6 +188,18 @@ void Engine::Swap(const StepPlan& plan, StepResult* r, std::set<int64_t>* lost) 
   finish(outs, Tier::kHost);
   std::vector<InFlight> ins;
   for (int64_t id : plan.swap_in) {
+    if (const Seq& s = Find(id); s.cached > 0 && s.computed == s.cached) {
+      // Started from a cached prefix found partly in the host tier, nothing computed
+      // since: its pages come back layer by layer, each layer's copies awaited by the
+      // first attention that reads them (KvCache::View), so they overlap the prefill
+      // of the rest. They are whole pages: the step's rows go to pages of their own.
+      if (const absl::Status st = MoveInByLayer(id); !st.ok()) {
+        kv_->WaitMoves(id, -1).IgnoreError();  // the moves queued before the error
+        lose(id, st.code() == absl::StatusCode::kResourceExhausted ? SeqStatus::kKvShort : SeqStatus::kKvLost,
+             std::string(st.message()));
+      }
+      continue;
+    }
     std::optional<SwapPlan> p = kv_->manager().PlanSwapIn(id);
     if (!p) {
       lose(id, SeqStatus::kKvShort, "no device blocks reserved to swap its KV back in");
@@ -196,6 +209,22 @@ void Engine::Swap(const StepPlan& plan, StepResult* r, std::set<int64_t>* lost) 
     ins.push_back({.seq_id = id, .plan = std::move(*p), .ticket = ticket, .submitted = Clock::now()});
   }
   finish(ins, Tier::kDevice);
+}
+
+absl::Status Engine::MoveInByLayer(int64_t seq_id) {
+  const KvCacheManager& m = kv_->manager();
+  std::vector<int32_t> pages;
+  for (int layer = 0; layer < m.n_layers(); ++layer) {
+    const LayerTable& t = m.Table(seq_id, layer);
+    PS_CHECK(static_cast<int64_t>(t.positions.size()) == t.pages() * m.block_tokens())
+        << "sequence " << seq_id << " layer " << layer << ": a cached prefix of whole pages was expected";
+    pages.clear();
+    for (int32_t p = 0; p < t.pages(); ++p) {
+      if (t.tiers[p] == Tier::kHost) pages.push_back(p);
+    }
+    if (!pages.empty()) PS_RETURN_IF_ERROR(kv_->Move(seq_id, layer, pages, Tier::kDevice));
+  }
+  return absl::OkStatus();
 }
 
 void Engine::Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& lost) {
@@ -232,9 +261,10 @@ void Engine::Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& l
     const absl::Status moved = kv_->WaitMoves(id, -1);
     const absl::Status st = !step.ok() ? step : !out_.status[b].ok() ? out_.status[b] : moved;
     if (!st.ok()) {
-      if (st.code() == absl::StatusCode::kResourceExhausted) {  // a short reservation: recompute it
+      if (st.code() == absl::StatusCode::kResourceExhausted || st.code() == absl::StatusCode::kDataLoss) {
+        // A short reservation, or a failed copy of its blocks (KvCache::Finish): recompute it.
         DropKv(s);
-        o.status = SeqStatus::kKvShort;
+        o.status = st.code() == absl::StatusCode::kDataLoss ? SeqStatus::kKvLost : SeqStatus::kKvShort;
         o.error = std::string(st.message());
       } else {
         End(id, SeqStatus::kFailed, std::string(st.message()), &o);

@@ -49,6 +49,9 @@ class Engine final : public StepExecutor {
   void End(int64_t seq_id, SeqStatus status, std::string error, SeqOutcome* out);
   // The plan's swaps; sequences whose KV was lost on the way go into *lost.
   void Swap(const StepPlan& plan, StepResult* r, std::set<int64_t>* lost);
+  // Queues the moves of the host-tier pages of a sequence started from a cached
+  // prefix back to the device tier, layer by layer (the step's attention waits for them).
+  absl::Status MoveInByLayer(int64_t seq_id);
   // The plan's runs (but those of `lost`): the forward pass, sampling, accounting.
   void Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& lost);
 

@@ -218,7 +218,8 @@ void KvCache::FreeLayer(int64_t seq, int layer) {
 absl::Status KvCache::Finish(SwapTicket ticket, const SwapPlan& plan) {
   absl::Status st = swap_->Wait(ticket);
   manager_->Complete(plan);  // the source blocks: read by the copy until now
-  if (st.ok() && fault::Hit(fault::Point::kSwapCopy)) st = absl::InternalError("injected fault: a swap copy failed");
+  if (st.ok() && fault::Hit(fault::Point::kSwapCopy)) st = absl::DataLossError("injected fault: a swap copy failed");
+  if (!st.ok() && st.code() != absl::StatusCode::kDataLoss) st = absl::DataLossError(st.message());
   return st;
 }
 

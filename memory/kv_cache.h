@@ -88,8 +88,9 @@ class KvCache {
   void FreeLayer(int64_t seq, int layer);
 
   // Whole-sequence moves (preemption): submit the plan's copies, then Finish waits
-  // for them and releases the source blocks (also on failure: the destination then
-  // holds no valid data and the caller frees the sequence).
+  // for them and releases the source blocks (also on failure, DataLoss: the
+  // destination then holds no valid data and the caller frees the sequence; a
+  // failed per-page move below reaches View and WaitMoves the same way).
   SwapTicket Submit(const SwapPlan& plan) { return swap_->Submit(plan.copies); }
   absl::Status Finish(SwapTicket ticket, const SwapPlan& plan);
 

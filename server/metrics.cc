@@ -106,8 +106,8 @@ Metrics::Metrics()
                         .Register(*registry_)),
       move_wait_(prometheus::BuildCounter()
                      .Name("pruneserve_kv_move_wait_seconds_total")
-                     .Help("Time the engine waited for KV blocks a strategy moved between the tiers (prefetch not "
-                           "hidden behind compute)")
+                     .Help("Time the engine waited for KV blocks moved between the tiers during a step (a "
+                           "strategy's moves, a prefix hit's host-tier pages: copies not hidden behind compute)")
                      .Register(*registry_)),
       prefix_queried_(prometheus::BuildCounter()
                           .Name("pruneserve_prefix_cache_queried_tokens_total")

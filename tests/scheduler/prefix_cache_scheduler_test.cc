@@ -5,8 +5,12 @@
 // tight device tier, with cancellations and deadlines, lose nothing and leave only
 // the cache's blocks, which a flush frees; event subscribers see pages come and go.
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "absl/strings/str_join.h"
 #include "tests/scheduler/scheduler_test_util.h"
@@ -212,6 +216,130 @@ TEST_F(SchedulerTest, APrefixEvictedToTheHostTierIsFoundThere) {
       6 * kPage);
   EXPECT_GT(load.prefix.evicted_to_host, 0);
   EXPECT_EQ(load.prefix.queried_tokens, 3 * 106);
+}
+
+// The copies a slow copy engine has made, as the probe below sees them at its first
+// step: at layer 1 and at the last layer (-1: not reached). With g_fail_from_layer1
+// the first copy after the probe's first layer 1 fails.
+std::atomic<int64_t> g_copies{0}, g_copies_at_layer1{-1}, g_copies_at_last_layer{-1};
+std::atomic<bool> g_fail_from_layer1{false}, g_fail_next{false};
+
+// `full` with a probe at each layer of its first step; its KV is full's, and so is
+// its prefix cache key.
+class LayerProbe final : public PruningStrategy {
+ public:
+  explicit LayerProbe(int n_layers) : n_layers_(n_layers) {}
+  std::string_view name() const override { return "test_layer_probe"; }
+  absl::Status BeginStep(StepRows*, SeqContext&) override {
+    ++step_;
+    return absl::OkStatus();
+  }
+  void RowsForLayer(int layer, LayerRows&, SeqContext&) override {
+    if (step_ != 1) return;
+    if (layer == 1) {
+      g_copies_at_layer1 = g_copies.load();
+      if (g_fail_from_layer1.exchange(false)) g_fail_next = true;  // once: not again in its recomputation
+    }
+    if (layer == n_layers_ - 1) g_copies_at_last_layer = g_copies.load();
+  }
+
+ private:
+  int n_layers_;
+  int step_ = 0;
+};
+
+class LayerProbeParams final : public StrategyParams {
+ public:
+  std::unique_ptr<StrategyParams> Clone() const override { return std::make_unique<LayerProbeParams>(); }
+  absl::Status Merge(const google::protobuf::Message&, std::string_view) override { return absl::OkStatus(); }
+  void ToProto(google::protobuf::Message*) const override {}
+  absl::Status Validate(const ModelConfig&, std::string_view) const override { return absl::OkStatus(); }
+  std::optional<std::string> PrefixCacheKey() const override { return std::string(); }
+  std::unique_ptr<PruningStrategy> Make(const ModelConfig& config) const override {
+    return std::make_unique<LayerProbe>(config.n_layers);
+  }
+};
+
+// Document a's pages are cached, then partly moved to the host tier by document b
+// (through a copy engine of 2 ms a block); then a probed question over a.
+class HostHitTest : public SchedulerTest {
+ protected:
+  struct HostHit {
+    RequestEvent event;
+    std::vector<int32_t> tokens, prompt;
+  };
+  HostHit AskAfterEviction(bool fail_a_copy) {
+    static std::once_flag registered;
+    std::call_once(registered, [] {
+      RegisterStrategy(
+          {.name = "test_layer_probe",
+           .summary = "test: full, noting the copies done at its layers",
+           .defaults = [](const ModelConfig&, const CalibrationPtr&) { return std::make_unique<LayerProbeParams>(); }});
+    });
+    g_copies = 0;
+    g_copies_at_layer1 = g_copies_at_last_layer = -1;
+    g_fail_from_layer1 = fail_a_copy;
+    g_fail_next = false;
+    ThreadPool engine_pool(2);
+    server::ServingOptions options{.engine = {.kv_block_tokens = kPage,
+                                              .kv_device_blocks = 12 * kPageBlocks,
+                                              .kv_host_blocks = 40 * kPageBlocks,
+                                              .prefix_cache = true}};
+    options.engine.swap_copy = [](uint8_t* dst, const uint8_t* src, size_t bytes) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a slow copy engine, not a synchronisation
+      if (g_fail_next.exchange(false)) return absl::DataLossError("test: a copy failed");
+      std::memcpy(dst, src, bytes);
+      ++g_copies;
+      return absl::OkStatus();
+    };
+    Served s(*model_, engine_pool, options);
+    auto run = [&](const std::string& id, const std::vector<int32_t>& prompt, const PruningParams& pruning = {}) {
+      std::shared_ptr<Request> r = Make(id, prompt, 8);
+      r->spec.pruning = pruning;
+      EXPECT_TRUE(s.Submit(r).ok());
+      EXPECT_TRUE(sinks_[id]->Wait());
+      EXPECT_EQ(sinks_[id]->finished.reason, FinishReason::kLength) << sinks_[id]->finished.error;
+    };
+    const std::vector<int32_t> a = Document(1, 100);
+    run("a0", Ask(a, 0));
+    run("b0", Ask(Document(2, 100), 0));
+    LoadSnapshot load;
+    EXPECT_GT(Idle(s, &load).kv[static_cast<int>(Tier::kHost)].cached, 0);
+    HostHit hit{.prompt = Ask(a, 1)};
+    run("a1", hit.prompt,
+        PruningParams{.strategy = *FindStrategy("test_layer_probe"), .params = std::make_shared<LayerProbeParams>()});
+    hit.event = sinks_["a1"]->finished;
+    hit.tokens = sinks_["a1"]->tokens;
+    // Idle: nothing leaked on either path.
+    for (Tier tier : {Tier::kDevice, Tier::kHost}) {
+      EXPECT_EQ(Idle(s, &load).kv[static_cast<int>(tier)].used, load.kv[static_cast<int>(tier)].cached);
+    }
+    return hit;
+  }
+};
+
+// The host-tier pages of a hit come back layer by layer: the prefill computes layer 0
+// while the later layers' pages are still being copied.
+TEST_F(HostHitTest, AHostTierHitOverlapsItsCopiesWithThePrefill) {
+  const HostHit hit = AskAfterEviction(false);
+  EXPECT_EQ(hit.event.usage.cached_tokens, 6 * kPage);
+  EXPECT_EQ(hit.tokens, Offline(hit.prompt, 8));
+  ASSERT_GE(g_copies_at_layer1, 0);
+  std::printf("block copies done: %ld at layer 1, %ld at the last layer, %ld in all\n",
+              static_cast<long>(g_copies_at_layer1.load()), static_cast<long>(g_copies_at_last_layer.load()),
+              static_cast<long>(g_copies.load()));
+  EXPECT_LT(g_copies_at_layer1, g_copies_at_last_layer)
+      << "the later layers' pages were copied before the prefill started";
+}
+
+// A failed copy of a hit's pages loses that KV: the request is recomputed from its
+// first token and gives the same tokens.
+TEST_F(HostHitTest, AFailedCopyOfAHostTierHitIsRecomputed) {
+  const HostHit hit = AskAfterEviction(true);
+  EXPECT_FALSE(g_fail_next) << "no copy was left to fail after layer 1";
+  EXPECT_EQ(hit.event.usage.cached_tokens, 0);
+  EXPECT_DOUBLE_EQ(hit.event.usage.prompt_tokens_computed, static_cast<double>(hit.prompt.size()));
+  EXPECT_EQ(hit.tokens, Offline(hit.prompt, 8));
 }
 
 TEST_F(SchedulerTest, ManyRequestsOverFewDocumentsUnderPressureLoseNothing) {
