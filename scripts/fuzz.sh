@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESTDATA=../shared/testdata
-ALL=(gguf safetensors hf_config tokenizer_json chat generate_request openai_request pod_groups kv_owner)
+ALL=(gguf safetensors hf_config tokenizer_json chat generate_request openai_request pod_groups kv_owner jinja)
 limit=()
 targets=()
 max_len_arg=
@@ -56,6 +56,7 @@ seeds() {  # the read-only seed folders of a target, besides tests/fuzz/corpus/T
   case $1 in
     gguf) echo "$TESTDATA/stories260K $TESTDATA/tokenizers/vectors" ;;
     safetensors) make_safetensors_seeds build-fuzz/seeds/safetensors; echo build-fuzz/seeds/safetensors ;;
+    jinja) echo models/templates ;;  # llama.cpp's chat templates (scripts/fetch_model.sh --templates)
   esac
 }
 max_len() {  # GGUF seeds are whole models (stories260K: 1.2 MB); the rest stay small

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build and the tests need: Debian packages (apt-get runs only
 # when something is missing) and a Python virtual environment in .cache/venv for the
-# PyPI clients the tests use (the official `openai` client, kubernetes-validate),
+# PyPI clients the tests use (the official `openai` client, kubernetes-validate,
+# transformers as the reference renderer of chat templates),
 # which sees Debian's python3-grpcio and friends too. Idempotent and quiet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,8 +32,9 @@ if ((${#missing[@]})); then
   fi
 fi
 VENV=.cache/venv
-PIP_PACKAGES=("openai==3.54.0" "kubernetes-validate==1.37.0")
-if ! "$VENV/bin/python" -c "import openai, kubernetes_validate" 2>/dev/null; then
+# transformers (no torch): the reference renderer of chat templates (tests/jinja/).
+PIP_PACKAGES=("openai==3.54.0" "kubernetes-validate==1.37.0" "transformers==5.24.0" "jinja2==3.1.6")
+if ! "$VENV/bin/python" -c "import openai, kubernetes_validate, transformers, jinja2" 2>/dev/null; then
   echo "setup: creating $VENV (${PIP_PACKAGES[*]})"
   /usr/bin/python3 -m venv --system-site-packages "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PIP_PACKAGES[@]}"

@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/fetch_model.sh
+scripts/fetch_model.sh --templates
 JOBS=$(nproc)
 RUNNER=""  # a command prefix for the build and the tests
 run_suite() {  # name, build dir, ctest label regex ('' = all), extra cmake args...; EXCLUDE_LABELS: labels left out

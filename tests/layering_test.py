@@ -2,7 +2,8 @@
 """The layering of the source folders, checked on their #include lines.
 
 server -> scheduler -> engine -> model, memory -> kernels -> base, with proto (the
-API's messages) beside base: a folder includes headers of the folders below it only
+API's messages) and jinja (the chat-template interpreter, which model/ and server/
+use) beside base: a folder includes headers of the folders below it only
 (model/ and memory/ side by side: neither knows the other).
 Beyond that: no header above kernels/ names a CPU or CUDA kernel header
 (kernels/cpu/, kernels/cuda/; the seam is kernels/backend.h and kernels/types.h),
@@ -18,12 +19,13 @@ import sys
 ALLOWED = {
     "base": {"base"},
     "proto": {"proto"},
+    "jinja": {"jinja", "base"},
     "kernels": {"kernels", "base"},
-    "model": {"model", "kernels", "base"},
+    "model": {"model", "jinja", "kernels", "base"},
     "memory": {"memory", "kernels", "base"},
     "engine": {"engine", "model", "memory", "kernels", "proto", "base"},
     "scheduler": {"scheduler", "engine", "memory", "base"},
-    "server": {"server", "scheduler", "engine", "model", "memory", "kernels", "proto", "base"},
+    "server": {"server", "scheduler", "engine", "model", "memory", "jinja", "kernels", "proto", "base"},
     "loadtest": {"loadtest", "proto", "base"},  # a gRPC client: the API only
 }
 FOLDERS = set(ALLOWED) | {"tools", "bench", "tests"}  # the repository's top-level source folders

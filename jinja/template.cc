@@ -1,0 +1,1060 @@
+// Rendering: statements executed over a stack of scopes, expressions evaluated with
+// Python's semantics, and the filters, tests, methods and globals chat templates use.
+#include "jinja/template.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <map>
+#include <unordered_map>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "base/status.h"
+#include "jinja/parse.h"
+
+namespace ps::jinja {
+namespace {
+
+absl::Status Error(int line, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("template line ", line, ": ", what));
+}
+
+// UTF-8 code points of s, each as its bytes (Python indexes strings by code point).
+std::vector<std::string> CodePoints(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    size_t n = 1;
+    const unsigned char c = s[i];
+    if (c >= 0xf0) {
+      n = 4;
+    } else if (c >= 0xe0) {
+      n = 3;
+    } else if (c >= 0xc0) {
+      n = 2;
+    }
+    n = std::min(n, s.size() - i);
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+std::string Strip(const std::string& s, const Value* chars, bool left, bool right) {
+  auto strip = [&](char c) {
+    return chars != nullptr && chars->is_string() ? chars->as_string().find(c) != std::string::npos : IsSpace(c);
+  };
+  size_t b = 0, e = s.size();
+  if (left) {
+    while (b < e && strip(s[b])) ++b;
+  }
+  if (right) {
+    while (e > b && strip(s[e - 1])) --e;
+  }
+  return s.substr(b, e - b);
+}
+
+// Python's sequence index: negative from the end; nullopt when out of range.
+std::optional<size_t> Index(int64_t i, size_t n) {
+  if (i < 0) i += static_cast<int64_t>(n);
+  if (i < 0 || i >= static_cast<int64_t>(n)) return std::nullopt;
+  return static_cast<size_t>(i);
+}
+
+// The items a for loop or a filter iterates: a list's, a dict's keys, a string's characters.
+absl::StatusOr<List> Iterate(const Value& v, int line) {
+  if (v.is_undefined()) return List{};
+  if (v.is_list()) return v.list();  // a generator's items too
+  if (v.is_dict()) {
+    List keys;
+    for (const auto& [k, _] : v.dict().items) keys.emplace_back(k);
+    return keys;
+  }
+  if (v.is_string()) {
+    List chars;
+    for (std::string& c : CodePoints(v.as_string())) chars.emplace_back(std::move(c));
+    return chars;
+  }
+  return Error(line, absl::StrCat("'", v.TypeName(), "' object is not iterable"));
+}
+
+// The whole of s (surrounding whitespace allowed) as a number.
+template <typename T>
+bool ParseNumber(const std::string& s, T* out) {
+  const std::string t = Strip(s, nullptr, true, true);
+  const auto r = std::from_chars(t.data(), t.data() + t.size(), *out);
+  return r.ec == std::errc() && r.ptr == t.data() + t.size() && !t.empty();
+}
+
+// Python's < for numbers, strings and lists.
+absl::StatusOr<bool> Less(const Value& a, const Value& b, int line) {
+  if ((a.is_number() || a.is_bool()) && (b.is_number() || b.is_bool())) {
+    if (a.is_float() || b.is_float()) return a.as_double() < b.as_double();
+    return a.as_int() < b.as_int();
+  }
+  if (a.is_string() && b.is_string()) return a.as_string() < b.as_string();
+  if (a.is_list() && b.is_list()) {
+    const List &x = a.list(), &y = b.list();
+    for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+      if (x[i].Equals(y[i])) continue;
+      return Less(x[i], y[i], line);
+    }
+    return x.size() < y.size();
+  }
+  return Error(line, absl::StrCat("'<' not supported between '", a.TypeName(), "' and '", b.TypeName(), "'"));
+}
+
+// a `op` b for op in <, >, <=, >=.
+absl::StatusOr<bool> Compare(std::string_view op, const Value& a, const Value& b, int line) {
+  const bool swap = op == ">" || op == "<=";
+  PS_ASSIGN_OR_RETURN(const bool less, swap ? Less(b, a, line) : Less(a, b, line));
+  return op == "<" || op == ">" ? less : !less;
+}
+
+// What one rendering may cost before it fails (besides Options::max_steps): output
+// bytes, macro calls nested.
+constexpr size_t kMaxOutput = size_t{64} << 20;
+constexpr int kMaxCallDepth = 64;
+
+class Renderer {
+ public:
+  Renderer(const Dict& context, int64_t max_steps) : max_steps_(max_steps) {
+    scopes_.emplace_back();
+    for (const auto& [k, v] : context.items) scopes_.back()[k] = v;
+    AddGlobals();
+  }
+
+  absl::Status Exec(const Body& body) {
+    for (const NodePtr& n : body) {
+      PS_RETURN_IF_ERROR(Exec(*n));
+      if (flow_ != Flow::kNormal) return absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+
+  std::string& out() { return out_; }
+
+ private:
+  enum class Flow { kNormal, kBreak, kContinue };
+
+  absl::Status Exec(const Node& n) {
+    if (++steps_ > max_steps_) return Error(n.line, "the template takes too long to render");
+    if (out_.size() > kMaxOutput) return Error(n.line, "the template's output is too long");
+    switch (n.kind) {
+      case Node::Kind::kBody: return Exec(n.body);
+      case Node::Kind::kText: out_ += n.text; return absl::OkStatus();
+      case Node::Kind::kOutput: {
+        PS_ASSIGN_OR_RETURN(const Value v, Eval(*n.expr));
+        out_ += v.Str();
+        return absl::OkStatus();
+      }
+      case Node::Kind::kIf:
+        for (const auto& [cond, body] : n.branches) {
+          PS_ASSIGN_OR_RETURN(const Value c, Eval(*cond));
+          if (c.Truthy()) return Exec(body);
+        }
+        return Exec(n.else_body);
+      case Node::Kind::kFor: return For(n);
+      case Node::Kind::kSet: {
+        PS_ASSIGN_OR_RETURN(const Value v, Eval(*n.expr));
+        if (!n.attr.empty()) {
+          const Value ns = Lookup(n.targets[0]);
+          if (!ns.is_dict() || !ns.dict().is_namespace) {
+            return Error(n.line, absl::StrCat("cannot assign attribute on non-namespace object '", n.targets[0], "'"));
+          }
+          ns.dict().Set(n.attr, v);
+          return absl::OkStatus();
+        }
+        return Assign(n.targets, v, n.line);
+      }
+      case Node::Kind::kSetBlock: {
+        std::string saved;
+        std::swap(saved, out_);
+        const absl::Status st = Exec(n.body);
+        std::swap(saved, out_);
+        PS_RETURN_IF_ERROR(st);
+        scopes_.back()[n.targets[0]] = Value(saved);
+        return absl::OkStatus();
+      }
+      case Node::Kind::kMacro: {
+        const Node* macro = &n;
+        scopes_.back()[n.attr] = Value(Function([this, macro](const Args& args) { return CallMacro(*macro, args); }));
+        return absl::OkStatus();
+      }
+      case Node::Kind::kBreak: flow_ = Flow::kBreak; return absl::OkStatus();
+      case Node::Kind::kContinue: flow_ = Flow::kContinue; return absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Assign(const std::vector<std::string>& targets, const Value& v, int line) {
+    if (targets.size() == 1) {
+      scopes_.back()[targets[0]] = v;
+      return absl::OkStatus();
+    }
+    PS_ASSIGN_OR_RETURN(const List items, Iterate(v, line));
+    if (items.size() != targets.size()) {
+      return Error(line, absl::StrCat("cannot unpack ", items.size(), " values into ", targets.size(), " names"));
+    }
+    for (size_t i = 0; i < targets.size(); ++i) scopes_.back()[targets[i]] = items[i];
+    return absl::OkStatus();
+  }
+
+  absl::Status For(const Node& n) {
+    PS_ASSIGN_OR_RETURN(const Value seq, Eval(*n.expr));
+    PS_ASSIGN_OR_RETURN(List items, Iterate(seq, n.line));
+    scopes_.emplace_back();
+    if (n.filter != nullptr) {  // {% for x in xs if cond %}: the loop sees the kept items only
+      List kept;
+      for (const Value& item : items) {
+        PS_RETURN_IF_ERROR(Assign(n.targets, item, n.line));
+        PS_ASSIGN_OR_RETURN(const Value keep, Eval(*n.filter));
+        if (keep.Truthy()) kept.push_back(item);
+      }
+      items = std::move(kept);
+    }
+    absl::Status st;
+    const int64_t len = static_cast<int64_t>(items.size());
+    for (int64_t i = 0; i < len && st.ok(); ++i) {
+      if (++steps_ > max_steps_) {
+        st = Error(n.line, "the template takes too long to render");
+        break;
+      }
+      Dict loop;
+      loop.items = {{"index", Value(i + 1)},      {"index0", Value(i)},
+                    {"revindex", Value(len - i)}, {"revindex0", Value(len - i - 1)},
+                    {"first", Value(i == 0)},     {"last", Value(i == len - 1)},
+                    {"length", Value(len)},       {"depth", Value(1)},
+                    {"depth0", Value(0)}};
+      if (i > 0) loop.items.emplace_back("previtem", items[i - 1]);
+      if (i + 1 < len) loop.items.emplace_back("nextitem", items[i + 1]);
+      loop.items.emplace_back("cycle", Value(Function([i](const Args& a) -> absl::StatusOr<Value> {
+                                if (a.positional.empty())
+                                  return absl::InvalidArgumentError("no items for cycling given");
+                                return a.positional[static_cast<size_t>(i) % a.positional.size()];
+                              })));
+      scopes_.back()["loop"] = Value(std::move(loop));
+      st = Assign(n.targets, items[i], n.line);
+      if (st.ok()) st = Exec(n.body);
+      if (flow_ == Flow::kBreak) {
+        flow_ = Flow::kNormal;
+        break;
+      }
+      flow_ = Flow::kNormal;
+    }
+    scopes_.pop_back();
+    PS_RETURN_IF_ERROR(st);
+    if (items.empty()) return Exec(n.else_body);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Value> CallMacro(const Node& m, const Args& args) {
+    if (call_depth_ >= kMaxCallDepth) return Error(m.line, "macro calls nested too deeply");
+    std::unordered_map<std::string, Value> scope;
+    for (size_t i = 0; i < m.params.size(); ++i) {
+      const auto& [name, def] = m.params[i];
+      if (const Value* v = args.Get(name, i)) {
+        scope[name] = *v;
+      } else if (def != nullptr) {
+        PS_ASSIGN_OR_RETURN(scope[name], Eval(*def));
+      } else {
+        scope[name] = Value::MakeUndefined(name);
+      }
+    }
+    std::string saved;
+    std::swap(saved, out_);
+    scopes_.push_back(std::move(scope));
+    ++call_depth_;
+    const absl::Status st = Exec(m.body);
+    --call_depth_;
+    scopes_.pop_back();
+    std::swap(saved, out_);
+    PS_RETURN_IF_ERROR(st);
+    return Value(saved);
+  }
+
+  Value Lookup(const std::string& name) const {
+    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
+      if (auto f = it->find(name); f != it->end()) return f->second;
+    }
+    return Value::MakeUndefined(name);
+  }
+
+  absl::StatusOr<Value> Eval(const Expr& e) {
+    if (++steps_ > max_steps_) return Error(e.line, "the template takes too long to render");
+    switch (e.kind) {
+      case Expr::Kind::kLiteral: return e.literal;
+      case Expr::Kind::kName: return Lookup(e.name);
+      case Expr::Kind::kList: {
+        List l;
+        for (const auto& [_, a] : e.args) {
+          PS_ASSIGN_OR_RETURN(Value v, Eval(*a));
+          l.push_back(std::move(v));
+        }
+        return Value(std::move(l));
+      }
+      case Expr::Kind::kDict: {
+        Dict d;
+        for (size_t i = 0; i < e.keys.size(); ++i) {
+          PS_ASSIGN_OR_RETURN(const Value k, Eval(*e.keys[i]));
+          if (!k.is_string()) return Error(e.line, "dict keys must be strings");
+          PS_ASSIGN_OR_RETURN(Value v, Eval(*e.args[i].second));
+          d.Set(k.as_string(), std::move(v));
+        }
+        return Value(std::move(d));
+      }
+      case Expr::Kind::kAttr: {
+        PS_ASSIGN_OR_RETURN(const Value s, Eval(*e.subject));
+        return Attr(s, e.name, e.line);
+      }
+      case Expr::Kind::kItem: {
+        PS_ASSIGN_OR_RETURN(const Value s, Eval(*e.subject));
+        PS_ASSIGN_OR_RETURN(const Value k, Eval(*e.args[0].second));
+        return Item(s, k, e.line);
+      }
+      case Expr::Kind::kSlice: return Slice(e);
+      case Expr::Kind::kCall: {
+        PS_ASSIGN_OR_RETURN(const Value f, Eval(*e.subject));
+        PS_ASSIGN_OR_RETURN(const Args args, EvalArgs(e));
+        if (!f.is_callable()) {
+          return Error(e.line, f.is_undefined() ? absl::StrCat("'", f.undefined_name(), "' is undefined")
+                                                : absl::StrCat("'", f.TypeName(), "' object is not callable"));
+        }
+        absl::StatusOr<Value> r = f.function()(args);
+        if (!r.ok() && r.status().code() == absl::StatusCode::kInvalidArgument &&
+            !absl::StartsWith(r.status().message(), "template line")) {
+          return Error(e.line, std::string(r.status().message()));
+        }
+        return r;
+      }
+      case Expr::Kind::kFilter: {
+        PS_ASSIGN_OR_RETURN(const Value s, Eval(*e.subject));
+        PS_ASSIGN_OR_RETURN(const Args args, EvalArgs(e));
+        absl::StatusOr<Value> r = Filter(e.name, s, args);
+        if (!r.ok() && r.status().code() == absl::StatusCode::kInvalidArgument) {
+          return Error(e.line, absl::StrCat("filter '", e.name, "': ", r.status().message()));
+        }
+        return r;
+      }
+      case Expr::Kind::kTest: {
+        PS_ASSIGN_OR_RETURN(const Value s, Eval(*e.subject));
+        PS_ASSIGN_OR_RETURN(const Args args, EvalArgs(e));
+        absl::StatusOr<bool> r = Test(e.name, s, args, e.line);
+        if (!r.ok()) return r.status();
+        return Value(*r != e.negated);
+      }
+      case Expr::Kind::kUnary: {
+        PS_ASSIGN_OR_RETURN(const Value s, Eval(*e.subject));
+        if (e.name == "not") return Value(!s.Truthy());
+        if (!s.is_number() && !s.is_bool()) return Error(e.line, absl::StrCat("bad operand for unary ", e.name));
+        if (e.name == "+") return s;
+        if (s.is_int() && s.as_int() == INT64_MIN) return Error(e.line, "integer overflow");
+        return s.is_float() ? Value(-s.as_double()) : Value(-s.as_int());
+      }
+      case Expr::Kind::kBinary: return Binary(e);
+      case Expr::Kind::kCond: {
+        PS_ASSIGN_OR_RETURN(const Value c, Eval(*e.subject));
+        if (c.Truthy()) return Eval(*e.args[0].second);
+        if (e.args[1].second == nullptr) return Value::MakeUndefined("else");
+        return Eval(*e.args[1].second);
+      }
+    }
+    return Error(e.line, "unknown expression");
+  }
+
+  absl::StatusOr<Args> EvalArgs(const Expr& e) {
+    Args a;
+    for (const auto& [name, x] : e.args) {
+      PS_ASSIGN_OR_RETURN(Value v, Eval(*x));
+      if (name.empty()) {
+        a.positional.push_back(std::move(v));
+      } else {
+        a.keyword.emplace_back(name, std::move(v));
+      }
+    }
+    return a;
+  }
+
+  absl::StatusOr<Value> Binary(const Expr& e) {
+    const std::string& op = e.name;
+    PS_ASSIGN_OR_RETURN(const Value a, Eval(*e.subject));
+    if (op == "and") return a.Truthy() ? Eval(*e.args[0].second) : a;
+    if (op == "or") return a.Truthy() ? a : Eval(*e.args[0].second);
+    PS_ASSIGN_OR_RETURN(const Value b, Eval(*e.args[0].second));
+    const int line = e.line;
+    if (op == "==") return Value(a.Equals(b));
+    if (op == "!=") return Value(!a.Equals(b));
+    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
+      PS_ASSIGN_OR_RETURN(const bool r, Compare(op, a, b, line));
+      return Value(r);
+    }
+    if (op == "in" || op == "not in") {
+      PS_ASSIGN_OR_RETURN(const bool in, Contains(b, a, line));
+      return Value(in == (op == "in"));
+    }
+    if (op == "~") return Value(a.Str() + b.Str());
+    auto undefined = [&](const Value& v) {
+      return Error(line, absl::StrCat("'", v.undefined_name(), "' is undefined"));
+    };
+    if (a.is_undefined()) return undefined(a);
+    if (b.is_undefined()) return undefined(b);
+    const bool numbers = (a.is_number() || a.is_bool()) && (b.is_number() || b.is_bool());
+    const bool floats = a.is_float() || b.is_float();
+    // Python's integers do not overflow; ours are 64-bit and say so.
+    auto checked = [&](bool (*op)(int64_t, int64_t, int64_t*)) -> absl::StatusOr<Value> {
+      int64_t r = 0;
+      if (op(a.as_int(), b.as_int(), &r)) return Error(line, "integer overflow");
+      return Value(r);
+    };
+    static constexpr auto kAdd = [](int64_t x, int64_t y, int64_t* r) { return __builtin_add_overflow(x, y, r); };
+    static constexpr auto kSub = [](int64_t x, int64_t y, int64_t* r) { return __builtin_sub_overflow(x, y, r); };
+    static constexpr auto kMul = [](int64_t x, int64_t y, int64_t* r) { return __builtin_mul_overflow(x, y, r); };
+    if (op == "+") {
+      if (numbers && !floats) return checked(kAdd);
+      if (numbers) return Value(a.as_double() + b.as_double());
+      if (a.is_string() && b.is_string()) {
+        if (!a.is_markup() && !b.is_markup()) return Value(a.as_string() + b.as_string());
+        // Markup + str escapes the str (and str + Markup likewise).
+        return Value::Markup((a.is_markup() ? a.as_string() : Escape(a.as_string())) +
+                             (b.is_markup() ? b.as_string() : Escape(b.as_string())));
+      }
+      if (a.is_list() && b.is_list()) {
+        List l = a.list();
+        l.insert(l.end(), b.list().begin(), b.list().end());
+        return Value(std::move(l));
+      }
+    } else if (op == "-" && numbers) {
+      if (!floats) return checked(kSub);
+      return Value(a.as_double() - b.as_double());
+    } else if (op == "*") {
+      if (numbers && !floats) return checked(kMul);
+      if (numbers) return Value(a.as_double() * b.as_double());
+      const Value* seq = a.is_int() ? &b : &a;
+      const Value* count = a.is_int() ? &a : &b;
+      if (count->is_int() && (seq->is_string() || seq->is_list())) {
+        const int64_t n = std::max<int64_t>(0, count->as_int());
+        const size_t unit = seq->is_string() ? seq->as_string().size() : seq->list().size();
+        if (unit > 0 && n > static_cast<int64_t>(kMaxOutput / unit)) return Error(line, "repetition too long");
+        if (seq->is_string()) {
+          std::string s;
+          for (int64_t i = 0; i < n; ++i) s += seq->as_string();
+          return Value(s);
+        }
+        List l;
+        for (int64_t i = 0; i < n; ++i) l.insert(l.end(), seq->list().begin(), seq->list().end());
+        return Value(std::move(l));
+      }
+    } else if ((op == "/" || op == "//" || op == "%") && numbers) {
+      if (b.as_double() == 0) return Error(line, "division by zero");
+      if (op == "/") return Value(a.as_double() / b.as_double());
+      if (floats) {
+        const double q = std::floor(a.as_double() / b.as_double());
+        return op == "//" ? Value(q) : Value(a.as_double() - q * b.as_double());
+      }
+      const int64_t x = a.as_int(), y = b.as_int();
+      if (x == INT64_MIN && y == -1) return Error(line, "integer overflow");
+      int64_t q = x / y;
+      if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
+      return op == "//" ? Value(q) : Value(x - q * y);
+    } else if (op == "**" && numbers) {
+      if (!floats && b.as_int() >= 0) {
+        int64_t r = 1;
+        int64_t base = a.as_int();
+        for (int64_t e = b.as_int(); e > 0; e >>= 1) {  // by squaring
+          if ((e & 1) != 0 && __builtin_mul_overflow(r, base, &r)) return Error(line, "integer overflow");
+          if (e > 1 && __builtin_mul_overflow(base, base, &base)) return Error(line, "integer overflow");
+        }
+        return Value(r);
+      }
+      return Value(std::pow(a.as_double(), b.as_double()));
+    }
+    return Error(line,
+                 absl::StrCat("unsupported operand types for ", op, ": '", a.TypeName(), "' and '", b.TypeName(), "'"));
+  }
+
+  absl::StatusOr<bool> Contains(const Value& container, const Value& item, int line) {
+    if (container.is_string()) {
+      if (!item.is_string()) return Error(line, "'in <string>' requires a string as left operand");
+      return container.as_string().find(item.as_string()) != std::string::npos;
+    }
+    if (container.is_list()) {
+      return std::ranges::any_of(container.list(), [&](const Value& v) { return v.Equals(item); });
+    }
+    if (container.is_dict()) return item.is_string() && container.dict().Find(item.as_string()) != nullptr;
+    if (container.is_undefined()) return false;  // it iterates as empty
+    return Error(line, absl::StrCat("argument of type '", container.TypeName(), "' is not iterable"));
+  }
+
+  // obj.name: a method, else the item.
+  absl::StatusOr<Value> Attr(const Value& obj, const std::string& name, int line) {
+    if (obj.is_undefined()) return Error(line, absl::StrCat("'", obj.undefined_name(), "' is undefined"));
+    if (obj.is_dict()) {
+      if (!obj.dict().is_namespace) {
+        if (std::optional<Value> m = DictMethod(obj, name)) return *m;
+      }
+      if (const Value* v = obj.dict().Find(name)) return *v;
+      return Value::MakeUndefined(name);
+    }
+    if (obj.is_string()) {
+      if (std::optional<Value> m = StringMethod(obj.as_string(), name)) return *m;
+    }
+    if (obj.is_list() && !name.empty() && std::isdigit(static_cast<unsigned char>(name[0]))) {
+      int64_t i = 0;
+      if (ParseNumber(name, &i)) return Item(obj, Value(i), line);
+    }
+    return Value::MakeUndefined(name);
+  }
+
+  // obj[key]: the item, else the attribute.
+  absl::StatusOr<Value> Item(const Value& obj, const Value& key, int line) {
+    if (obj.is_undefined()) return Error(line, absl::StrCat("'", obj.undefined_name(), "' is undefined"));
+    if (obj.is_dict() && key.is_string()) {
+      if (const Value* v = obj.dict().Find(key.as_string())) return *v;
+      return Value::MakeUndefined(key.as_string());
+    }
+    if (obj.is_generator()) return Error(line, "'generator' object is not subscriptable");
+    if ((obj.is_list() || obj.is_string()) && (key.is_int() || key.is_bool())) {
+      if (obj.is_list()) {
+        const std::optional<size_t> i = Index(key.as_int(), obj.list().size());
+        return i ? obj.list()[*i] : Value::MakeUndefined(absl::StrCat("[", key.as_int(), "]"));
+      }
+      const std::vector<std::string> cps = CodePoints(obj.as_string());
+      const std::optional<size_t> i = Index(key.as_int(), cps.size());
+      return i ? Value(cps[*i]) : Value::MakeUndefined(absl::StrCat("[", key.as_int(), "]"));
+    }
+    if (key.is_string()) return Attr(obj, key.as_string(), line);
+    return Value::MakeUndefined(key.Str());
+  }
+
+  absl::StatusOr<Value> Slice(const Expr& e) {
+    PS_ASSIGN_OR_RETURN(const Value obj, Eval(*e.subject));
+    std::optional<int64_t> parts[3];
+    for (int k = 0; k < 3; ++k) {
+      if (e.args[k].second == nullptr) continue;
+      PS_ASSIGN_OR_RETURN(const Value v, Eval(*e.args[k].second));
+      if (v.is_none()) continue;
+      if (!v.is_int()) return Error(e.line, "slice indices must be integers or None");
+      parts[k] = v.as_int();
+    }
+    List items;
+    if (obj.is_list()) {
+      items = obj.list();
+    } else if (obj.is_string()) {
+      for (std::string& c : CodePoints(obj.as_string())) items.emplace_back(std::move(c));
+    } else {
+      return Error(e.line, absl::StrCat("'", obj.TypeName(), "' object is not subscriptable"));
+    }
+    const int64_t n = static_cast<int64_t>(items.size());
+    if (parts[2] == 0) return Error(e.line, "slice step cannot be zero");
+    const int64_t step = std::clamp<int64_t>(parts[2].value_or(1), -n - 1, n + 1);  // the same items, no overflow
+    auto clamp = [&](std::optional<int64_t> v, int64_t def) {
+      if (!v) return def;
+      int64_t x = *v < 0 ? *v + n : *v;
+      return step > 0 ? std::clamp<int64_t>(x, 0, n) : std::clamp<int64_t>(x, -1, n - 1);
+    };
+    const int64_t start = clamp(parts[0], step > 0 ? 0 : n - 1), stop = clamp(parts[1], step > 0 ? n : -1);
+    List out;
+    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(items[i]);
+    if (obj.is_list()) return Value(std::move(out));
+    std::string s;
+    for (const Value& c : out) s += c.as_string();
+    return Value(s);
+  }
+
+  static std::optional<Value> DictMethod(const Value& obj, const std::string& name) {
+    const Value keep = obj;  // the bound method holds its dict
+    if (name == "items") {
+      return Value(Function([keep](const Args&) -> absl::StatusOr<Value> {
+        List l;
+        for (const auto& [k, v] : keep.dict().items) l.emplace_back(List{Value(k), v});
+        return Value(std::move(l));
+      }));
+    }
+    if (name == "keys" || name == "values") {
+      const bool keys = name == "keys";
+      return Value(Function([keep, keys](const Args&) -> absl::StatusOr<Value> {
+        List l;
+        for (const auto& [k, v] : keep.dict().items) l.push_back(keys ? Value(k) : v);
+        return Value(std::move(l));
+      }));
+    }
+    if (name == "get") {
+      return Value(Function([keep](const Args& a) -> absl::StatusOr<Value> {
+        const Value* key = a.Get("key", 0);
+        if (key == nullptr || !key->is_string()) return absl::InvalidArgumentError("get() needs a string key");
+        if (const Value* v = keep.dict().Find(key->as_string())) return *v;
+        const Value* def = a.Get("default", 1);
+        return def != nullptr ? *def : Value::MakeNone();
+      }));
+    }
+    return std::nullopt;
+  }
+
+  static std::optional<Value> StringMethod(const std::string& s, const std::string& name) {
+    if (name == "strip" || name == "lstrip" || name == "rstrip") {
+      const bool l = name != "rstrip", r = name != "lstrip";
+      return Value(Function(
+          [s, l, r](const Args& a) -> absl::StatusOr<Value> { return Value(Strip(s, a.Get("chars", 0), l, r)); }));
+    }
+    if (name == "upper" || name == "lower") {
+      const bool up = name == "upper";
+      return Value(Function([s, up](const Args&) -> absl::StatusOr<Value> {
+        return Value(up ? absl::AsciiStrToUpper(s) : absl::AsciiStrToLower(s));
+      }));
+    }
+    if (name == "title" || name == "capitalize") {
+      const bool title = name == "title";
+      return Value(Function([s, title](const Args&) -> absl::StatusOr<Value> { return Value(Capitalize(s, title)); }));
+    }
+    if (name == "startswith" || name == "endswith") {
+      const bool starts = name == "startswith";
+      return Value(Function([s, starts](const Args& a) -> absl::StatusOr<Value> {
+        const Value* p = a.Get("prefix", 0);
+        if (p == nullptr) return absl::InvalidArgumentError("startswith/endswith need an argument");
+        List options = p->is_list() ? p->list() : List{*p};
+        for (const Value& o : options) {
+          if (!o.is_string()) return absl::InvalidArgumentError("startswith/endswith need strings");
+          if (starts ? s.starts_with(o.as_string()) : s.ends_with(o.as_string())) return Value(true);
+        }
+        return Value(false);
+      }));
+    }
+    if (name == "split") {
+      return Value(Function([s](const Args& a) -> absl::StatusOr<Value> {
+        const Value* sep = a.Get("sep", 0);
+        const Value* max = a.Get("maxsplit", 1);
+        const int64_t limit = max != nullptr && max->is_int() ? max->as_int() : -1;
+        List parts;
+        if (sep == nullptr || sep->is_none()) {  // runs of whitespace
+          size_t i = 0;
+          while (true) {
+            while (i < s.size() && IsSpace(s[i])) ++i;
+            if (i >= s.size()) break;
+            if (limit >= 0 && static_cast<int64_t>(parts.size()) == limit) {
+              parts.emplace_back(Strip(s.substr(i), nullptr, false, true));
+              break;
+            }
+            size_t j = i;
+            while (j < s.size() && !IsSpace(s[j])) ++j;
+            parts.emplace_back(s.substr(i, j - i));
+            i = j;
+          }
+          return Value(std::move(parts));
+        }
+        if (!sep->is_string() || sep->as_string().empty()) return absl::InvalidArgumentError("empty separator");
+        size_t i = 0;
+        while (true) {
+          const size_t j = s.find(sep->as_string(), i);
+          if (j == std::string::npos || (limit >= 0 && static_cast<int64_t>(parts.size()) == limit)) {
+            parts.emplace_back(s.substr(i));
+            break;
+          }
+          parts.emplace_back(s.substr(i, j - i));
+          i = j + sep->as_string().size();
+        }
+        return Value(std::move(parts));
+      }));
+    }
+    if (name == "replace") {
+      return Value(Function([s](const Args& a) -> absl::StatusOr<Value> {
+        const Value *from = a.Get("old", 0), *to = a.Get("new", 1), *count = a.Get("count", 2);
+        if (from == nullptr || to == nullptr || !from->is_string() || !to->is_string()) {
+          return absl::InvalidArgumentError("replace() needs two strings");
+        }
+        return Value(Replace(s, from->as_string(), to->as_string(), count != nullptr ? count->as_int() : -1));
+      }));
+    }
+    if (name == "find") {
+      return Value(Function([s](const Args& a) -> absl::StatusOr<Value> {
+        const Value* sub = a.Get("sub", 0);
+        if (sub == nullptr || !sub->is_string()) return absl::InvalidArgumentError("find() needs a string");
+        const size_t at = s.find(sub->as_string());
+        return Value(at == std::string::npos ? int64_t{-1} : static_cast<int64_t>(at));
+      }));
+    }
+    return std::nullopt;
+  }
+
+  static std::string Capitalize(const std::string& s, bool every_word) {
+    std::string out = absl::AsciiStrToLower(s);
+    bool start = true;
+    for (char& c : out) {
+      if (start && std::isalpha(static_cast<unsigned char>(c))) c = absl::ascii_toupper(c);
+      if (every_word) {
+        start = !std::isalnum(static_cast<unsigned char>(c));
+      } else {
+        start = false;
+      }
+    }
+    return out;
+  }
+
+  static std::string Replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+    std::string out;
+    size_t i = 0;
+    int64_t done = 0;
+    if (from.empty()) return s;
+    while (count < 0 || done < count) {
+      const size_t j = s.find(from, i);
+      if (j == std::string::npos) break;
+      out += s.substr(i, j - i) + to;
+      i = j + from.size();
+      ++done;
+    }
+    return out + s.substr(i);
+  }
+
+  absl::StatusOr<Value> Filter(const std::string& name, const Value& v, const Args& a) {
+    if (name == "tojson") {
+      const Value* indent = a.Get("indent", 0);
+      const Value* sort = a.Get("sort_keys", 99);
+      PS_ASSIGN_OR_RETURN(std::string s, v.ToJson(indent != nullptr && indent->is_int() ? indent->as_int() : -1,
+                                                  sort != nullptr && sort->Truthy()));
+      return Value(s);
+    }
+    if (name == "string") return v.is_string() ? v : Value(v.Str());
+    if (name == "safe") return Value::Markup(v.Str());
+    if (name == "e" || name == "escape") {
+      if (v.is_markup()) return v;
+      return Value::Markup(Escape(v.Str()));
+    }
+    if (name == "forceescape") return Value::Markup(Escape(v.Str()));
+    return FilterRest(name, v, a);
+  }
+
+  static std::string Escape(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+      switch (c) {
+        case '&': out += "&amp;"; break;
+        case '<': out += "&lt;"; break;
+        case '>': out += "&gt;"; break;
+        case '"': out += "&#34;"; break;
+        case '\'': out += "&#39;"; break;
+        default: out += c;
+      }
+    }
+    return out;
+  }
+
+  absl::StatusOr<Value> FilterRest(const std::string& name, const Value& v, const Args& a) {
+    if (name == "trim") {  // of str(v), as Jinja's soft_str (undefined: "")
+      return Value(Strip(v.Str(), a.Get("chars", 0), true, true));
+    }
+    if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
+      return StringMethod(v.Str(), name).value().function()(Args{});
+    }
+    if (name == "replace") return StringMethod(v.Str(), "replace").value().function()(a);
+    if (name == "length" || name == "count") {
+      if (v.is_string()) return Value(static_cast<int64_t>(CodePoints(v.as_string()).size()));
+      if (v.is_list() && !v.is_generator()) return Value(static_cast<int64_t>(v.list().size()));
+      if (v.is_dict()) return Value(static_cast<int64_t>(v.dict().items.size()));
+      if (v.is_undefined()) return Value(int64_t{0});
+      return absl::InvalidArgumentError(absl::StrCat("object of type '", v.TypeName(), "' has no len()"));
+    }
+    if (name == "default" || name == "d") {
+      const Value* def = a.Get("default_value", 0);
+      const Value* boolean = a.Get("boolean", 1);
+      const bool use_default = v.is_undefined() || (boolean != nullptr && boolean->Truthy() && !v.Truthy());
+      return use_default ? (def != nullptr ? *def : Value("")) : v;
+    }
+    if (name == "list") {
+      PS_ASSIGN_OR_RETURN(List l, Iterate(v, 0));
+      return Value(std::move(l));
+    }
+    if (name == "first" || name == "last") {
+      PS_ASSIGN_OR_RETURN(const List l, Iterate(v, 0));
+      if (l.empty()) return Value::MakeUndefined(name);
+      return name == "first" ? l.front() : l.back();
+    }
+    if (name == "reverse") {
+      if (v.is_string()) {
+        std::vector<std::string> cps = CodePoints(v.as_string());
+        std::ranges::reverse(cps);
+        return Value(absl::StrJoin(cps, ""));
+      }
+      PS_ASSIGN_OR_RETURN(List l, Iterate(v, 0));
+      std::ranges::reverse(l);
+      return Value(std::move(l));
+    }
+    if (name == "join") {
+      PS_ASSIGN_OR_RETURN(const List l, Iterate(v, 0));
+      const Value* sep = a.Get("d", 0);
+      const Value* attr = a.Get("attribute", 1);
+      std::string out;
+      for (size_t i = 0; i < l.size(); ++i) {
+        if (i > 0 && sep != nullptr) out += sep->Str();
+        if (attr != nullptr) {
+          PS_ASSIGN_OR_RETURN(const Value x, Attr(l[i], attr->Str(), 0));
+          out += x.Str();
+        } else {
+          out += l[i].Str();
+        }
+      }
+      return Value(out);
+    }
+    if (name == "items") {
+      if (v.is_undefined()) return Value(List{});
+      if (!v.is_dict()) return absl::InvalidArgumentError("items needs a mapping");
+      return DictMethod(v, "items").value().function()(Args{});
+    }
+    if (name == "dictsort") {
+      if (!v.is_dict()) return absl::InvalidArgumentError("dictsort needs a mapping");
+      std::vector<std::pair<std::string, Value>> items = v.dict().items;
+      std::ranges::stable_sort(items, [](const auto& x, const auto& y) {
+        return absl::AsciiStrToLower(x.first) < absl::AsciiStrToLower(y.first);
+      });
+      List l;
+      for (auto& [k, x] : items) l.emplace_back(List{Value(k), x});
+      return Value(std::move(l));
+    }
+    if (name == "int") {
+      if (v.is_int() || v.is_bool()) return Value(v.as_int());
+      if (v.is_float() && std::abs(v.as_double()) < 9.2e18) return Value(static_cast<int64_t>(v.as_double()));
+      if (int64_t x = 0; v.is_string() && ParseNumber(v.as_string(), &x)) return Value(x);
+      const Value* def = a.Get("default", 0);
+      return def != nullptr ? *def : Value(int64_t{0});
+    }
+    if (name == "float") {
+      if (v.is_number() || v.is_bool()) return Value(v.as_double());
+      if (double x = 0; v.is_string() && ParseNumber(v.as_string(), &x)) return Value(x);
+      const Value* def = a.Get("default", 0);
+      return def != nullptr ? *def : Value(0.0);
+    }
+    if (name == "abs") {
+      if (v.is_int() && v.as_int() == INT64_MIN) return absl::InvalidArgumentError("integer overflow");
+      if (v.is_int()) return Value(std::abs(v.as_int()));
+      if (v.is_float()) return Value(std::abs(v.as_double()));
+      return absl::InvalidArgumentError("abs needs a number");
+    }
+    if (name == "indent") {
+      const Value* width = a.Get("width", 0);
+      const Value* first = a.Get("first", 1);
+      const Value* blank = a.Get("blank", 2);
+      const int64_t n = width != nullptr && width->is_int() ? std::clamp<int64_t>(width->as_int(), 0, 4096) : 4;
+      const std::string pad = width != nullptr && width->is_string() ? width->as_string() : std::string(n, ' ');
+      std::vector<std::string> lines = absl::StrSplit(v.Str(), '\n');
+      std::string out;
+      for (size_t i = 0; i < lines.size(); ++i) {
+        if (i > 0) out += '\n';
+        const bool indent_it = (i > 0 || (first != nullptr && first->Truthy())) &&
+                               (!lines[i].empty() || (blank != nullptr && blank->Truthy()));
+        if (indent_it) out += pad;
+        out += lines[i];
+      }
+      return Value(out);
+    }
+    if (name == "map" || name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
+      return Sequence(name, v, a);
+    }
+    if (name == "unique") {
+      PS_ASSIGN_OR_RETURN(const List l, Iterate(v, 0));
+      List out;
+      for (const Value& x : l) {
+        if (std::ranges::none_of(out, [&](const Value& y) { return y.Equals(x); })) out.push_back(x);
+      }
+      return Value(std::move(out));
+    }
+    if (name == "sum") {
+      PS_ASSIGN_OR_RETURN(const List l, Iterate(v, 0));
+      Value total = a.Get("start", 1) != nullptr ? *a.Get("start", 1) : Value(int64_t{0});
+      for (const Value& x : l) {
+        if (!x.is_number() || !total.is_number()) return absl::InvalidArgumentError("sum needs numbers");
+        total = total.is_float() || x.is_float() ? Value(total.as_double() + x.as_double())
+                                                 : Value(total.as_int() + x.as_int());
+      }
+      return total;
+    }
+    if (name == "min" || name == "max") {
+      PS_ASSIGN_OR_RETURN(const List l, Iterate(v, 0));
+      if (l.empty()) return Value::MakeUndefined(name);
+      Value best = l[0];
+      for (const Value& x : l) {
+        PS_ASSIGN_OR_RETURN(const bool less, name == "min" ? Less(x, best, 0) : Less(best, x, 0));
+        if (less) best = x;
+      }
+      return best;
+    }
+    if (name == "round") {
+      const Value* precision = a.Get("precision", 0);
+      const double scale = std::pow(10.0, precision != nullptr ? precision->as_int() : 0);
+      return Value(std::round(v.as_double() * scale) / scale);
+    }
+    if (name == "wordcount") {
+      return Value(static_cast<int64_t>(
+          std::vector<std::string>(absl::StrSplit(v.Str(), absl::ByAnyChar(" \t\n\r"), absl::SkipEmpty())).size()));
+    }
+    return absl::InvalidArgumentError("unknown filter");
+  }
+
+  // map / select / reject / selectattr / rejectattr.
+  absl::StatusOr<Value> Sequence(const std::string& name, const Value& v, const Args& a) {
+    if (!v.Truthy()) return Value(List{});  // Jinja iterates a false value (none too) as empty here
+    PS_ASSIGN_OR_RETURN(const List l, Iterate(v, 0));
+    List out;
+    if (name == "map") {
+      const Value* attr = a.Get("attribute", 99);
+      for (const Value& x : l) {
+        if (attr != nullptr) {
+          PS_ASSIGN_OR_RETURN(Value y, Attr(x, attr->Str(), 0));
+          if (y.is_undefined() && a.Get("default", 99) != nullptr) y = *a.Get("default", 99);
+          out.push_back(std::move(y));
+        } else {
+          if (a.positional.empty() || !a.positional[0].is_string()) {
+            return absl::InvalidArgumentError("map needs a filter name or attribute=");
+          }
+          Args rest{.positional = {a.positional.begin() + 1, a.positional.end()}, .keyword = a.keyword};
+          PS_ASSIGN_OR_RETURN(Value y, Filter(a.positional[0].as_string(), x, rest));
+          out.push_back(std::move(y));
+        }
+      }
+      return Value::Generator(std::move(out));
+    }
+    const bool by_attr = name.ends_with("attr");
+    const bool keep_if = name.starts_with("select");
+    const size_t test_at = by_attr ? 1 : 0;
+    if (by_attr && (a.positional.empty() || !a.positional[0].is_string())) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " needs an attribute name"));
+    }
+    for (const Value& x : l) {
+      Value subject = x;
+      if (by_attr) {
+        PS_ASSIGN_OR_RETURN(subject, Attr(x, a.positional[0].as_string(), 0));
+      }
+      bool ok;
+      if (a.positional.size() <= test_at) {
+        ok = subject.Truthy();
+      } else {
+        Args rest{.positional = {a.positional.begin() + static_cast<std::ptrdiff_t>(test_at) + 1, a.positional.end()}};
+        PS_ASSIGN_OR_RETURN(ok, Test(a.positional[test_at].Str(), subject, rest, 0));
+      }
+      if (ok == keep_if) out.push_back(x);
+    }
+    return Value::Generator(std::move(out));
+  }
+
+  absl::StatusOr<bool> Test(const std::string& name, const Value& v, const Args& a, int line) {
+    const Value* arg = a.positional.empty() ? nullptr : &a.positional[0];
+    if (name == "defined") return !v.is_undefined();
+    if (name == "undefined") return v.is_undefined();
+    if (name == "none") return v.is_none();
+    if (name == "boolean") return v.is_bool();
+    if (name == "true") return v.is_bool() && v.as_bool();
+    if (name == "false") return v.is_bool() && !v.as_bool();
+    if (name == "integer") return v.is_int();
+    if (name == "float") return v.is_float();
+    if (name == "number") return v.is_number() || v.is_bool();
+    if (name == "string") return v.is_string();
+    if (name == "mapping") return v.is_dict();
+    if (name == "iterable") return v.is_list() || v.is_dict() || v.is_string();
+    if (name == "sequence") return v.is_list() || v.is_dict() || v.is_string();
+    if (name == "callable") return v.is_callable();
+    if (name == "odd" || name == "even") {
+      if (!v.is_int()) return Error(line, "odd/even need an integer");
+      return (v.as_int() % 2 != 0) == (name == "odd");
+    }
+    if (name == "divisibleby") {
+      if (!v.is_int() || arg == nullptr || !arg->is_int() || arg->as_int() == 0) {
+        return Error(line, "divisibleby needs integers");
+      }
+      return v.as_int() % arg->as_int() == 0;
+    }
+    if (arg == nullptr) return Error(line, absl::StrCat("test '", name, "' needs an argument or is unknown"));
+    if (name == "eq" || name == "equalto" || name == "==") return v.Equals(*arg);
+    if (name == "ne" || name == "!=") return !v.Equals(*arg);
+    if (name == "sameas") return v.Equals(*arg) && v.TypeName() == arg->TypeName();
+    static const std::map<std::string, std::string, std::less<>> kCompare = {
+        {"lt", "<"}, {"<", "<"}, {"gt", ">"}, {">", ">"}, {"le", "<="}, {"<=", "<="}, {"ge", ">="}, {">=", ">="}};
+    if (auto c = kCompare.find(name); c != kCompare.end()) return Compare(c->second, v, *arg, line);
+    if (name == "in") return Contains(*arg, v, line);
+    return Error(line, absl::StrCat("unknown test '", name, "'"));
+  }
+
+  void AddGlobals() {
+    auto& g = scopes_.front();
+    auto define = [&](const std::string& name, Function f) {
+      if (!g.contains(name)) g[name] = Value(std::move(f));
+    };
+    define("raise_exception", [](const Args& a) -> absl::StatusOr<Value> {
+      return absl::FailedPreconditionError(a.positional.empty() ? "raise_exception" : a.positional[0].Str());
+    });
+    define("range", [](const Args& a) -> absl::StatusOr<Value> {
+      int64_t start = 0, stop = 0, step = 1;
+      for (const Value& v : a.positional) {
+        if (!v.is_int()) return absl::InvalidArgumentError("range() needs integers");
+      }
+      if (a.positional.size() == 1) {
+        stop = a.positional[0].as_int();
+      } else if (a.positional.size() >= 2) {
+        start = a.positional[0].as_int();
+        stop = a.positional[1].as_int();
+        if (a.positional.size() >= 3) step = a.positional[2].as_int();
+      } else {
+        return absl::InvalidArgumentError("range() needs 1 to 3 arguments");
+      }
+      if (step == 0) return absl::InvalidArgumentError("range() step must not be zero");
+      List l;
+      for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+        if (l.size() >= 1'000'000) return absl::InvalidArgumentError("range() too long");
+        l.emplace_back(i);
+        if (__builtin_add_overflow(i, step, &i)) break;
+      }
+      return Value(std::move(l));
+    });
+    auto make_dict = [](bool ns) {
+      return [ns](const Args& a) -> absl::StatusOr<Value> {
+        Dict d;
+        d.is_namespace = ns;
+        for (const Value& p : a.positional) {
+          if (!p.is_dict()) return absl::InvalidArgumentError("namespace()/dict() take a mapping or keywords");
+          for (const auto& [k, v] : p.dict().items) d.Set(k, v);
+        }
+        for (const auto& [k, v] : a.keyword) d.Set(k, v);
+        return Value(std::move(d));
+      };
+    };
+    define("namespace", make_dict(true));
+    define("dict", make_dict(false));
+    define("strftime_now", [](const Args& a) -> absl::StatusOr<Value> {
+      if (a.positional.empty() || !a.positional[0].is_string()) {
+        return absl::InvalidArgumentError("strftime_now() needs a format");
+      }
+      const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+      std::tm tm{};
+      localtime_r(&now, &tm);
+      char buf[256];
+      const size_t n = std::strftime(buf, sizeof(buf), a.positional[0].as_string().c_str(), &tm);
+      return Value(std::string(buf, n));
+    });
+  }
+
+  std::vector<std::unordered_map<std::string, Value>> scopes_;
+  std::string out_;
+  Flow flow_ = Flow::kNormal;
+  const int64_t max_steps_;
+  int64_t steps_ = 0;
+  int call_depth_ = 0;
+};
+
+}  // namespace
+
+// The tree's root, kept alive by every Template copy.
+absl::StatusOr<Template> Template::Parse(std::string_view source, Options options) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Node> root, ParseTemplate(source, options));
+  return Template(std::shared_ptr<const Node>(std::move(root)), options);
+}
+
+absl::StatusOr<std::string> Template::Render(const Dict& context) const {
+  Renderer r(context, options_.max_steps);
+  PS_RETURN_IF_ERROR(r.Exec(root_->body));
+  return std::move(r.out());
+}
+
+}  // namespace ps::jinja
