@@ -3,6 +3,7 @@
 // recursive-descent parser with Jinja2's precedence.
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -60,7 +61,7 @@ absl::StatusOr<std::vector<Token>> Tokenize(std::string_view s, int line) {
       }
       Token t{.kind = is_float ? Token::Kind::kFloat : Token::Kind::kInt, .text = num};
       if (is_float) {
-        t.value = Value(std::stod(num));
+        t.value = Value(std::strtod(num.c_str(), nullptr));  // out of range: inf or 0, as Python's float()
       } else {
         int64_t v = 0;
         if (std::from_chars(num.data(), num.data() + num.size(), v).ec != std::errc()) {

@@ -128,6 +128,10 @@ TEST(Jinja, RunawayTemplatesFailInsteadOfExhaustingTheMachine) {
             "PARSE ERROR: template line 1: expression nested too deeply");
   EXPECT_EQ(Render("{{ " + std::string(300, '-') + "1 }}"),
             "PARSE ERROR: template line 1: expression nested too deeply");
+  EXPECT_EQ(Render("{{ 1e999 }} {{ -1e999 }} {{ 1e-999 }}"), "inf -inf 0.0");  // fuzz_jinja found stod's throw
+  EXPECT_EQ(Render("{{ 99999999999999999999 }}"),
+            "PARSE ERROR: template line 1: integer literal out of range: "
+            "99999999999999999999");
   EXPECT_EQ(Render("{{ 9223372036854775807 + 1 }}"), "RENDER ERROR: template line 1: integer overflow");
   EXPECT_EQ(Render("{{ 3 ** 99 }}"), "RENDER ERROR: template line 1: integer overflow");
   EXPECT_EQ(Render("{{ 'x' * 100000000000 }}"), "RENDER ERROR: template line 1: repetition too long");
