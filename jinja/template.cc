@@ -125,6 +125,12 @@ constexpr int kMaxCallDepth = 64;
 
 class Renderer {
  public:
+  ~Renderer() {
+    for (Value& ns : namespaces_) ns.dict().items.clear();
+  }
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
+
   Renderer(const Dict& context, int64_t max_steps) : max_steps_(max_steps) {
     scopes_.emplace_back();
     for (const auto& [k, v] : context.items) scopes_.back()[k] = v;
@@ -1020,7 +1026,14 @@ class Renderer {
         return Value(std::move(d));
       };
     };
-    define("namespace", make_dict(true));
+    // Every namespace is kept until the rendering ends, then emptied: an attribute set
+    // to the namespace itself (or to a list or method holding it) is a cycle of shared
+    // pointers that would otherwise never be freed.
+    define("namespace", [this, make = make_dict(true)](const Args& a) -> absl::StatusOr<Value> {
+      PS_ASSIGN_OR_RETURN(Value ns, make(a));
+      namespaces_.push_back(ns);
+      return ns;
+    });
     define("dict", make_dict(false));
     define("strftime_now", [](const Args& a) -> absl::StatusOr<Value> {
       if (a.positional.empty() || !a.positional[0].is_string()) {
@@ -1038,6 +1051,7 @@ class Renderer {
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   std::string out_;
   Flow flow_ = Flow::kNormal;
+  std::vector<Value> namespaces_;  // made by namespace(): emptied at the end
   const int64_t max_steps_;
   int64_t steps_ = 0;
   int call_depth_ = 0;
