@@ -21,7 +21,9 @@
 namespace ps::jinja {
 namespace {
 
+// line <= 0: inside a filter or test, whose caller names the line.
 absl::Status Error(int line, const std::string& what) {
+  if (line <= 0) return absl::InvalidArgumentError(what);
   return absl::InvalidArgumentError(absl::StrCat("template line ", line, ": ", what));
 }
 

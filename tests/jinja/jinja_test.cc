@@ -123,6 +123,8 @@ TEST(Jinja, ErrorsNameTheLine) {
   EXPECT_EQ(Render("\n\n{{ x.y.z }}", R"({"x": {}})"), "RENDER ERROR: template line 3: 'y' is undefined");
   EXPECT_EQ(Render("{{ 1 + 'a' }}"), "RENDER ERROR: template line 1: unsupported operand types for +: 'int' and 'str'");
   EXPECT_EQ(Render("{{ x | nosuch }}"), "RENDER ERROR: template line 1: filter 'nosuch': unknown filter");
+  EXPECT_EQ(Render("\n{{ 3 | map('upper') | list }}"),
+            "RENDER ERROR: template line 2: filter 'map': 'int' object is not iterable");
   EXPECT_EQ(Render("{{ 'unterminated }}"), "PARSE ERROR: template line 1: unclosed tag (no '}}')");
 }
 
