@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 TESTDATA=${PS_TESTDATA:-../shared/testdata}
 PROGRAMS=(tests/cuda_test tests/cuda_forward_test tests/scheduler_test tests/preemption_test
-  tests/pruning_scheduler_test pruneserve pruneserve-cli ps_bench_engine)
+  tests/pruning_scheduler_test tests/prefix_cache_scheduler_test pruneserve pruneserve-cli ps_bench_engine)
 LIMIT_MIB=60
 
 [ -f "$BUILD/CMakeCache.txt" ] || { echo "gpu_bundle: no build in $BUILD (scripts/test.sh makes one)" >&2; exit 1; }

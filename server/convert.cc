@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "model/tokenizer/chat_template.h"
 
 namespace ps::server {
 
@@ -30,14 +29,11 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
       break;
     case pb::GenerateRequest::kMessages: {
       if (in.messages().messages().empty()) return absl::InvalidArgumentError("messages: no messages");
+      if (!defaults.chat.ok())
+        return absl::FailedPreconditionError(absl::StrCat("messages: ", defaults.chat.status().message()));
       std::vector<ChatMessage> msgs;
       for (const auto& m : in.messages().messages()) msgs.push_back({m.role(), m.content()});
-      const ChatTemplate t = DetectChatTemplate(tok->chat_template());
-      if (t.format == ChatFormat::kUnknown) {
-        return absl::FailedPreconditionError("messages: the model's chat template is not supported; send text");
-      }
-      PS_ASSIGN_OR_RETURN(std::string text, ApplyChatTemplate(t, msgs));
-      prompt = tok->Encode(text, /*add_special=*/true, /*parse_special=*/true);
+      PS_ASSIGN_OR_RETURN(prompt, (*defaults.chat)->Encode(msgs));
       break;
     }
     case pb::GenerateRequest::INPUT_NOT_SET:

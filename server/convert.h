@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/model.h"
+#include "model/tokenizer/chat_template.h"
 #include "pruneserve/v1/generation.pb.h"
 #include "scheduler/request.h"
 
@@ -32,13 +33,15 @@ struct RequestDefaults {
   int max_new_tokens = 256;                            // capped to the room left in the context
   std::shared_ptr<const StrategyDefaults> strategies;  // every strategy's parameters (defaults + flags)
   RequestLimits limits;
+  // What formats chat messages; the reason they are refused when there is none.
+  absl::StatusOr<ChatTemplatePtr> chat = absl::FailedPreconditionError("no chat template is loaded");
 };
 
 inline constexpr size_t kMaxCacheSaltBytes = 256;
 
 // Builds a scheduler request (without id, sink or deadline). Errors are
-// INVALID_ARGUMENT naming the field, FAILED_PRECONDITION for a chat request to a
-// model whose template is not supported, or RESOURCE_EXHAUSTED beyond `limits`.
+// INVALID_ARGUMENT naming the field (a conversation the chat template refuses too),
+// FAILED_PRECONDITION for a chat request when `defaults.chat` holds no template, or RESOURCE_EXHAUSTED beyond `limits`.
 // `principal` (AccessControl::Authenticate) and the request's cache_salt keep its
 // prompt prefixes apart in the prefix cache.
 absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequest& in, const Model& model,

@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "model/tokenizer/chat_template.h"
 #include "server/kv_event_stream.h"
 #include "server/metered_sink.h"
 #include "server/queued_write_reactor.h"
@@ -276,7 +275,11 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
   for (int32_t id : tok->end_of_generation_ids()) {
     if (id != tok->eos_id()) add("eog", id);
   }
-  out->set_chat_template(std::string(ChatFormatName(DetectChatTemplate(tok->chat_template()).format)));
+  if (b->defaults.chat.ok()) {
+    out->set_chat_template((*b->defaults.chat)->source());
+  } else {
+    out->set_chat_template_error(std::string(b->defaults.chat.status().message()));
+  }
   out->set_device(b->device);
   out->set_cpu_isa(b->cpu_isa);
   out->set_activations(b->activations);

@@ -40,6 +40,9 @@ void AddFlags(ps::FlagParser& f, ps::server::ServerOptions& o) {
                   "the name(s) the HTTP API's \"model\" field takes (default: the model file's name without "
                   "extension)");
   f.AddString("port-file", &o.port_file, "write the bound ports here (lines grpc=N, metrics=N, http=N)");
+  f.AddString("chat-template", &o.chat_template,
+              "a Jinja chat template file formatting chat messages in place of the model's own "
+              "(tokenizer.chat_template; e.g. one of models/templates/)");
   f.AddString("device", &o.device, "cpu | cuda | auto: the backend (auto = cuda when a usable device is present)");
   f.AddInt("threads", &o.threads, "compute threads (0 = number of cores)");
   f.AddInt("max-queue", &o.max_queue, "waiting requests at most (RESOURCE_EXHAUSTED beyond)");

@@ -215,6 +215,16 @@ absl::Status RunServer(ServerOptions o) {
     return Error(absl::StrCat("cannot load the model: ", model.status().message()));
   }
   const ModelConfig& c = (*model)->config();
+  absl::StatusOr<ChatTemplatePtr> chat = absl::FailedPreconditionError("the model has no tokenizer: send token ids");
+  if ((*model)->tokenizer() != nullptr) chat = ChatTemplate::Load(*(*model)->tokenizer(), o.chat_template);
+  if (chat.ok()) {
+    spdlog::info("chat template: {}", o.chat_template.empty() ? "the model's own" : o.chat_template);
+  } else if (!o.chat_template.empty()) {
+    grpc_server->Shutdown();
+    return Error(absl::StrCat("--chat-template: ", chat.status().message()));
+  } else {
+    spdlog::warn("chat messages will be refused: {}", std::string(chat.status().message()));
+  }
   {  // the weights in the backend's layouts (a GPU's copies), then the device tier from what is left
     const auto w0 = std::chrono::steady_clock::now();
     const absl::StatusOr<size_t> packed = PrepareWeights(**model, **backend);
@@ -316,6 +326,7 @@ absl::Status RunServer(ServerOptions o) {
   state.defaults.sampling.temperature = static_cast<float>(o.default_temperature);
   state.defaults.sampling.top_p = static_cast<float>(o.default_top_p);
   state.defaults.max_new_tokens = static_cast<int>(o.default_max_new_tokens);
+  state.defaults.chat = std::move(chat);
   state.defaults.limits = {.max_prompt_tokens = static_cast<int>(o.max_prompt_tokens),
                            .max_new_tokens = static_cast<int>(o.max_new_tokens),
                            .max_stop_strings = static_cast<int>(o.max_stop_strings),

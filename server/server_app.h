@@ -18,7 +18,7 @@ struct ServerOptions {
   std::string model, host = "0.0.0.0", config, port_file, log_level = "info", preemption = "swap",
                      kv_dtype = kDefaultKvDTypeName, device = "auto", pod_groups, calibrate_text, auto_table,
                      calibration_cache = DefaultCacheDir(), tls_cert, tls_key, tls_client_ca, api_key_file,
-                     activations = "int8", cpu_isa, prefix_cache = "on";
+                     activations = "int8", cpu_isa, prefix_cache = "on", chat_template;
   std::vector<std::string> strategy_args, served_model_names, inject_faults;
   int64_t port = 50051, metrics_port = 9090, threads = 0, max_queue = 256, max_running = 64, max_batch_tokens = 2048,
           prefill_chunk = 512, default_max_new_tokens = 256, kv_block_size = 16, kv_device_bytes = int64_t{1} << 30,

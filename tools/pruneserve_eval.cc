@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
     return false;
   });
   if (strategies.empty()) return Fail("no strategy to run");
-  const bool chat = info.chat_template() != "unknown";
+  const bool chat = !info.chat_template().empty();
   const int context = static_cast<int>(info.context_length());
   if (lengths.empty()) {
     for (int l = 4096; l <= std::min(context, 32768); l *= 2) lengths.push_back(l);

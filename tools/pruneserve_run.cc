@@ -23,7 +23,7 @@ int Fail(const std::string& msg) {
 
 int main(int argc, char** argv) {
   using namespace ps;
-  std::string model_path, prompt, prompt_file, system, strategy = "full";
+  std::string model_path, prompt, prompt_file, system, chat_template, strategy = "full";
   std::vector<std::string> strategy_args;
   std::vector<std::string> stops;
   int64_t max_new = 128, top_k = 0, seed = 0, threads = 0, logprobs = 0, min_new = 0;
@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
   flags.AddString("prompt-file", &prompt_file, "read the prompt from this file");
   flags.AddBool("chat", &chat, "format the prompt as a user message with the model's chat template");
   flags.AddString("system", &system, "system message for --chat");
+  flags.AddString("chat-template", &chat_template,
+                  "a Jinja chat template file in place of the model's own (implies --chat)");
   flags.AddInt("max-new-tokens", &max_new, "tokens to generate at most");
   flags.AddInt("min-new-tokens", &min_new, "tokens to generate before end-of-sequence may stop");
   flags.AddFloat("temperature", &temperature, "0 = greedy");
@@ -84,17 +86,19 @@ int main(int argc, char** argv) {
   const Tokenizer* tok = (*model)->tokenizer();
   if (tok == nullptr) return Fail("the model has no tokenizer");
 
-  std::string text = prompt;
-  if (chat) {
-    const ChatTemplate tmpl = DetectChatTemplate(tok->chat_template());
+  std::vector<int32_t> ids;
+  if (chat || !chat_template.empty()) {
+    const absl::StatusOr<ChatTemplatePtr> tmpl = ChatTemplate::Load(*tok, chat_template);
+    if (!tmpl.ok()) return Fail(std::string(tmpl.status().message()));
     std::vector<ChatMessage> msgs;
     if (!system.empty()) msgs.push_back({"system", system});
     msgs.push_back({"user", prompt});
-    auto formatted = ApplyChatTemplate(tmpl, msgs);
+    absl::StatusOr<std::vector<int32_t>> formatted = (*tmpl)->Encode(msgs);
     if (!formatted.ok()) return Fail(std::string(formatted.status().message()));
-    text = *formatted;
+    ids = *std::move(formatted);
+  } else {
+    ids = tok->Encode(prompt, !no_special, !no_special);
   }
-  const std::vector<int32_t> ids = tok->Encode(text, !no_special, chat || !no_special);
   if (tokenize) {
     std::cout << absl::StrJoin(ids, " ") << "\n";
     return 0;

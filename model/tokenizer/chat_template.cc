@@ -1,115 +1,66 @@
 #include "model/tokenizer/chat_template.h"
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
-#include "absl/strings/strip.h"
+#include "base/mapped_file.h"
+#include "base/status.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace ps {
 
-std::string_view ChatFormatName(ChatFormat f) {
-  switch (f) {
-    case ChatFormat::kChatML: return "chatml";
-    case ChatFormat::kLlama3: return "llama3";
-    case ChatFormat::kLlama2: return "llama2";
-    case ChatFormat::kMistral: return "mistral";
-    case ChatFormat::kUnknown: break;
-  }
-  return "unknown";
+absl::StatusOr<ChatTemplatePtr> ChatTemplate::Create(std::string_view source, const Tokenizer& tok) {
+  PS_ASSIGN_OR_RETURN(jinja::Template t, jinja::Template::Parse(source));
+  return std::shared_ptr<const ChatTemplate>(new ChatTemplate(source, std::move(t), tok));
 }
 
-ChatTemplate DetectChatTemplate(std::string_view t) {
-  ChatTemplate out;
-  if (t.find("<|im_start|>") != std::string_view::npos) {
-    out.format = ChatFormat::kChatML;
-    // A literal default system turn used when the conversation has none: SmolLM2's
-    // "You are a helpful AI assistant named SmolLM ...", Qwen2.5's "You are Qwen, ...".
-    // The newline may be written as a real one or as the Jinja escape "\\n".
-    const bool conditional =
-        t.find("!= 'system'") != std::string_view::npos || t.find("== 'system'") != std::string_view::npos;
-    const std::string_view open = "<|im_start|>system";
-    for (size_t a = t.find(open); conditional && a != std::string_view::npos; a = t.find(open, a + 1)) {
-      std::string_view rest = t.substr(a + open.size());
-      if (rest.starts_with("\n")) {
-        rest.remove_prefix(1);
-      } else if (rest.starts_with("\\n")) {
-        rest.remove_prefix(2);
-      } else {
-        continue;
-      }
-      const size_t b = rest.find("<|im_end|>");
-      if (b == std::string_view::npos) continue;
-      const std::string_view body = rest.substr(0, b);
-      if (body.empty() || body.find("{{") != std::string_view::npos || body.find("{%") != std::string_view::npos ||
-          body.find('\'') != std::string_view::npos) {
-        continue;  // an expression (the caller's system message), not a literal
-      }
-      out.default_system = absl::StrReplaceAll(absl::string_view(body.data(), body.size()), {{"\\n", "\n"}});
-      break;
-    }
-  } else if (t.find("<|start_header_id|>") != std::string_view::npos) {
-    out.format = ChatFormat::kLlama3;
-  } else if (t.find("[INST]") != std::string_view::npos) {
-    out.format = t.find("<<SYS>>") != std::string_view::npos ? ChatFormat::kLlama2 : ChatFormat::kMistral;
+absl::StatusOr<ChatTemplatePtr> ChatTemplate::Load(const Tokenizer& tok, const std::string& path) {
+  if (!path.empty()) {
+    absl::StatusOr<std::string> source = ReadFileToString(path);
+    if (!source.ok()) return absl::NotFoundError(absl::StrCat("chat template ", path, ": ", source.status().message()));
+    absl::StatusOr<ChatTemplatePtr> t = Create(*source, tok);
+    if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat("chat template ", path, ": ", t.status().message()));
+    return t;
   }
-  return out;
+  if (tok.chat_template().empty()) {
+    return absl::FailedPreconditionError(
+        "the model carries no chat template (tokenizer.chat_template): give one with --chat-template FILE, or send "
+        "text");
+  }
+  absl::StatusOr<ChatTemplatePtr> t = Create(tok.chat_template(), tok);
+  if (!t.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("the model's chat template cannot be used (",
+                                                      t.status().message(),
+                                                      "): give one with --chat-template FILE, or send text"));
+  }
+  return t;
 }
 
-absl::StatusOr<std::string> ApplyChatTemplate(const ChatTemplate& t, std::span<const ChatMessage> messages,
-                                              bool add_generation_prompt) {
+absl::StatusOr<std::string> ChatTemplate::Apply(std::span<const ChatMessage> messages,
+                                                bool add_generation_prompt) const {
   if (messages.empty()) return absl::InvalidArgumentError("messages: empty conversation");
+  jinja::List list;
   for (const ChatMessage& m : messages) {
-    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-      return absl::InvalidArgumentError(absl::StrCat("messages: unknown role '", m.role, "'"));
-    }
+    list.push_back(jinja::Dict{.items = {{"role", m.role}, {"content", m.content}}});
   }
-  std::string out;
-  switch (t.format) {
-    case ChatFormat::kChatML:
-      if (messages[0].role != "system" && !t.default_system.empty()) {
-        absl::StrAppend(&out, "<|im_start|>system\n", t.default_system, "<|im_end|>\n");
-      }
-      for (const ChatMessage& m : messages)
-        absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content, "<|im_end|>\n");
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
-      return out;
-    case ChatFormat::kLlama3:
-      for (const ChatMessage& m : messages) {
-        absl::StrAppend(&out, "<|start_header_id|>", m.role, "<|end_header_id|>\n\n",
-                        absl::StripAsciiWhitespace(m.content), "<|eot_id|>");
-      }
-      if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-      return out;
-    case ChatFormat::kLlama2:
-    case ChatFormat::kMistral: {
-      std::string system;
-      bool first_user = true;
-      for (size_t i = 0; i < messages.size(); ++i) {
-        const ChatMessage& m = messages[i];
-        if (m.role == "system") {
-          if (t.format == ChatFormat::kMistral) {
-            system = m.content + "\n\n";
-          } else {
-            system = absl::StrCat("<<SYS>>\n", m.content, "\n<</SYS>>\n\n");
-          }
-          continue;
-        }
-        if (m.role == "user") {
-          if (!first_user) out += "<s>";
-          absl::StrAppend(&out, "[INST] ", system, absl::StripAsciiWhitespace(m.content), " [/INST]");
-          system.clear();
-          first_user = false;
-        } else {
-          absl::StrAppend(&out, t.format == ChatFormat::kLlama2 ? " " : "", absl::StripAsciiWhitespace(m.content),
-                          "</s>");
-        }
-      }
-      return out;
-    }
-    case ChatFormat::kUnknown: break;
+  jinja::Dict context{.items = {{"messages", std::move(list)},
+                                {"tools", jinja::Value::MakeNone()},
+                                {"documents", jinja::Value::MakeNone()},
+                                {"add_generation_prompt", add_generation_prompt}}};
+  // transformers passes the special tokens the tokenizer has; one it lacks is undefined.
+  if (tok_.bos_id() >= 0) context.Set("bos_token", tok_.token_text(tok_.bos_id()));
+  if (tok_.eos_id() >= 0) context.Set("eos_token", tok_.token_text(tok_.eos_id()));
+  absl::StatusOr<std::string> text = template_.Render(context);
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("messages: the chat template ",
+                                                   absl::IsFailedPrecondition(text.status()) ? "refused" : "failed on",
+                                                   " the conversation: ", text.status().message()));
   }
-  return absl::FailedPreconditionError(
-      "the model's chat template is not one of the supported formats (ChatML, LLaMA-3, LLaMA-2/Mistral [INST])");
+  return text;
+}
+
+absl::StatusOr<std::vector<int32_t>> ChatTemplate::Encode(std::span<const ChatMessage> messages,
+                                                          bool add_generation_prompt) const {
+  PS_ASSIGN_OR_RETURN(std::string text, Apply(messages, add_generation_prompt));
+  return tok_.Encode(text, /*add_special=*/false, /*parse_special=*/true);
 }
 
 }  // namespace ps

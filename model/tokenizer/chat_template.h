@@ -1,35 +1,57 @@
-// Chat formatting for the common instruct formats, recognised from the model's
-// template text (we do not run Jinja): ChatML (SmolLM2, Qwen2), LLaMA-3 and
-// LLaMA-2 / Mistral [INST].
+// The model's chat template: its tokenizer.chat_template (GGUF metadata or
+// tokenizer_config.json), or an operator's file, rendered by jinja/ in the context
+// Hugging Face transformers' apply_chat_template gives it: `messages`, `tools` (None
+// when absent), `documents` (None), `add_generation_prompt` and the special tokens'
+// texts (`bos_token`, `eos_token`). The rendering writes special tokens as text, BOS
+// included where the template writes it, so it is tokenised as transformers does:
+// no special tokens added, special tokens in the text parsed.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "jinja/template.h"
 
 namespace ps {
 
-enum class ChatFormat { kUnknown, kChatML, kLlama3, kLlama2, kMistral };
-std::string_view ChatFormatName(ChatFormat f);
+class Tokenizer;
 
 struct ChatMessage {
-  std::string role;  // system | user | assistant
+  std::string role;  // system | user | assistant | ... (the template decides what it accepts)
   std::string content;
 };
 
-struct ChatTemplate {
-  ChatFormat format = ChatFormat::kUnknown;
-  std::string default_system;  // inserted when the conversation has no system message
+class ChatTemplate {
+ public:
+  // `source` with `tok`'s special tokens (`tok` must outlive the template).
+  // InvalidArgument naming the line when the interpreter cannot parse it.
+  static absl::StatusOr<std::shared_ptr<const ChatTemplate>> Create(std::string_view source, const Tokenizer& tok);
+  // The template `path` names, else the model's own. FailedPrecondition when the
+  // model carries none and no file is given; NotFound for a file that cannot be read.
+  static absl::StatusOr<std::shared_ptr<const ChatTemplate>> Load(const Tokenizer& tok, const std::string& path);
+
+  // The conversation as text. A conversation the template refuses (its
+  // raise_exception) or fails on is InvalidArgument with the template's message.
+  absl::StatusOr<std::string> Apply(std::span<const ChatMessage> messages, bool add_generation_prompt = true) const;
+  // Apply, tokenised.
+  absl::StatusOr<std::vector<int32_t>> Encode(std::span<const ChatMessage> messages,
+                                              bool add_generation_prompt = true) const;
+
+  const std::string& source() const { return source_; }
+
+ private:
+  ChatTemplate(std::string_view source, jinja::Template t, const Tokenizer& tok)
+      : source_(source), template_(std::move(t)), tok_(tok) {}
+  std::string source_;
+  jinja::Template template_;
+  const Tokenizer& tok_;
 };
 
-// Recognises the template; kUnknown if it matches none of the supported formats.
-ChatTemplate DetectChatTemplate(std::string_view template_text);
-
-// Formats messages (special tokens written as text: tokenise with parse_special).
-// The beginning-of-sequence token is not included: the tokenizer adds it.
-absl::StatusOr<std::string> ApplyChatTemplate(const ChatTemplate& t, std::span<const ChatMessage> messages,
-                                              bool add_generation_prompt = true);
+using ChatTemplatePtr = std::shared_ptr<const ChatTemplate>;
 
 }  // namespace ps

@@ -1,5 +1,5 @@
 // What the request fuzzers validate against: stories260K from the shared test data,
-// loaded once, with the server's default request settings.
+// loaded once, with the server's default request settings and a ChatML template.
 #pragma once
 
 #include <cstdio>
@@ -27,6 +27,11 @@ inline const Served& StoriesModel() {
     }
     s->model = *std::move(model);
     s->defaults.strategies = std::make_shared<const StrategyDefaults>(*StrategyDefaults::ForModel(s->model->config()));
+    // stories260K carries no chat template: messages are formatted as ChatML.
+    s->defaults.chat = ChatTemplate::Create(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        *s->model->tokenizer());
     return s;
   }();
   return *served;

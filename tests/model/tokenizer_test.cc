@@ -155,57 +155,88 @@ TEST(PreTokenizer, SmolLMSplitsDigits) {
   EXPECT_EQ(absl::StrJoin(pieces, "|"), "in| |2|0|2|4|,| yes");
 }
 
-TEST(ChatTemplate, DetectsCommonFormats) {
-  auto qwen = ReadFileToString(kTokenizers + "qwen2.tokenizer_config.json");
-  ASSERT_TRUE(qwen.ok());
-  EXPECT_EQ(DetectChatTemplate(*qwen).format, ChatFormat::kChatML);
-  auto llama3 = ReadFileToString(kTokenizers + "llama3.tokenizer_config.json");
-  EXPECT_EQ(DetectChatTemplate(*llama3).format, ChatFormat::kLlama3);
-  EXPECT_EQ(DetectChatTemplate("{{ '[INST] ' + message['content'] + ' [/INST]' }}").format, ChatFormat::kMistral);
-  EXPECT_EQ(DetectChatTemplate("{% if x %}<<SYS>>{% endif %}[INST]").format, ChatFormat::kLlama2);
-  EXPECT_EQ(DetectChatTemplate("{{ messages }}").format, ChatFormat::kUnknown);
+// Qwen2.5's template (the branches of its system turn, as in its GGUF, newlines
+// written as Jinja escapes): its default system turn when the conversation has none,
+// the caller's otherwise, the generation prompt on request. The special tokens the
+// template writes are parsed, and nothing is added (Qwen has no BOS).
+TEST(ChatTemplate, RendersQwen25sSystemTurns) {
+  const std::unique_ptr<Tokenizer> tok = FromJson("qwen2");
+  const absl::StatusOr<ChatTemplatePtr> t = ChatTemplate::Create(
+      R"({%- if messages[0]['role'] == 'system' %})"
+      R"({{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}{%- else %})"
+      R"({{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }})"
+      R"({%- endif %}{%- for message in messages %}{%- if message.role != 'system' or not loop.first %})"
+      R"({{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}{%- endif %}{%- endfor %})"
+      R"({%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %})",
+      *tok);
+  ASSERT_TRUE(t.ok()) << t.status();
   std::vector<ChatMessage> msgs = {{"user", "Hi"}};
-  EXPECT_FALSE(ApplyChatTemplate(ChatTemplate{}, msgs).ok());
-}
-
-TEST(ChatTemplate, FindsQwenDefaultSystemPrompt) {
-  // The branch structure of Qwen2.5's GGUF template, newlines written as Jinja escapes.
-  const std::string qwen = R"({%- if tools %}{{- '<|im_start|>system\n' }}{%- if messages[0]['role'] == 'system' %})"
-                           R"({{- messages[0]['content'] }}{%- endif %}{%- else %})"
-                           R"({%- if messages[0]['role'] == 'system' %})"
-                           R"({{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}{%- else %})"
-                           R"({{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a )"
-                           R"(helpful assistant.<|im_end|>\n' }}{%- endif %}{%- endif %})";
-  const ChatTemplate t = DetectChatTemplate(qwen);
-  EXPECT_EQ(t.format, ChatFormat::kChatML);
-  EXPECT_EQ(t.default_system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
-  std::vector<ChatMessage> msgs = {{"user", "Hi"}};
-  EXPECT_EQ(*ApplyChatTemplate(t, msgs),
-            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  const std::string with_default =
+      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+      "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+  EXPECT_EQ(*(*t)->Apply(msgs), with_default);
+  const absl::StatusOr<std::vector<int32_t>> ids = (*t)->Encode(msgs);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, tok->Encode(with_default, false, true));
+  EXPECT_EQ((*ids)[0], *tok->FindToken("<|im_start|>"));
   msgs.insert(msgs.begin(), ChatMessage{"system", "Be brief."});
-  EXPECT_EQ(*ApplyChatTemplate(t, msgs),
+  msgs.push_back({"assistant", "Hello."});
+  EXPECT_EQ(*(*t)->Apply(msgs, /*add_generation_prompt=*/false),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-            "<|im_start|>assistant\n");
-  // A template without a literal default system turn has none.
-  EXPECT_EQ(DetectChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}").default_system, "");
+            "<|im_start|>assistant\nHello.<|im_end|>\n");
 }
 
-TEST(ChatTemplate, ChatMLWithDefaultSystem) {
-  const ChatTemplate t{ChatFormat::kChatML, "You are helpful."};
-  std::vector<ChatMessage> msgs = {{"user", "Hi"}};
-  EXPECT_EQ(*ApplyChatTemplate(t, msgs),
-            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-  msgs.push_back({"robot", "x"});
-  EXPECT_FALSE(ApplyChatTemplate(t, msgs).ok());
+// The tokenizer's own template (tokenizer_config.json's chat_template) is the default.
+TEST(ChatTemplate, LoadsTheTokenizersOwnTemplate) {
+  const std::unique_ptr<Tokenizer> tok = FromJson("qwen2");
+  const absl::StatusOr<ChatTemplatePtr> t = ChatTemplate::Load(*tok, "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->source(), tok->chat_template());
+  const std::vector<ChatMessage> msgs = {{"user", "Hi"}};
+  const std::string text = *(*t)->Apply(msgs);
+  EXPECT_THAT(text, testing::HasSubstr("<|im_start|>user\nHi<|im_end|>\n"));
+  EXPECT_THAT(text, testing::EndsWith("<|im_start|>assistant\n"));
 }
 
-TEST(ChatTemplate, Llama3Format) {
-  std::vector<ChatMessage> msgs = {{"system", "S"}, {"user", "U"}};
-  EXPECT_EQ(
-      *ApplyChatTemplate(ChatTemplate{ChatFormat::kLlama3, ""}, msgs),
-      "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
-      "<|start_header_id|>assistant<|end_header_id|>\n\n");
+// LLaMA 3's template writes bos_token itself: the prompt starts with exactly one BOS.
+TEST(ChatTemplate, TheTemplatesBosIsTheOnlyOne) {
+  const std::unique_ptr<Tokenizer> tok = FromJson("llama3");
+  const absl::StatusOr<ChatTemplatePtr> t = ChatTemplate::Load(*tok, "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::vector<ChatMessage> msgs = {{"system", "S"}, {"user", " U "}};
+  EXPECT_EQ(*(*t)->Apply(msgs),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user"
+            "<|end_header_id|>\n\nU<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  const std::vector<int32_t> ids = *(*t)->Encode(msgs);
+  ASSERT_GT(ids.size(), 2u);
+  EXPECT_EQ(ids[0], tok->bos_id());
+  EXPECT_NE(ids[1], tok->bos_id());
+}
+
+TEST(ChatTemplate, RefusalsAndMissingTemplatesSayWhy) {
+  const std::unique_ptr<Tokenizer> tok = FromJson("qwen2");
+  // A template's raise_exception is the client's error, with the template's words.
+  const absl::StatusOr<ChatTemplatePtr> strict = ChatTemplate::Create(
+      "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
+      "{{ raise_exception('roles must be user or assistant') }}{% endif %}{{ m.content }}{% endfor %}",
+      *tok);
+  ASSERT_TRUE(strict.ok()) << strict.status();
+  const std::vector<ChatMessage> robot = {{"robot", "x"}};
+  const absl::Status refused = (*strict)->Apply(robot).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_THAT(std::string(refused.message()), testing::HasSubstr("refused the conversation: roles must be user"));
+  EXPECT_TRUE(absl::IsInvalidArgument((*strict)->Apply({}).status()));
+  // A template the interpreter cannot parse names its line.
+  const absl::Status bad = ChatTemplate::Create("line one\n{% for m in messages %}", *tok).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
+  EXPECT_THAT(std::string(bad.message()), testing::HasSubstr("line"));
+  // No template at all, or a file that is not there.
+  const std::unique_ptr<Tokenizer> bare = FromJson("mistral-v0.1");
+  ASSERT_TRUE(bare->chat_template().empty());
+  const absl::Status none = ChatTemplate::Load(*bare, "").status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(none)) << none;
+  EXPECT_THAT(std::string(none.message()), testing::HasSubstr("--chat-template"));
+  EXPECT_TRUE(absl::IsNotFound(ChatTemplate::Load(*bare, "/nonexistent/t.jinja").status()));
 }
 
 }  // namespace

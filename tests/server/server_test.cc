@@ -3,6 +3,8 @@
 // the validation table, tokenizer and model info, the CPU and KV flags, pruning
 // strategies over the wire (server_faults_test.cc: the servers started per test).
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_join.h"
@@ -297,6 +299,65 @@ TEST(ServerKvCache, Q8KvServesAndHeadsOfPartBlocksAreRefused) {
                                            " --kv-dtype q8_0 --port 0 --metrics-port -1 2>&1");
   EXPECT_EQ(refused.exit_code, 1) << refused.output;
   EXPECT_THAT(refused.output, ::testing::HasSubstr("--kv-dtype q8_0: a Q8_0 KV cache needs heads of a multiple of 32"));
+}
+
+// --chat-template FILE formats a model's messages (stories260K carries no template:
+// without the flag GetModelInfo says why chat is refused). The chat stream equals a text
+// request of the rendering, tokenised as the template's (no BOS added); a conversation the
+// template refuses is INVALID_ARGUMENT with its words; a file that cannot be read or parsed
+// stops the start-up, naming the flag.
+TEST(ServerChatTemplate, AFileFormatsTheMessagesOfAModelWithout) {
+  const std::string path = ::testing::TempDir() + "/server_chat_template_" + std::to_string(::getpid()) + ".jinja";
+  const std::string chatml =
+      "{% for m in messages %}{% if m.role not in ['system', 'user', 'assistant'] %}"
+      "{{ raise_exception('Unknown role ' + m.role) }}{% endif %}"
+      "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  std::ofstream(path) << chatml;
+  ServerProcess server(StoriesOnF32Kv({"--threads", "2", "--chat-template", path}));
+  auto stub = server.Stub();
+  grpc::ClientContext ctx;
+  pb::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.chat_template(), chatml);
+  EXPECT_EQ(info.chat_template_error(), "");
+  auto chat = [](const std::string& role) {
+    pb::GenerateRequest r;
+    auto* m = r.mutable_messages()->add_messages();
+    m->set_role(role);
+    m->set_content("Once upon a time");
+    r.mutable_sampling()->set_temperature(0);
+    r.mutable_stopping()->set_max_new_tokens(8);
+    return r;
+  };
+  const StreamResult via_chat = RunStream(*stub, chat("user"));
+  ASSERT_TRUE(via_chat.status.ok()) << via_chat.status.error_message();
+  pb::GenerateRequest text = chat("user");
+  text.set_text("<|im_start|>user\nOnce upon a time<|im_end|>\n<|im_start|>assistant\n");
+  text.set_add_special_tokens(false);
+  text.set_parse_special_tokens(true);
+  const StreamResult via_text = RunStream(*stub, text);
+  ASSERT_TRUE(via_text.status.ok()) << via_text.status.error_message();
+  EXPECT_EQ(via_chat.tokens, via_text.tokens);
+  EXPECT_EQ(via_chat.finished.usage().prompt_tokens(), via_text.finished.usage().prompt_tokens());
+  const StreamResult refused = RunStream(*stub, chat("robot"));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(), ::testing::HasSubstr("Unknown role robot"));
+
+  ServerProcess bare(StoriesOnF32Kv({"--threads", "2"}));
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(bare.Stub()->GetModelInfo(&ctx2, {}, &info).ok());
+  EXPECT_EQ(info.chat_template(), "");
+  EXPECT_THAT(info.chat_template_error(), ::testing::HasSubstr("--chat-template"));
+
+  std::ofstream(path) << "{% for m in messages %}";  // never closed
+  for (const std::string& file : {path, path + ".missing"}) {
+    const CommandResult r = RunCommand(std::string(PS_BINARY_DIR) + "/pruneserve --model " + kStories +
+                                       " --chat-template " + file + " --port 0 --metrics-port -1 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_THAT(r.output, ::testing::HasSubstr("--chat-template: ")) << file;
+  }
+  std::remove(path.c_str());
 }
 
 // A strategy per request over the wire: bad parameters are INVALID_ARGUMENT naming
