@@ -67,6 +67,27 @@ SampledToken Sampler::Sample(std::span<float> logits, std::span<const int32_t> h
   int32_t chosen;
   if (p_.temperature == 0.0f) {
     chosen = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  } else if (p_.top_k <= 0 && p_.top_p >= 1.0f && p_.min_p <= 0) {
+    // Nothing truncates the distribution: draw from it in vocabulary order, without
+    // sorting (a sort of a 151k vocabulary costs a fifth of a small model's decode step).
+    const float m = *std::max_element(logits.begin(), logits.end());
+    probs_.resize(n);
+    double total = 0;
+    for (int i = 0; i < n; ++i) {
+      probs_[i] = std::exp(static_cast<double>(logits[i] - m) / p_.temperature);
+      total += probs_[i];
+    }
+    std::uniform_real_distribution<double> u(0.0, total);
+    const double r = u(rng_);
+    double cum = 0;
+    chosen = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    for (int i = 0; i < n; ++i) {
+      cum += probs_[i];
+      if (r < cum && probs_[i] > 0) {
+        chosen = i;
+        break;
+      }
+    }
   } else {
     // Candidates sorted by logit, truncated by top-k, then probabilities with temperature.
     const int k = p_.top_k > 0 ? std::min(p_.top_k, n) : n;
