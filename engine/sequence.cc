@@ -80,23 +80,51 @@ std::string StopMatcher::Flush() {
   return out;
 }
 
+std::shared_ptr<const grammar::Vocabulary> GrammarVocabulary(const Tokenizer& tok) {
+  std::vector<std::string> tokens(tok.vocab_size());
+  std::vector<bool> special(tok.vocab_size());
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    tokens[id] = tok.TokenBytes(id);
+    special[id] = tok.IsControl(id);
+  }
+  const std::span<const int32_t> eog = tok.end_of_generation_ids();
+  return std::make_shared<const grammar::Vocabulary>(std::move(tokens), special,
+                                                     std::vector<int32_t>(eog.begin(), eog.end()));
+}
+
 SequenceDecoder::SequenceDecoder(const Tokenizer* tok, const SamplingParams& sampling, const StopCriteria& stop,
                                  std::span<const int32_t> prompt)
     : tok_(tok), stop_(stop), sampler_(sampling), matcher_(stop.stop_strings), history_(prompt.begin(), prompt.end()) {
   if (tok_ != nullptr) text_.emplace(*tok_);
+  if (sampling.grammar != nullptr) grammar_.emplace(*sampling.grammar);
 }
 
 StepOutcome SequenceDecoder::Next(std::span<float> logits) {
-  const bool may_stop = num_generated_ >= stop_.min_new_tokens;
+  const bool may_stop = num_generated_ >= stop_.min_new_tokens || grammar_;  // a grammar says when it may end
+  constexpr float kNever = -std::numeric_limits<float>::infinity();
   if (!may_stop && tok_ != nullptr && !stop_.ignore_eos) {
-    for (int32_t id : tok_->end_of_generation_ids()) logits[id] = -std::numeric_limits<float>::infinity();
+    for (int32_t id : tok_->end_of_generation_ids()) logits[id] = kNever;
+  }
+  if (grammar_) {
+    mask_.resize((logits.size() + 63) / 64);
+    grammar_->FillMask(mask_);
+    for (size_t w = 0; w < mask_.size(); ++w) {
+      if (mask_[w] == ~uint64_t{0}) continue;
+      const size_t end = std::min(logits.size(), 64 * w + 64);
+      for (size_t t = 64 * w; t < end; ++t) {
+        if (!((mask_[w] >> (t & 63)) & 1)) logits[t] = kNever;
+      }
+    }
   }
   StepOutcome out;
   out.sampled = sampler_.Sample(logits, history_);
   const int32_t t = out.sampled.token;
   history_.push_back(t);
   ++num_generated_;
-  const bool is_eog = !stop_.ignore_eos && tok_ != nullptr && tok_->IsEndOfGeneration(t);
+  // The grammar takes the token (a stop where it may end ends it). It refuses one only
+  // when it allowed none (a vocabulary without some byte): the output ends there.
+  const bool grammar_ends = grammar_ && (!grammar_->AcceptToken(t) || grammar_->Done());
+  const bool is_eog = (!stop_.ignore_eos || grammar_) && tok_ != nullptr && tok_->IsEndOfGeneration(t);
   const bool is_stop_id =
       std::find(stop_.stop_token_ids.begin(), stop_.stop_token_ids.end(), t) != stop_.stop_token_ids.end();
   if (may_stop && (is_eog || is_stop_id)) {
@@ -109,6 +137,10 @@ StepOutcome SequenceDecoder::Next(std::span<float> logits) {
   if (!out.matched_stop.empty()) {
     out.finished = true;
     out.reason = FinishReason::kStopSequence;
+  } else if (grammar_ends) {
+    out.finished = true;
+    out.reason = FinishReason::kStop;
+    out.text += Flush();
   } else if (num_generated_ >= stop_.max_new_tokens) {
     out.finished = true;
     out.reason = FinishReason::kLength;

@@ -3,6 +3,7 @@
 // sequence, fed one row of logits per step.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -56,6 +57,10 @@ struct StepOutcome {
   std::string matched_stop;
 };
 
+// The tokenizer's tokens as a grammar's vocabulary: their bytes, control tokens never
+// produced under a grammar, the end-of-generation tokens as its stops.
+std::shared_ptr<const grammar::Vocabulary> GrammarVocabulary(const Tokenizer& tok);
+
 class SequenceDecoder {
  public:
   // `tok` may be null (no text, no end-of-generation ids).
@@ -73,6 +78,8 @@ class SequenceDecoder {
   const Tokenizer* tok_;
   StopCriteria stop_;
   Sampler sampler_;
+  std::optional<grammar::Matcher> grammar_;
+  std::vector<uint64_t> mask_;  // the grammar's allowed tokens, a bit each
   std::optional<StreamDecoder> text_;
   StopMatcher matcher_;
   std::vector<int32_t> history_;  // prompt + generated, for penalties

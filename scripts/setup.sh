@@ -32,9 +32,10 @@ if ((${#missing[@]})); then
   fi
 fi
 VENV=.cache/venv
-# transformers (no torch): the reference renderer of chat templates (tests/jinja/).
-PIP_PACKAGES=("openai==3.54.0" "kubernetes-validate==1.37.0" "transformers==5.24.0" "jinja2==3.1.6")
-if ! "$VENV/bin/python" -c "import openai, kubernetes_validate, transformers, jinja2" 2>/dev/null; then
+# transformers (no torch): the reference renderer of chat templates (tests/jinja/); jsonschema: the
+# judge of structured outputs (tests/server/openai_client_test.py).
+PIP_PACKAGES=("openai==3.54.0" "kubernetes-validate==1.37.0" "transformers==5.24.0" "jinja2==3.1.6" "jsonschema==4.26.0")
+if ! "$VENV/bin/python" -c "import openai, kubernetes_validate, transformers, jinja2, jsonschema" 2>/dev/null; then
   echo "setup: creating $VENV (${PIP_PACKAGES[*]})"
   /usr/bin/python3 -m venv --system-site-packages "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check "${PIP_PACKAGES[@]}"

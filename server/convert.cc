@@ -2,8 +2,109 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "grammar/json_schema.h"
 
 namespace ps::server {
+namespace {
+
+// Whether the request's tools are offered, and whether a call is certain.
+bool ToolsOffered(const pb::GenerateRequest& in) {
+  return in.tools_size() > 0 && in.tool_choice().mode() != pb::ToolChoice::NONE;
+}
+bool CallRequired(const pb::GenerateRequest& in) {
+  return ToolsOffered(in) &&
+         (in.tool_choice().mode() == pb::ToolChoice::REQUIRED || in.tool_choice().mode() == pb::ToolChoice::FUNCTION);
+}
+
+// The request's structured-output constraint (or the grammar of a required call) as a
+// grammar's start state (null: none). Compiled once per text (defaults.constraints).
+absl::StatusOr<std::shared_ptr<const grammar::Matcher>> Constraint(const pb::GenerateRequest& in,
+                                                                   const RequestDefaults& defaults) {
+  std::string gbnf, field;
+  switch (in.constraint_case()) {
+    case pb::GenerateRequest::CONSTRAINT_NOT_SET: break;
+    case pb::GenerateRequest::kJsonSchema: {
+      field = "json_schema";
+      const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(in.json_schema(), nullptr, false);
+      if (schema.is_discarded()) return absl::InvalidArgumentError("json_schema: not valid JSON");
+      absl::StatusOr<std::string> g = grammar::JsonSchemaToGbnf(schema);
+      if (!g.ok()) return absl::InvalidArgumentError(absl::StrCat("json_schema: ", g.status().message()));
+      gbnf = *std::move(g);
+      break;
+    }
+    case pb::GenerateRequest::kJsonObject:
+      if (!in.json_object()) break;
+      field = "json_object";
+      gbnf = grammar::JsonObjectGbnf();
+      break;
+    case pb::GenerateRequest::kGrammar:
+      field = "grammar";
+      gbnf = in.grammar();
+      break;
+  }
+  if (CallRequired(in)) {
+    if (!field.empty()) return absl::InvalidArgumentError(absl::StrCat("tool_choice: a required call and ", field));
+    field = "tool_choice";
+    const pb::ToolChoice& choice = in.tool_choice();
+    absl::StatusOr<std::string> g = ToolCallGbnf(defaults.tool_format, in.tools(), choice.function(),
+                                                 choice.has_parallel() ? choice.parallel() : true);
+    if (!g.ok()) return g.status();
+    gbnf = *std::move(g);
+  }
+  if (field.empty()) return nullptr;
+  if (defaults.grammar_vocab == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(field, ": structured outputs need the model's tokenizer"));
+  }
+  if (std::shared_ptr<const grammar::Matcher> cached = defaults.constraints->Find(gbnf)) return cached;
+  absl::StatusOr<grammar::Grammar> g = grammar::Grammar::FromGbnf(gbnf);
+  if (!g.ok() && in.constraint_case() == pb::GenerateRequest::kGrammar) return g.status();  // "grammar: ..."
+  if (!g.ok()) return absl::InternalError(absl::StrCat(field, ": its grammar does not read: ", g.status().message()));
+  auto start = std::make_shared<const grammar::Matcher>(std::make_shared<const grammar::CompiledGrammar>(*std::move(g)),
+                                                        defaults.grammar_vocab);
+  defaults.constraints->Put(gbnf, start);
+  return start;
+}
+
+// The request's tools as the chat template's `tools` (null when not offered).
+absl::StatusOr<nlohmann::ordered_json> TemplateTools(const pb::GenerateRequest& in, const RequestDefaults& defaults) {
+  if (!ToolsOffered(in)) return nlohmann::ordered_json();
+  if (defaults.tool_format == ToolFormat::kNone) {
+    return absl::FailedPreconditionError(
+        "tools: the model's chat template has no tool-call format this server reads (Hermes <tool_call>, LLaMA 3.x "
+        "JSON)");
+  }
+  nlohmann::ordered_json tools = nlohmann::ordered_json::array();
+  for (const pb::Tool& t : in.tools()) {
+    nlohmann::ordered_json fn = {{"name", t.name()}};
+    if (!t.description().empty()) fn["description"] = t.description();
+    if (!t.parameters().empty()) {
+      fn["parameters"] = nlohmann::ordered_json::parse(t.parameters(), nullptr, false);
+      if (fn["parameters"].is_discarded()) {
+        return absl::InvalidArgumentError(absl::StrCat("tools: the parameters of '", t.name(), "' are not JSON"));
+      }
+    }
+    tools.push_back({{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return tools;
+}
+
+}  // namespace
+
+std::shared_ptr<const grammar::Matcher> ConstraintCache::Find(const std::string& key) {
+  std::lock_guard lock(mu_);
+  auto it = by_key_.find(key);
+  return it == by_key_.end() ? nullptr : it->second;
+}
+
+void ConstraintCache::Put(const std::string& key, std::shared_ptr<const grammar::Matcher> start) {
+  std::lock_guard lock(mu_);
+  if (!by_key_.emplace(key, std::move(start)).second) return;
+  order_.push_back(key);
+  if (order_.size() > capacity_) {
+    by_key_.erase(order_.front());
+    order_.pop_front();
+  }
+}
 
 absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequest& in, const Model& model,
                                                           const RequestDefaults& defaults, std::string_view principal) {
@@ -11,6 +112,9 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
   const ModelConfig& c = model.config();
   auto r = std::make_shared<Request>();
   std::vector<int32_t>& prompt = r->spec.prompt;
+  if (in.tools_size() > 0 && in.input_case() != pb::GenerateRequest::kMessages) {
+    return absl::InvalidArgumentError("tools: only with messages (the chat template offers them)");
+  }
   switch (in.input_case()) {
     case pb::GenerateRequest::kText:
       if (in.text().empty()) return absl::InvalidArgumentError("text: the input text is empty");
@@ -32,8 +136,16 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
       if (!defaults.chat.ok())
         return absl::FailedPreconditionError(absl::StrCat("messages: ", defaults.chat.status().message()));
       std::vector<ChatMessage> msgs;
-      for (const auto& m : in.messages().messages()) msgs.push_back({m.role(), m.content()});
-      PS_ASSIGN_OR_RETURN(prompt, (*defaults.chat)->Encode(msgs));
+      for (const auto& m : in.messages().messages()) {
+        ChatMessage& msg = msgs.emplace_back(ChatMessage{.role = m.role(), .content = m.content()});
+        for (const pb::ToolCall& call : m.tool_calls()) {
+          msg.tool_calls.push_back({.id = call.id(), .name = call.name(), .arguments = call.arguments()});
+        }
+        msg.tool_call_id = m.tool_call_id();
+        msg.name = m.name();
+      }
+      PS_ASSIGN_OR_RETURN(const nlohmann::ordered_json tools, TemplateTools(in, defaults));
+      PS_ASSIGN_OR_RETURN(prompt, (*defaults.chat)->Encode(msgs, /*add_generation_prompt=*/true, tools));
       break;
     }
     case pb::GenerateRequest::INPUT_NOT_SET:
@@ -61,6 +173,7 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
   if (s.has_presence_penalty()) sp.presence_penalty = s.presence_penalty();
   if (s.has_frequency_penalty()) sp.frequency_penalty = s.frequency_penalty();
   if (s.has_seed()) sp.seed = s.seed();
+  PS_ASSIGN_OR_RETURN(sp.grammar, Constraint(in, defaults));
   if (in.top_logprobs() > 20) return absl::InvalidArgumentError("top_logprobs must be <= 20");
   sp.top_logprobs = static_cast<int>(in.top_logprobs());
 

@@ -3,16 +3,22 @@
 // absl::Status to grpc::Status.
 #pragma once
 
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include <grpcpp/support/status.h>
 
 #include "absl/status/statusor.h"
+#include "grammar/matcher.h"
 #include "model/model.h"
 #include "model/tokenizer/chat_template.h"
 #include "pruneserve/v1/generation.pb.h"
 #include "scheduler/request.h"
+#include "server/tool_calls.h"
 
 namespace ps::server {
 
@@ -27,6 +33,22 @@ struct RequestLimits {
   int max_stop_string_bytes = 256;
 };
 
+// Compiled structured-output constraints by their kind and text, so requests with the
+// same schema or grammar share its compilation and the mask splits computed for it
+// (grammar/matcher.h). The oldest goes when `capacity` are held.
+class ConstraintCache {
+ public:
+  explicit ConstraintCache(size_t capacity = 64) : capacity_(capacity) {}
+  std::shared_ptr<const grammar::Matcher> Find(const std::string& key);
+  void Put(const std::string& key, std::shared_ptr<const grammar::Matcher> start);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const grammar::Matcher>> by_key_;
+  std::deque<std::string> order_;  // oldest first
+  size_t capacity_;
+};
+
 // Server-side defaults for fields a request leaves unset, and the limits.
 struct RequestDefaults {
   SamplingParams sampling;                             // temperature 1, top_p 1, ... unless configured
@@ -35,6 +57,10 @@ struct RequestDefaults {
   RequestLimits limits;
   // What formats chat messages; the reason they are refused when there is none.
   absl::StatusOr<ChatTemplatePtr> chat = absl::FailedPreconditionError("no chat template is loaded");
+  // The tokens as structured outputs' grammars see them (null: constraints refused).
+  std::shared_ptr<const grammar::Vocabulary> grammar_vocab;
+  std::shared_ptr<ConstraintCache> constraints = std::make_shared<ConstraintCache>();
+  ToolFormat tool_format = ToolFormat::kNone;  // how `chat` has the model write calls
 };
 
 inline constexpr size_t kMaxCacheSaltBytes = 256;

@@ -112,8 +112,15 @@ class GenerateStream final : public QueuedWriteReactor<pb::GenerateResponse> {
 // (the engine may outlive a stream whose client vanished).
 class StreamSink final : public MeteredSink {
  public:
-  StreamSink(GenerateStream* stream, Metrics* metrics, std::string id, std::string strategy, bool logprobs)
-      : MeteredSink(metrics, std::move(id), std::move(strategy)), stream_(stream), logprobs_(logprobs) {}
+  // `tools`: how the model writes calls when the request offers tools (kNone: it does
+  // not); the calls read from the answer go in Finished.tool_calls.
+  StreamSink(GenerateStream* stream, Metrics* metrics, std::string id, std::string strategy, bool logprobs,
+             ToolFormat tools)
+      : MeteredSink(metrics, id, std::move(strategy)),
+        stream_(stream),
+        logprobs_(logprobs),
+        tools_(tools),
+        id_(std::move(id)) {}
 
   void Detach() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -131,7 +138,17 @@ class StreamSink final : public MeteredSink {
         tail = ToProto(text_ev, false);  // held-back text released at the end
       }
     }
+    if (tools_ != ToolFormat::kNone) answer_ += ev.text;
     pb::GenerateResponse msg = ToProto(ev, logprobs_);
+    if (final && tools_ != ToolFormat::kNone) {
+      const ParsedAnswer parsed = ParseToolCalls(tools_, answer_);
+      for (size_t i = 0; i < parsed.calls.size(); ++i) {
+        pb::ToolCall* call = msg.mutable_finished()->add_tool_calls();
+        call->set_id(absl::StrCat("call_", i, "_", id_));
+        call->set_name(parsed.calls[i].name);
+        call->set_arguments(parsed.calls[i].arguments);
+      }
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (stream_ == nullptr) return;
     if (tail) stream_->Push(std::move(*tail), std::nullopt);
@@ -141,6 +158,9 @@ class StreamSink final : public MeteredSink {
   std::mutex mu_;
   GenerateStream* stream_;
   bool logprobs_;
+  ToolFormat tools_;
+  std::string id_;
+  std::string answer_;  // with tools: the text so far, read for calls at the end
 };
 
 void GenerateStream::OnDone() {
@@ -197,8 +217,10 @@ grpc::ServerWriteReactor<pb::GenerateResponse>* GenerationService::Generate(grpc
   if (ctx->deadline() < std::chrono::system_clock::time_point::max() - std::chrono::hours(24 * 365)) {
     r->deadline = Clock::now() + (ctx->deadline() - std::chrono::system_clock::now());
   }
+  const bool tools = in->tools_size() > 0 && in->tool_choice().mode() != pb::ToolChoice::NONE;
   stream->sink = std::make_shared<StreamSink>(stream, b->metrics, r->id, std::string(r->strategy()),
-                                              in->logprobs() || in->top_logprobs() > 0);
+                                              in->logprobs() || in->top_logprobs() > 0,
+                                              tools ? b->defaults.tool_format : ToolFormat::kNone);
   r->sink = stream->sink;
   stream->set_request(r, ctx, b->max_stream_backlog);
   pb::GenerateResponse info;

@@ -174,9 +174,12 @@ void HttpFront::Route() {
       r->sink = sink;
       if (absl::Status s = st->loop->Submit(r); !s.ok()) return SendError(res, api, s);
       const Tokenizer* tok = st->model->tokenizer();
+      const bool tools =
+          parsed->request.tools_size() > 0 && parsed->request.tool_choice().mode() != pb::ToolChoice::NONE;
       auto writer = std::make_shared<openai::ResponseWriter>(
           *parsed, absl::StrCat(api == Api::kChat ? "chatcmpl-" : "cmpl-", r->id), std::time(nullptr),
-          [tok](int32_t id) { return tok->Decode(std::span<const int32_t>(&id, 1)); });
+          [tok](int32_t id) { return tok->Decode(std::span<const int32_t>(&id, 1)); },
+          tools ? st->defaults.tool_format : ToolFormat::kNone);
       res.set_header("X-Request-Id", r->id);
       if (!parsed->stream) {
         std::deque<RequestEvent> events;

@@ -135,11 +135,38 @@ absl::Status ParseMessages(const Json* v, pb::GenerateRequest* out) {
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return Bad(at, "needs a string role");
     std::string role = m["role"].get<std::string>();
     if (role == "developer") role = "system";  // OpenAI's newer name for it
-    if (role != "system" && role != "user" && role != "assistant")
-      return Bad(absl::StrCat(at, ".role"), absl::StrCat("'", role, "' is not supported (system, user, assistant)"));
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      return Bad(absl::StrCat(at, ".role"),
+                 absl::StrCat("'", role, "' is not supported (system, user, assistant, tool)"));
+    pb::ChatMessage* out_m = out->mutable_messages()->add_messages();
+    if (role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      const Json& calls = m["tool_calls"];
+      if (!calls.is_array()) return Bad(absl::StrCat(at, ".tool_calls"), "must be an array");
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const Json& call = calls[k];
+        const std::string call_at = absl::StrCat(at, ".tool_calls[", k, "]");
+        const Json* fn = call.is_object() && call.contains("function") ? &call["function"] : nullptr;
+        if (fn == nullptr || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
+          return Bad(call_at, "needs a function with a name");
+        }
+        const Json args = fn->value("arguments", Json("{}"));
+        pb::ToolCall* out_c = out_m->add_tool_calls();
+        out_c->set_id(call.value("id", ""));
+        out_c->set_name((*fn)["name"].get<std::string>());
+        out_c->set_arguments(args.is_string() ? args.get<std::string>() : args.dump());
+      }
+    }
+    if (role == "tool") {
+      const Json id = m.value("tool_call_id", Json());
+      if (!id.is_string()) return Bad(absl::StrCat(at, ".tool_call_id"), "is required for a tool message");
+      out_m->set_tool_call_id(id.get<std::string>());
+      if (m.contains("name") && m["name"].is_string()) out_m->set_name(m["name"].get<std::string>());
+    }
     std::string content;
     const Json c = m.value("content", Json());
-    if (c.is_string()) {
+    if (c.is_null() && out_m->tool_calls_size() > 0) {
+      // an assistant's calls without text
+    } else if (c.is_string()) {
       content = c.get<std::string>();
     } else if (c.is_array()) {
       for (const Json& part : c) {
@@ -151,10 +178,99 @@ absl::Status ParseMessages(const Json* v, pb::GenerateRequest* out) {
     } else {
       return Bad(absl::StrCat(at, ".content"), "must be a string or an array of text parts");
     }
-    pb::ChatMessage* out_m = out->mutable_messages()->add_messages();
     out_m->set_role(role);
     out_m->set_content(content);
   }
+  return absl::OkStatus();
+}
+
+// tools: [{"type": "function", "function": {name, description, parameters}}];
+// tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name"}};
+// parallel_tool_calls.
+absl::Status ParseTools(const Fields& f, pb::GenerateRequest* out) {
+  if (const Json* tools = f.Get("tools"); tools != nullptr) {
+    if (!tools->is_array()) return Bad("tools", "must be an array");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const Json& t = (*tools)[i];
+      const std::string at = absl::StrCat("tools[", i, "]");
+      if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+          !t["function"].is_object()) {
+        return Bad(at, "must be {\"type\": \"function\", \"function\": {...}}");
+      }
+      const Json& fn = t["function"];
+      if (!fn.contains("name") || !fn["name"].is_string() || fn["name"].get<std::string>().empty()) {
+        return Bad(absl::StrCat(at, ".function.name"), "is required");
+      }
+      pb::Tool* tool = out->add_tools();
+      tool->set_name(fn["name"].get<std::string>());
+      if (fn.contains("description") && fn["description"].is_string()) {
+        tool->set_description(fn["description"].get<std::string>());
+      }
+      if (fn.contains("parameters") && !fn["parameters"].is_null()) {
+        if (!fn["parameters"].is_object()) return Bad(absl::StrCat(at, ".function.parameters"), "must be an object");
+        tool->set_parameters(fn["parameters"].dump());
+      }
+    }
+  }
+  pb::ToolChoice* choice = out->mutable_tool_choice();
+  if (const Json* c = f.Get("tool_choice"); c != nullptr) {
+    if (c->is_string() && (*c == "auto" || *c == "none" || *c == "required")) {
+      choice->set_mode(*c == "auto"   ? pb::ToolChoice::AUTO
+                       : *c == "none" ? pb::ToolChoice::NONE
+                                      : pb::ToolChoice::REQUIRED);
+    } else if (c->is_object() && c->value("type", "") == "function" && c->contains("function") &&
+               (*c)["function"].is_object() && (*c)["function"].contains("name") &&
+               (*c)["function"]["name"].is_string()) {
+      choice->set_mode(pb::ToolChoice::FUNCTION);
+      choice->set_function((*c)["function"]["name"].get<std::string>());
+    } else {
+      return Bad("tool_choice",
+                 "must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    }
+  }
+  if (const Json* p = f.Get("parallel_tool_calls"); p != nullptr) {
+    if (!p->is_boolean()) return Bad("parallel_tool_calls", "must be a boolean");
+    choice->set_parallel(p->get<bool>());
+  }
+  return absl::OkStatus();
+}
+
+// Structured outputs: OpenAI's response_format (json_object, json_schema), vLLM's
+// guided_json and guided_grammar, llama.cpp's grammar; one at a time.
+absl::Status ParseConstraint(const Fields& f, pb::GenerateRequest* out) {
+  int given = 0;
+  if (const Json* r = f.Get("response_format"); r != nullptr) {
+    const std::string type = r->is_object() ? r->value("type", "") : "";
+    if (type == "json_object") {
+      out->set_json_object(true);
+      ++given;
+    } else if (type == "json_schema") {
+      const Json* spec = r->contains("json_schema") ? &(*r)["json_schema"] : nullptr;
+      if (spec == nullptr || !spec->is_object() || !spec->contains("schema")) {
+        return Bad("response_format.json_schema.schema", "is required");
+      }
+      if (!(*spec)["schema"].is_object() && !(*spec)["schema"].is_boolean()) {
+        return Bad("response_format.json_schema.schema", "must be a JSON Schema object");
+      }
+      out->set_json_schema((*spec)["schema"].dump());  // strict or not, the output follows it
+      ++given;
+    } else if (type != "text") {
+      return Bad("response_format", "type must be text, json_object or json_schema");
+    }
+  }
+  if (const Json* g = f.Get("guided_json"); g != nullptr) {
+    if (!g->is_object() && !g->is_string()) return Bad("guided_json", "must be a JSON Schema (an object or its text)");
+    out->set_json_schema(g->is_string() ? g->get<std::string>() : g->dump());
+    ++given;
+  }
+  for (const char* name : {"guided_grammar", "grammar"}) {
+    if (const Json* g = f.Get(name); g != nullptr) {
+      if (!g->is_string()) return Bad(name, "must be a grammar in GBNF");
+      out->set_grammar(g->get<std::string>());
+      ++given;
+    }
+  }
+  if (given > 1) return Bad("response_format", "give one of response_format, guided_json, guided_grammar, grammar");
   return absl::OkStatus();
 }
 
@@ -180,7 +296,10 @@ const std::set<std::string>& KnownFields(Api api) {
                                                 "ignore_eos",
                                                 "priority",
                                                 "cache_salt",
-                                                "pruning"};
+                                                "pruning",
+                                                "guided_json",
+                                                "guided_grammar",
+                                                "grammar"};
   static const std::set<std::string> kCompletions = [] {
     std::set<std::string> s = kCommon;
     s.insert({"prompt", "echo", "best_of", "suffix"});
@@ -203,13 +322,6 @@ absl::Status Unsupported(Api api, const Fields& f) {
   if (f.Get("suffix") != nullptr) return Bad("suffix", "suffix is not supported");
   if (const Json* lb = f.Get("logit_bias"); lb != nullptr && !(lb->is_object() && lb->empty()))
     return Bad("logit_bias", "logit_bias is not supported");
-  if (const Json* t = f.Get("tools"); t != nullptr && !(t->is_array() && t->empty()))
-    return Bad("tools", "tool calls are not supported");
-  if (const Json* t = f.Get("tool_choice"); t != nullptr && *t != "none")
-    return Bad("tool_choice", "tool calls are not supported");
-  if (const Json* r = f.Get("response_format"); r != nullptr && !(r->is_object() && r->value("type", "") == "text")) {
-    return Bad("response_format", "only {\"type\": \"text\"} is supported");
-  }
   return absl::OkStatus();
 }
 
@@ -235,9 +347,11 @@ absl::StatusOr<ApiRequest> ParseRequest(Api api, std::string_view body, const st
   pb::GenerateRequest& r = out.request;
   if (api == Api::kChat) {
     PS_RETURN_IF_ERROR(ParseMessages(f.Get("messages"), &r));
+    PS_RETURN_IF_ERROR(ParseTools(f, &r));
   } else {
     PS_RETURN_IF_ERROR(ParsePrompt(f.Get("prompt"), &r));
   }
+  PS_RETURN_IF_ERROR(ParseConstraint(f, &r));
 
   pb::SamplingParams* s = r.mutable_sampling();
   pb::StoppingCriteria* st = r.mutable_stopping();
@@ -309,6 +423,9 @@ std::string ErrorParam(Api api, absl::string_view message) {
   if (word.rfind("pruning", 0) == 0) return "pruning";
   if (word.rfind("stop", 0) == 0) return "stop";
   if (word == "the") return "";  // "the body is not valid JSON"
+  // Structured outputs: chat's response_format, completions' vLLM extensions.
+  if (word == "json_schema" || word == "json_object") return api == Api::kChat ? "response_format" : "guided_json";
+  if (word == "grammar") return "guided_grammar";
   return word;
 }
 
@@ -357,7 +474,7 @@ Json ModelList(const std::vector<std::string>& served_models, int context_length
 }
 
 ResponseWriter::ResponseWriter(const ApiRequest& request, std::string id, int64_t created,
-                               std::function<std::string(int32_t)> token_text)
+                               std::function<std::string(int32_t)> token_text, ToolFormat tools)
     : api_(request.api),
       id_(std::move(id)),
       model_(request.model),
@@ -365,7 +482,19 @@ ResponseWriter::ResponseWriter(const ApiRequest& request, std::string id, int64_
       logprobs_(request.logprobs),
       include_usage_(request.include_usage),
       top_logprobs_(request.top_logprobs),
-      token_text_(std::move(token_text)) {}
+      token_text_(std::move(token_text)),
+      tools_(request.api == Api::kChat ? tools : ToolFormat::kNone) {}
+
+Json ResponseWriter::ToolCallsJson(const std::vector<ToolCall>& calls) const {
+  Json out = Json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    out.push_back({{"index", i},
+                   {"id", absl::StrCat("call_", i, "_", id_)},
+                   {"type", "function"},
+                   {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}});
+  }
+  return out;
+}
 
 const char* ResponseWriter::FinishReasonText(FinishReason reason) {
   switch (reason) {
@@ -455,17 +584,35 @@ std::string ResponseWriter::StreamEvent(const RequestEvent& ev) {
     out += sse(
         Chunk({{"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", Json()}, {"finish_reason", Json()}}));
   }
+  // The calls, read once the answer is whole (what may be a call was held back).
+  ParsedAnswer answer;
+  if (finished && tools_ != ToolFormat::kNone) answer = ParseToolCalls(tools_, text_ + ev.text);
   if (!ev.text.empty() || !ev.tokens.empty()) {
-    Json choice = api_ == Api::kChat ? Json{{"delta", {{"content", ev.text}}}} : Json{{"text", ev.text}};
-    choice["logprobs"] = Logprobs(ev.tokens, text_.size());
-    choice["finish_reason"] = Json();
+    const Json logprobs = Logprobs(ev.tokens, text_.size());
     text_ += ev.text;
-    out += sse(Chunk(std::move(choice)));
+    // What is surely content goes now: all of it without tools; with them, what
+    // precedes a possible call, and at the end the rest unless it was calls.
+    const size_t sure = tools_ == ToolFormat::kNone        ? text_.size()
+                        : finished && answer.calls.empty() ? text_.size()
+                        : finished ? std::max(sent_, std::min(text_.size(), answer.content.size()))
+                                   : std::max(sent_, SureContent(tools_, text_));
+    const std::string delta = text_.substr(sent_, sure - sent_);
+    sent_ = sure;
+    if (!delta.empty() || !ev.tokens.empty()) {
+      Json choice = api_ == Api::kChat ? Json{{"delta", {{"content", delta}}}} : Json{{"text", delta}};
+      choice["logprobs"] = logprobs;
+      choice["finish_reason"] = Json();
+      out += sse(Chunk(std::move(choice)));
+    }
   }
   if (finished) {
+    if (!answer.calls.empty()) {
+      out += sse(Chunk(
+          {{"delta", {{"tool_calls", ToolCallsJson(answer.calls)}}}, {"logprobs", Json()}, {"finish_reason", Json()}}));
+    }
     Json choice = api_ == Api::kChat ? Json{{"delta", Json::object()}} : Json{{"text", ""}};
     choice["logprobs"] = Json();
-    choice["finish_reason"] = FinishReasonText(ev.reason);
+    choice["finish_reason"] = answer.calls.empty() ? FinishReasonText(ev.reason) : "tool_calls";
     out += sse(Chunk(std::move(choice)));
     if (include_usage_) {
       Json usage = Chunk(Json::object());
@@ -488,6 +635,14 @@ Json ResponseWriter::Final() const {
   Json choice = {{"index", 0}, {"logprobs", collected_logprobs_}, {"finish_reason", FinishReasonText(finish_.reason)}};
   if (api_ == Api::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", text_}};
+    if (tools_ != ToolFormat::kNone) {
+      const ParsedAnswer answer = ParseToolCalls(tools_, text_);
+      if (!answer.calls.empty()) {
+        choice["message"]["content"] = answer.content.empty() ? Json() : Json(answer.content);
+        choice["message"]["tool_calls"] = ToolCallsJson(answer.calls);
+        choice["finish_reason"] = "tool_calls";
+      }
+    }
   } else {
     choice["text"] = text_;
   }

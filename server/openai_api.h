@@ -16,11 +16,12 @@
 #include "absl/status/statusor.h"
 #include "pruneserve/v1/generation.pb.h"
 #include "scheduler/request.h"
+#include "server/tool_calls.h"
 
 namespace ps::server::openai {
 
 namespace pb = ::pruneserve::v1;
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;  // keys keep their order (a schema's properties, say)
 
 enum class Api { kCompletions, kChat };
 
@@ -38,7 +39,7 @@ struct ApiRequest {
 // Parses a request body. Errors are InvalidArgument starting with the OpenAI
 // parameter's name ("temperature: must be a number"), NotFound for a model not in
 // `served_models`. Fields OpenAI defines that this server cannot honour (n > 1,
-// echo, suffix, logit_bias, tools, a JSON response_format) are InvalidArgument, and
+// echo, suffix, logit_bias) are InvalidArgument, and
 // so are unknown fields. Extensions: top_k, min_p, repetition_penalty, min_tokens,
 // ignore_eos, priority, cache_salt (vLLM's), and "pruning": {"strategy": NAME, PARAM: VALUE...}.
 absl::StatusOr<ApiRequest> ParseRequest(Api api, std::string_view body, const std::vector<std::string>& served_models);
@@ -62,8 +63,11 @@ Json ModelList(const std::vector<std::string>& served_models, int context_length
 class ResponseWriter {
  public:
   // `token_text`: a token's text (its bytes; may be partial UTF-8) for logprobs.
+  // `tools`: how the model writes calls, when the request offers tools (kNone: it
+  // does not): the calls are read from the answer into `tool_calls`, and a stream
+  // holds back what may be a call until the answer ends.
   ResponseWriter(const ApiRequest& request, std::string id, int64_t created,
-                 std::function<std::string(int32_t)> token_text);
+                 std::function<std::string(int32_t)> token_text, ToolFormat tools = ToolFormat::kNone);
 
   // Streaming: the SSE lines ("data: {...}\n\n") an event adds. After the finish
   // event (the finish chunk, the usage chunk if asked, or an error object) comes
@@ -80,6 +84,7 @@ class ResponseWriter {
   void AppendLogprobs(Json& into, const Json& more) const;
   Json UsageJson(const Usage& usage) const;
   static const char* FinishReasonText(FinishReason reason);
+  Json ToolCallsJson(const std::vector<ToolCall>& calls) const;
 
   Api api_;
   std::string id_, model_;
@@ -87,8 +92,10 @@ class ResponseWriter {
   bool logprobs_, include_usage_;
   int top_logprobs_;
   std::function<std::string(int32_t)> token_text_;
+  ToolFormat tools_;
   bool role_sent_ = false;   // chat streaming: the first delta carries the role
   std::string text_;         // collected text (and its length: completions' text_offset)
+  size_t sent_ = 0;          // streaming: the bytes of text_ sent as content
   Json collected_logprobs_;  // collected logprobs (null without)
   RequestEvent finish_;      // the finish event once seen
 };

@@ -21,6 +21,7 @@
 #include "base/fault.h"
 #include "base/thread_pool.h"
 #include "engine/pruning/registry.h"
+#include "engine/sequence.h"
 #include "memory/kv_geometry.h"
 #include "server/access.h"
 #include "server/generation_service.h"
@@ -326,7 +327,9 @@ absl::Status RunServer(ServerOptions o) {
   state.defaults.sampling.temperature = static_cast<float>(o.default_temperature);
   state.defaults.sampling.top_p = static_cast<float>(o.default_top_p);
   state.defaults.max_new_tokens = static_cast<int>(o.default_max_new_tokens);
+  if (chat.ok()) state.defaults.tool_format = DetectToolFormat((*chat)->source());
   state.defaults.chat = std::move(chat);
+  if ((*model)->tokenizer() != nullptr) state.defaults.grammar_vocab = GrammarVocabulary(*(*model)->tokenizer());
   state.defaults.limits = {.max_prompt_tokens = static_cast<int>(o.max_prompt_tokens),
                            .max_new_tokens = static_cast<int>(o.max_new_tokens),
                            .max_stop_strings = static_cast<int>(o.max_stop_strings),

@@ -2,8 +2,8 @@
 """The layering of the source folders, checked on their #include lines.
 
 server -> scheduler -> engine -> model, memory -> kernels -> base, with proto (the
-API's messages) and jinja (the chat-template interpreter, which model/ and server/
-use) beside base: a folder includes headers of the folders below it only
+API's messages), jinja (the chat-template interpreter, which model/ and server/
+use) and grammar (constrained decoding, which engine/ and server/ use) beside base: a folder includes headers of the folders below it only
 (model/ and memory/ side by side: neither knows the other).
 Beyond that: no header above kernels/ names a CPU or CUDA kernel header
 (kernels/cpu/, kernels/cuda/; the seam is kernels/backend.h and kernels/types.h),
@@ -20,12 +20,13 @@ ALLOWED = {
     "base": {"base"},
     "proto": {"proto"},
     "jinja": {"jinja", "base"},
+    "grammar": {"grammar", "base"},
     "kernels": {"kernels", "base"},
     "model": {"model", "jinja", "kernels", "base"},
     "memory": {"memory", "kernels", "base"},
-    "engine": {"engine", "model", "memory", "kernels", "proto", "base"},
+    "engine": {"engine", "model", "memory", "grammar", "kernels", "proto", "base"},
     "scheduler": {"scheduler", "engine", "memory", "base"},
-    "server": {"server", "scheduler", "engine", "model", "memory", "jinja", "kernels", "proto", "base"},
+    "server": {"server", "scheduler", "engine", "model", "memory", "jinja", "grammar", "kernels", "proto", "base"},
     "loadtest": {"loadtest", "proto", "base"},  # a gRPC client: the API only
 }
 FOLDERS = set(ALLOWED) | {"tools", "bench", "tests"}  # the repository's top-level source folders

@@ -34,15 +34,30 @@ absl::StatusOr<ChatTemplatePtr> ChatTemplate::Load(const Tokenizer& tok, const s
   return t;
 }
 
-absl::StatusOr<std::string> ChatTemplate::Apply(std::span<const ChatMessage> messages,
-                                                bool add_generation_prompt) const {
+absl::StatusOr<std::string> ChatTemplate::Apply(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                                const nlohmann::ordered_json& tools) const {
   if (messages.empty()) return absl::InvalidArgumentError("messages: empty conversation");
   jinja::List list;
   for (const ChatMessage& m : messages) {
-    list.push_back(jinja::Dict{.items = {{"role", m.role}, {"content", m.content}}});
+    jinja::Dict message{.items = {{"role", m.role}, {"content", m.content}}};
+    if (!m.tool_calls.empty()) {
+      jinja::List calls;
+      for (const ToolCall& call : m.tool_calls) {
+        const nlohmann::ordered_json args = nlohmann::ordered_json::parse(call.arguments, nullptr, false);
+        const jinja::Value arguments = args.is_object() ? jinja::Value::FromJson(args) : jinja::Value(call.arguments);
+        calls.push_back(jinja::Dict{
+            .items = {{"id", call.id},
+                      {"type", "function"},
+                      {"function", jinja::Dict{.items = {{"name", call.name}, {"arguments", arguments}}}}}});
+      }
+      message.Set("tool_calls", std::move(calls));
+    }
+    if (!m.tool_call_id.empty()) message.Set("tool_call_id", m.tool_call_id);
+    if (!m.name.empty()) message.Set("name", m.name);
+    list.push_back(std::move(message));
   }
   jinja::Dict context{.items = {{"messages", std::move(list)},
-                                {"tools", jinja::Value::MakeNone()},
+                                {"tools", tools.is_null() ? jinja::Value::MakeNone() : jinja::Value::FromJson(tools)},
                                 {"documents", jinja::Value::MakeNone()},
                                 {"add_generation_prompt", add_generation_prompt}}};
   // transformers passes the special tokens the tokenizer has; one it lacks is undefined.
@@ -58,8 +73,9 @@ absl::StatusOr<std::string> ChatTemplate::Apply(std::span<const ChatMessage> mes
 }
 
 absl::StatusOr<std::vector<int32_t>> ChatTemplate::Encode(std::span<const ChatMessage> messages,
-                                                          bool add_generation_prompt) const {
-  PS_ASSIGN_OR_RETURN(std::string text, Apply(messages, add_generation_prompt));
+                                                          bool add_generation_prompt,
+                                                          const nlohmann::ordered_json& tools) const {
+  PS_ASSIGN_OR_RETURN(std::string text, Apply(messages, add_generation_prompt, tools));
   return tok_.Encode(text, /*add_special=*/false, /*parse_special=*/true);
 }
 

@@ -21,9 +21,19 @@ namespace ps {
 
 class Tokenizer;
 
+// A function call in an assistant's turn, as OpenAI's API carries it.
+struct ToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text
+};
+
 struct ChatMessage {
-  std::string role;  // system | user | assistant | ... (the template decides what it accepts)
+  std::string role;  // system | user | assistant | tool (the template decides what it accepts)
   std::string content;
+  std::vector<ToolCall> tool_calls;  // an assistant's calls
+  std::string tool_call_id;          // a tool's result: the call it answers
+  std::string name;                  // a tool's result: the function's name
 };
 
 class ChatTemplate {
@@ -35,12 +45,16 @@ class ChatTemplate {
   // model carries none and no file is given; NotFound for a file that cannot be read.
   static absl::StatusOr<std::shared_ptr<const ChatTemplate>> Load(const Tokenizer& tok, const std::string& path);
 
-  // The conversation as text. A conversation the template refuses (its
+  // The conversation as text, with `tools` (OpenAI's list of {"type": "function",
+  // "function": {name, description, parameters}}; null: none) for the template to
+  // offer. A call's arguments reach the template as an object when they are JSON text
+  // of one (as vLLM passes them). A conversation the template refuses (its
   // raise_exception) or fails on is InvalidArgument with the template's message.
-  absl::StatusOr<std::string> Apply(std::span<const ChatMessage> messages, bool add_generation_prompt = true) const;
+  absl::StatusOr<std::string> Apply(std::span<const ChatMessage> messages, bool add_generation_prompt = true,
+                                    const nlohmann::ordered_json& tools = nullptr) const;
   // Apply, tokenised.
-  absl::StatusOr<std::vector<int32_t>> Encode(std::span<const ChatMessage> messages,
-                                              bool add_generation_prompt = true) const;
+  absl::StatusOr<std::vector<int32_t>> Encode(std::span<const ChatMessage> messages, bool add_generation_prompt = true,
+                                              const nlohmann::ordered_json& tools = nullptr) const;
 
   const std::string& source() const { return source_; }
 

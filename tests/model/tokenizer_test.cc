@@ -213,6 +213,29 @@ TEST(ChatTemplate, TheTemplatesBosIsTheOnlyOne) {
   EXPECT_NE(ids[1], tok->bos_id());
 }
 
+// Tools and a tool conversation reach the template as transformers gives them: the
+// tools list, a call's arguments as an object (from JSON text, as vLLM passes them),
+// a tool message's call id and name.
+TEST(ChatTemplate, ToolsAndCallsReachTheTemplate) {
+  const std::unique_ptr<Tokenizer> tok = FromJson("qwen2");
+  const absl::StatusOr<ChatTemplatePtr> t = ChatTemplate::Create(
+      "{% if tools %}{% for t in tools %}{{ t.function.name }};{% endfor %}{% endif %}{% for m in messages %}{{ m.role "
+      "}}:{{ m.content }}"
+      "{% for c in m.tool_calls %}[{{ c.id }} {{ c.function.name }} {{ c.function.arguments.city }}]{% endfor %}"
+      "{% if m.tool_call_id is defined %}({{ m.tool_call_id }} {{ m.name }}){% endif %}|{% endfor %}",
+      *tok);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::vector<ChatMessage> msgs = {
+      {.role = "user", .content = "Weather?"},
+      {.role = "assistant", .tool_calls = {{.id = "c1", .name = "get_weather", .arguments = R"({"city": "Oslo"})"}}},
+      {.role = "tool", .content = "cold", .tool_call_id = "c1", .name = "get_weather"}};
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "get_weather"}}, {"type": "function", "function": {"name": "add"}}])");
+  EXPECT_EQ(*(*t)->Apply(msgs, true, tools),
+            "get_weather;add;user:Weather?|assistant:[c1 get_weather Oslo]|tool:cold(c1 get_weather)|");
+  EXPECT_EQ(*(*t)->Apply(msgs), "user:Weather?|assistant:[c1 get_weather Oslo]|tool:cold(c1 get_weather)|");
+}
+
 TEST(ChatTemplate, RefusalsAndMissingTemplatesSayWhy) {
   const std::unique_ptr<Tokenizer> tok = FromJson("qwen2");
   // A template's raise_exception is the client's error, with the template's words.

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+
 namespace ps::server::openai {
 namespace {
 
@@ -81,6 +84,102 @@ TEST(OpenAiApi, ChatMessagesAndLimits) {
   EXPECT_FALSE(r->request.stopping().has_max_new_tokens());  // chat: the server's default
 }
 
+// Structured outputs: the response formats and vLLM's extensions become the request's
+// constraint; a schema keeps its properties' order (the output follows it).
+TEST(OpenAiApi, ResponseFormatsBecomeConstraints) {
+  const Json msgs = {{{"role", "user"}, {"content", "x"}}};
+  absl::StatusOr<ApiRequest> r =
+      Parse(Api::kChat, {{"model", "m"}, {"messages", msgs}, {"response_format", {{"type", "json_object"}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->request.json_object());
+  const Json schema = Json::parse(R"({"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {}}})");
+  r = Parse(Api::kChat,
+            {{"model", "m"},
+             {"messages", msgs},
+             {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "s"}, {"schema", schema}}}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request.json_schema(), schema.dump());
+  EXPECT_LT(r->request.json_schema().find("zeta"), r->request.json_schema().find("alpha"));
+  r = Parse(Api::kCompletions, {{"model", "m"}, {"prompt", "a"}, {"guided_grammar", "root ::= \"y\""}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request.grammar(), "root ::= \"y\"");
+  r = Parse(Api::kCompletions, {{"model", "m"}, {"prompt", "a"}, {"guided_json", "{\"type\": \"null\"}"}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request.json_schema(), "{\"type\": \"null\"}");
+  r = Parse(Api::kChat, {{"model", "m"}, {"messages", msgs}, {"response_format", {{"type", "text"}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request.constraint_case(), pb::GenerateRequest::CONSTRAINT_NOT_SET);
+}
+
+// Tools, tool choices and the messages of a tool conversation become the request's.
+TEST(OpenAiApi, ToolsAndToolMessagesBecomeTheRequests) {
+  const Json body = Json::parse(R"({"model": "m", "messages": [
+      {"role": "user", "content": "Weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+          "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "cold"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+    "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": false})");
+  absl::StatusOr<ApiRequest> r = Parse(Api::kChat, body);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const pb::GenerateRequest& g = r->request;
+  ASSERT_EQ(g.messages().messages_size(), 3);
+  const pb::ChatMessage& call = g.messages().messages(1);
+  EXPECT_EQ(call.content(), "");
+  ASSERT_EQ(call.tool_calls_size(), 1);
+  EXPECT_EQ(call.tool_calls(0).id(), "c1");
+  EXPECT_EQ(call.tool_calls(0).arguments(), "{\"city\": \"Oslo\"}");
+  EXPECT_EQ(g.messages().messages(2).tool_call_id(), "c1");
+  EXPECT_EQ(g.messages().messages(2).name(), "get_weather");
+  ASSERT_EQ(g.tools_size(), 1);
+  EXPECT_EQ(g.tools(0).parameters(), R"({"type":"object","properties":{"city":{"type":"string"}}})");
+  EXPECT_EQ(g.tool_choice().mode(), pb::ToolChoice::FUNCTION);
+  EXPECT_EQ(g.tool_choice().function(), "get_weather");
+  EXPECT_FALSE(g.tool_choice().parallel());
+}
+
+// With tools offered, an answer that is calls comes back as tool_calls, whole and
+// streamed (what precedes a call streams as content; the call once whole).
+TEST(OpenAiApi, CallsInTheAnswerBecomeToolCalls) {
+  ApiRequest request{.api = Api::kChat, .model = "m"};
+  const std::string answer = "Checking.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+  auto text = [](int32_t) { return std::string("t"); };
+  ResponseWriter whole(request, "id", 0, text, ToolFormat::kHermes);
+  whole.Collect({.kind = RequestEvent::Kind::kTokens, .text = answer});
+  whole.Collect({.kind = RequestEvent::Kind::kFinished, .reason = FinishReason::kStop});
+  const Json w = whole.Final();
+  EXPECT_EQ(w["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(w["choices"][0]["message"]["content"], "Checking.");
+  EXPECT_EQ(w["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(w["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], R"({"x":1})");
+  ResponseWriter streamed(request, "id", 0, text, ToolFormat::kHermes);
+  std::string sse;
+  for (size_t at = 0; at < answer.size(); at += 7) {
+    sse += streamed.StreamEvent({.kind = RequestEvent::Kind::kTokens, .text = answer.substr(at, 7)});
+  }
+  sse += streamed.StreamEvent({.kind = RequestEvent::Kind::kFinished, .reason = FinishReason::kStop});
+  std::string content;
+  Json calls;
+  std::string finish;
+  for (const absl::string_view line : absl::StrSplit(sse, "\n\n")) {
+    if (!absl::StartsWith(line, "data: {")) continue;
+    const Json chunk = Json::parse(std::string(line.substr(6)));
+    const Json& choice = chunk["choices"][0];
+    if (choice["delta"].contains("content")) content += choice["delta"]["content"].get<std::string>();
+    if (choice["delta"].contains("tool_calls")) calls = choice["delta"]["tool_calls"];
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
+  }
+  EXPECT_EQ(content, "Checking.\n");
+  EXPECT_EQ(calls, w["choices"][0]["message"]["tool_calls"]);
+  EXPECT_EQ(finish, "tool_calls");
+  // Without tools the same text is content.
+  ResponseWriter plain(request, "id", 0, text);
+  plain.Collect({.kind = RequestEvent::Kind::kTokens, .text = answer});
+  plain.Collect({.kind = RequestEvent::Kind::kFinished, .reason = FinishReason::kStop});
+  EXPECT_EQ(plain.Final()["choices"][0]["message"]["content"], answer);
+}
+
 TEST(OpenAiApi, BadRequestsNameTheParameter) {
   struct Case {
     Api api;
@@ -143,9 +242,21 @@ TEST(OpenAiApi, BadRequestsNameTheParameter) {
        "pruning"},
       {Api::kChat, {{"model", "m"}, {"messages", Json::array()}}, absl::StatusCode::kInvalidArgument, "messages"},
       {Api::kChat,
-       {{"model", "m"}, {"messages", {{{"role", "tool"}, {"content", "x"}}}}},
+       {{"model", "m"}, {"messages", {{{"role", "robot"}, {"content", "x"}}}}},
        absl::StatusCode::kInvalidArgument,
        "messages[0].role"},
+      {Api::kChat,
+       {{"model", "m"}, {"messages", {{{"role", "tool"}, {"content", "x"}}}}},
+       absl::StatusCode::kInvalidArgument,
+       "messages[0].tool_call_id"},
+      {Api::kChat,
+       {{"model", "m"}, {"messages", {{{"role", "assistant"}, {"tool_calls", {{{"id", "c"}}}}}}}},
+       absl::StatusCode::kInvalidArgument,
+       "messages[0].tool_calls[0]"},
+      {Api::kChat,
+       {{"model", "m"}, {"messages", msgs}, {"tool_choice", "sometimes"}},
+       absl::StatusCode::kInvalidArgument,
+       "tool_choice"},
       {Api::kChat,
        {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}},
        absl::StatusCode::kInvalidArgument,
@@ -157,9 +268,19 @@ TEST(OpenAiApi, BadRequestsNameTheParameter) {
       {Api::kChat,
        {{"model", "m"}, {"messages", msgs}, {"tools", {{{"type", "function"}}}}},
        absl::StatusCode::kInvalidArgument,
-       "tools"},
+       "tools[0]"},
       {Api::kChat,
-       {{"model", "m"}, {"messages", msgs}, {"response_format", {{"type", "json_object"}}}},
+       {{"model", "m"}, {"messages", msgs}, {"response_format", {{"type", "xml"}}}},
+       absl::StatusCode::kInvalidArgument,
+       "response_format"},
+      {Api::kChat,
+       {{"model", "m"},
+        {"messages", msgs},
+        {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
+       absl::StatusCode::kInvalidArgument,
+       "response_format.json_schema.schema"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"guided_json", {{"type", "integer"}}}, {"guided_grammar", "root ::= \"a\""}},
        absl::StatusCode::kInvalidArgument,
        "response_format"},
   };
@@ -183,6 +304,9 @@ TEST(OpenAiApi, ServerErrorsMapToHttpAndParameters) {
   EXPECT_EQ(ErrorParam(Api::kCompletions, "top_logprobs must be <= 20"), "logprobs");
   EXPECT_EQ(ErrorParam(Api::kCompletions, "pruning.lazyllm.keep[1]: must be in (0, 1]"), "pruning");
   EXPECT_EQ(ErrorParam(Api::kCompletions, "temperature must be >= 0"), "temperature");
+  EXPECT_EQ(ErrorParam(Api::kChat, "json_schema: schema at pattern: this keyword is not supported"), "response_format");
+  EXPECT_EQ(ErrorParam(Api::kCompletions, "json_schema: not valid JSON"), "guided_json");
+  EXPECT_EQ(ErrorParam(Api::kCompletions, "grammar: line 1 column 3: expected '::='"), "guided_grammar");
   EXPECT_EQ(ErrorParam(Api::kCompletions, "the body is not valid JSON"), "");
   EXPECT_EQ(ErrorResponse(Api::kChat, absl::ResourceExhaustedError("the queue is full")).first, 429);
   EXPECT_EQ(ErrorResponse(Api::kChat, absl::ResourceExhaustedError("client 10.0.0.7 has 4 streams open")).first, 429);

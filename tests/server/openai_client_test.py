@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The OpenAI-compatible HTTP front, through the official `openai` Python client
 (PyPI): completions and chat, whole and streamed (SSE, usage, logprobs, stop,
-seed), the pruning extension, OpenAI-shaped 400/404 errors for bad input, and a
+seed), the pruning extension, structured outputs (JSON schema samples judged by the
+`jsonschema` package, json_object, vLLM's guided_grammar and guided_json), OpenAI-shaped 400/404 errors for bad input, and a
 client that disconnects mid-stream, whose request must be cancelled and its KV
 blocks freed. Greedy text must equal pruneserve-run's offline output."""
 import argparse
@@ -138,7 +139,7 @@ class OpenAIClientTest(unittest.TestCase):
         body = self.assert_error(openai.NotFoundError, 404, "model", model="no-such-model", prompt="a")
         self.assertEqual(body["code"], "model_not_found")
         with self.assertRaises(openai.BadRequestError) as cm:
-            self.client.chat.completions.create(model=m, messages=[{"role": "tool", "content": "x"}])
+            self.client.chat.completions.create(model=m, messages=[{"role": "robot", "content": "x"}])
         self.assertEqual(cm.exception.body["param"], "messages[0].role")
         req = urllib.request.Request(self.server.http_url + "/v1/completions", data=b"{not json",
                                      headers={"Content-Type": "application/json"})
@@ -146,6 +147,66 @@ class OpenAIClientTest(unittest.TestCase):
             urllib.request.urlopen(req, timeout=10)
         self.assertEqual(cm.exception.code, 400)
         self.assertEqual(json.loads(cm.exception.read())["error"]["type"], "invalid_request_error")
+
+    # Bounded strings and arrays: every sample completes well within max_tokens.
+    PERSON = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 12},
+            "role": {"enum": ["admin", "user", "guest"]},
+            "age": {"type": "integer", "minimum": 18, "maximum": 65},
+            "pets": {"type": "array", "maxItems": 2, "items": {
+                "type": "object", "properties": {"kind": {"enum": ["cat", "dog"]},
+                                                 "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
+                "required": ["kind"], "additionalProperties": False}},
+            "nickname": {"type": ["string", "null"], "maxLength": 10},
+        },
+        "required": ["name", "role", "age"],
+        "additionalProperties": False,
+    }
+
+    def test_structured_outputs_validate(self):
+        import jsonschema
+        messages = [{"role": "user", "content": "Describe a person as JSON."}]
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": self.PERSON, "strict": True}}
+        for seed in range(6):
+            r = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=400,
+                                                    temperature=0.8, seed=seed, response_format=fmt)
+            self.assertEqual(r.choices[0].finish_reason, "stop", r.choices[0].message.content)
+            jsonschema.validate(json.loads(r.choices[0].message.content), self.PERSON)
+        # Streamed: the same text as whole, for the same seed.
+        whole = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=400,
+                                                    temperature=0.8, seed=9, response_format=fmt)
+        chunks = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=400,
+                                                     temperature=0.8, seed=9, response_format=fmt, stream=True)
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
+                         whole.choices[0].message.content)
+        # json_object, vLLM's guided_grammar and completions' guided_json.
+        obj = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=300, seed=1,
+                                                  response_format={"type": "json_object"})
+        if obj.choices[0].finish_reason == "stop":
+            self.assertIsInstance(json.loads(obj.choices[0].message.content), dict)
+        else:  # cut at max_tokens: still a prefix of an object
+            self.assertTrue(obj.choices[0].message.content.lstrip().startswith("{"))
+        yes_no = self.client.completions.create(model=self.model, prompt="Is the sky blue?", max_tokens=8,
+                                                extra_body={"guided_grammar": 'root ::= " " ("yes" | "no") "."'})
+        self.assertIn(yes_no.choices[0].text, (" yes.", " no."))
+        self.assertEqual(yes_no.choices[0].finish_reason, "stop")
+        n = self.client.completions.create(model=self.model, prompt="Pick a number:", max_tokens=12,
+                                           extra_body={"guided_json": {"type": "integer", "minimum": 3,
+                                                                       "maximum": 7}})
+        self.assertIn(int(n.choices[0].text), range(3, 8))
+        # What cannot be honoured is a 400 naming it.
+        body = self.assert_error(openai.BadRequestError, 400, "guided_json", model=self.model, prompt="a",
+                                 extra_body={"guided_json": {"type": "string", "pattern": "^a"}})
+        self.assertIn("pattern", body["message"])
+        body = self.assert_error(openai.BadRequestError, 400, "guided_grammar", model=self.model, prompt="a",
+                                 extra_body={"guided_grammar": "root ::= item"})
+        self.assertIn("'item' is used but not defined", body["message"])
+        with self.assertRaises(openai.BadRequestError) as cm:
+            self.client.chat.completions.create(model=self.model, messages=messages,
+                                                response_format={"type": "json_schema", "json_schema": {"name": "x"}})
+        self.assertEqual(cm.exception.body["param"], "response_format.json_schema.schema")
 
     def test_disconnect_mid_stream_frees_the_request(self):
         before = self.server.metric("pruneserve_requests_total", finish_reason="cancelled")

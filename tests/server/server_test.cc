@@ -169,6 +169,10 @@ TEST_F(ServerTest, ValidationTable) {
   with("top_p = 0", [](auto& r) { r.mutable_sampling()->set_top_p(0.0f); });
   with("top_p > 1", [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); });
   with("top_k < 0", [](auto& r) { r.mutable_sampling()->set_top_k(-1); });
+  with("a JSON schema that is not JSON", [](auto& r) { r.set_json_schema("{\"type\": "); });
+  with("a JSON schema keyword not supported",
+       [](auto& r) { r.set_json_schema(R"({"type": "string", "pattern": "a"})"); });
+  with("a grammar with an undefined rule", [](auto& r) { r.set_grammar("root ::= item"); });
   with("max_new_tokens = 0", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(0); });
   with("max_new_tokens above the context", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(100000); });
   with("prompt + max_new_tokens above the context", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(2047); });
@@ -301,6 +305,20 @@ TEST(ServerKvCache, Q8KvServesAndHeadsOfPartBlocksAreRefused) {
   EXPECT_THAT(refused.output, ::testing::HasSubstr("--kv-dtype q8_0: a Q8_0 KV cache needs heads of a multiple of 32"));
 }
 
+// Structured output over gRPC: stories260K's greedy continuation, held to a grammar,
+// is a sentence of it and ends (a stop) when the grammar is complete.
+TEST_F(ServerTest, AGrammarConstrainsTheStream) {
+  pb::GenerateRequest req;
+  req.set_text("Once upon a time");
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_stopping()->set_max_new_tokens(32);
+  req.set_grammar(R"(root ::= ", there was a " ("cat" | "dog") ".")");
+  const StreamResult r = RunStream(*server_->Stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_THAT(r.text, ::testing::AnyOf(", there was a cat.", ", there was a dog."));
+  EXPECT_EQ(r.finished.reason(), pb::FINISH_REASON_STOP);
+}
+
 // --chat-template FILE formats a model's messages (stories260K carries no template:
 // without the flag GetModelInfo says why chat is refused). The chat stream equals a text
 // request of the rendering, tokenised as the template's (no BOS added); a conversation the
@@ -357,6 +375,35 @@ TEST(ServerChatTemplate, AFileFormatsTheMessagesOfAModelWithout) {
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_THAT(r.output, ::testing::HasSubstr("--chat-template: ")) << file;
   }
+  std::remove(path.c_str());
+}
+
+// Tools over gRPC with a template in the Hermes format: a required call is held to the
+// tool's parameters, and Finished.tool_calls carries it as read from the answer.
+TEST(ServerChatTemplate, ARequiredToolCallComesBackInFinished) {
+  const std::string path = ::testing::TempDir() + "/server_tools_template_" + std::to_string(::getpid()) + ".jinja";
+  std::ofstream(path) << "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools> Answer with "
+                         "<tool_call>.{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+  ServerProcess server(StoriesOnF32Kv({"--threads", "2", "--chat-template", path}));
+  pb::GenerateRequest req;
+  auto* m = req.mutable_messages()->add_messages();
+  m->set_role("user");
+  m->set_content("Once upon a time");
+  pb::Tool* tool = req.add_tools();
+  tool->set_name("count");
+  tool->set_parameters(R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
+      "required": ["n"]})");
+  req.mutable_tool_choice()->set_mode(pb::ToolChoice::REQUIRED);
+  req.mutable_tool_choice()->set_parallel(false);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_stopping()->set_max_new_tokens(200);
+  const StreamResult r = RunStream(*server.Stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.finished.reason(), pb::FINISH_REASON_STOP) << r.text;
+  ASSERT_EQ(r.finished.tool_calls_size(), 1) << r.text;
+  EXPECT_EQ(r.finished.tool_calls(0).name(), "count");
+  EXPECT_THAT(r.finished.tool_calls(0).arguments(), ::testing::MatchesRegex(R"(\{"n":[1-9]\})"));
+  EXPECT_TRUE(r.text.starts_with("<tool_call>\n")) << r.text;
   std::remove(path.c_str());
 }
 
