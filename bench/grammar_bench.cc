@@ -55,12 +55,14 @@ int main(int argc, char** argv) {
   using namespace ps;
   std::string model_path = "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
   int64_t threads = 2, tokens = 96;
+  double top_p = 1.0;
   FlagParser flags("ps_bench_grammar",
                    "Structured outputs' cost per decoded token next to the decode step: the JSON-schema grammar's\n"
                    "token mask over the whole vocabulary, then generation with and without the grammar.");
   flags.AddString("model", &model_path, "a GGUF model (default: the evaluation model)");
   flags.AddInt("threads", &threads, "compute threads");
   flags.AddInt("tokens", &tokens, "tokens generated in each decode run");
+  flags.AddFloat("top-p", &top_p, "the decode runs' top_p (below 1, the sampler sorts the vocabulary)");
   if (auto st = flags.Parse(argc, argv); !st.ok() || flags.help_requested()) {
     std::fprintf(st.ok() ? stdout : stderr, "%s%s\n", st.ok() ? "" : (std::string(st.message()) + "\n").c_str(),
                  flags.Help().c_str());
@@ -124,7 +126,7 @@ int main(int argc, char** argv) {
   if (!gen.Generate(*prompt, SamplingParams{}, StopCriteria{.max_new_tokens = 8}).ok()) return Fail("warm-up failed");
   double per_token[2] = {0, 0};
   for (int constrained = 0; constrained < 2; ++constrained) {
-    SamplingParams sp{.temperature = 0.8f, .seed = 3};
+    SamplingParams sp{.temperature = 0.8f, .top_p = static_cast<float>(top_p), .seed = 3};
     if (constrained) sp.grammar = start;
     const auto r =
         gen.Generate(*prompt, sp, StopCriteria{.max_new_tokens = static_cast<int>(tokens), .ignore_eos = !constrained});

@@ -52,6 +52,10 @@ class Sampler {
   SampledToken Sample(std::span<float> logits, std::span<const int32_t> history);
 
  private:
+  // The tokens by logit that hold what min-p and top-p keep; *kept_mass: the
+  // (tempered, relative) mass of all that min-p keeps.
+  std::vector<int32_t> NucleusCandidates(std::span<const float> logits, double* kept_mass) const;
+
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::vector<float> logprobs_;

@@ -62,7 +62,8 @@ constexpr int32_t kCut = -2;     // a cut stack's end: what lies below is unknow
 
 void Matcher::Expand(int32_t pos, int32_t parent, Tops* out, bool* accepting, bool* cut) {
   ++expansion_;
-  std::vector<std::pair<int32_t, int32_t>> work = {{pos, parent}};
+  std::vector<std::pair<int32_t, int32_t>>& work = work_;  // reused: no allocation per byte
+  work.assign(1, {pos, parent});
   while (!work.empty()) {
     auto [p, up] = work.back();
     work.pop_back();

@@ -129,6 +129,7 @@ class Matcher {
   std::unordered_map<uint64_t, int32_t> index_;
   std::vector<uint32_t> visited_;  // per node, the expansion that last reached it
   uint32_t expansion_ = 0;
+  std::vector<std::pair<int32_t, int32_t>> work_;  // Expand's frames to visit
   Tops tops_;
   bool accepting_ = false;
   bool done_ = false;

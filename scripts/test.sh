@@ -35,7 +35,8 @@ for b in ${PS_TEST_BUILDS:-fuzz normal asan}; do
             run_suite "ASan+UBSan" build-asan "" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPS_SANITIZE=address -DPS_BUILD_BENCH=OFF \
             "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" ;;  # -O1 and line tables only: file:line traces, a build in half the time
     # TSan's runtime in this GCC can crash at start-up under high-entropy ASLR: run without it.
-    tsan) RUNNER="setarch $(uname -m) -R" TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" \
+    # tsan_slow: tests whose single-threaded work takes many minutes under TSan.
+    tsan) RUNNER="setarch $(uname -m) -R" TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" EXCLUDE_LABELS=tsan_slow \
             run_suite ThreadSanitizer build-tsan "threads|scheduler|server|swap" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
             -DPS_SANITIZE=thread -DPS_CUDA=OFF -DPS_BUILD_BENCH=OFF ;;
     fuzz) echo "=== fuzz (build-fuzz) ==="; scripts/fuzz.sh --seconds "${PS_FUZZ_SECONDS:-5}" ;;
