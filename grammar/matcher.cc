@@ -197,11 +197,6 @@ int32_t Matcher::Cut(int32_t node, std::string* key) {
   return below;
 }
 
-int64_t Matcher::splits() const {
-  std::lock_guard lock(splits_->mu);
-  return static_cast<int64_t>(splits_->by_key.size());
-}
-
 std::shared_ptr<const Matcher::Split> Matcher::SplitOf(int32_t node) {
   std::string key;
   const int32_t cut = Cut(node, &key);

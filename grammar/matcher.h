@@ -86,10 +86,9 @@ class Matcher {
   bool CanEnd() const { return accepting_; }                            // the input so far is a whole sentence
   bool Done() const { return done_ || (tops_.empty() && accepting_); }  // nothing may follow but a stop
 
-  // Mask cache hits and misses, and the splits computed, for the benchmark.
+  // Whole-mask cache hits and misses, for the benchmark.
   int64_t cache_hits() const { return hits_; }
   int64_t cache_misses() const { return misses_; }
-  int64_t splits() const;
 
   static constexpr int kContextFrames = 3;
 
