@@ -197,14 +197,14 @@ class StructuredOutputsTest(ServerCase):
         messages = [{"role": "user", "content": "Describe a person as JSON."}]
         fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": self.PERSON, "strict": True}}
         for seed in range(6):
-            r = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=400,
+            r = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=600,
                                                     temperature=0.8, seed=seed, response_format=fmt)
             self.assertEqual(r.choices[0].finish_reason, "stop", r.choices[0].message.content)
             jsonschema.validate(json.loads(r.choices[0].message.content), self.PERSON)
         # Streamed: the same text as whole, for the same seed.
-        whole = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=400,
+        whole = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=600,
                                                     temperature=0.8, seed=9, response_format=fmt)
-        chunks = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=400,
+        chunks = self.client.chat.completions.create(model=self.model, messages=messages, max_tokens=600,
                                                      temperature=0.8, seed=9, response_format=fmt, stream=True)
         self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks if c.choices),
                          whole.choices[0].message.content)
