@@ -41,8 +41,11 @@ int64_t DefaultDeviceBlocks(const KvGeometry& g, int n_ctx) {
 // One sequence's generation state.
 struct Engine::Seq {
   Seq(const Model& model, const GenerationSpec& spec)
+      : Seq(model, spec, SequenceDecoder(model.tokenizer(), spec.sampling, spec.stop, spec.prompt, spec.show_control)) {
+  }
+  Seq(const Model& model, const GenerationSpec& spec, SequenceDecoder decoder)
       : spec(spec),
-        decoder(model.tokenizer(), spec.sampling, spec.stop, spec.prompt),
+        decoder(std::move(decoder)),
         strategy(spec.pruning.Make(model.config())),
         layer_rows(model.config().n_layers, 0) {}
   const GenerationSpec& spec;
@@ -227,10 +230,24 @@ absl::Status Engine::MoveInByLayer(int64_t seq_id) {
   return absl::OkStatus();
 }
 
+Engine::Seq& Engine::Fork(Seq& parent, int64_t parent_id, int64_t child, int k) {
+  PS_CHECK(!parent.prefilled && !seqs_.contains(child)) << "bad fork of sequence " << parent_id << " into " << child;
+  Seq& c = *(seqs_[child] = std::make_unique<Seq>(model_, parent.spec, parent.decoder.Fork(k)));
+  std::unique_ptr<PruningStrategy> strategy = parent.strategy != nullptr ? parent.strategy->Fork() : nullptr;
+  if (parent.strategy != nullptr && strategy == nullptr) return c;  // computes its prompt again
+  kv_->Fork(parent_id, child);
+  c.strategy = std::move(strategy);
+  c.computed = parent.computed;
+  c.next_position = parent.next_position;
+  c.prefilled = true;  // its first pass is the parent's (the request's usage counts it once)
+  return c;
+}
+
 void Engine::Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& lost) {
   std::vector<SeqInput> batch;
   std::vector<std::vector<int32_t>> positions;
   std::vector<int64_t> ids;
+  std::vector<const std::vector<int64_t>*> forks;
   positions.reserve(plan.run.size());
   for (const StepPlan::Run& run : plan.run) {
     if (lost.contains(run.seq_id)) continue;
@@ -248,6 +265,7 @@ void Engine::Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& l
                              .strategy = s.strategy.get(),
                              .report_kept = s.spec.report_pruning && !s.prefilled});
     ids.push_back(run.seq_id);
+    forks.push_back(&run.forks);
     r->batch_tokens += run.count;
   }
   if (batch.empty()) return;
@@ -287,9 +305,27 @@ void Engine::Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& l
     o.computed = s.computed;
     o.added_rows = s.strategy != nullptr ? s.strategy->MaxAddedRows() : 0;
     if (batch[b].no_logits) continue;
+    const std::span<float> logits(out_.logits.data() + out_.row_offset[b] * vocab, vocab);
+    // Forks (n > 1) before the parent samples: each samples its own first token from the
+    // same logits (which sampling overwrites).
+    std::vector<Seq*> children;
+    if (!forks[b]->empty()) fork_logits_.assign(logits.begin(), logits.end());
+    for (size_t k = 0; k < forks[b]->size(); ++k) {
+      children.push_back(&Fork(s, id, (*forks[b])[k], static_cast<int>(k) + 1));
+    }
     s.prefilled = true;
-    o.token = s.decoder.Next(std::span<float>(out_.logits.data() + out_.row_offset[b] * vocab, vocab));
+    o.token = s.decoder.Next(logits);
     if (o.token->finished) End(id, SeqStatus::kOk, "", &o);
+    for (size_t k = 0; k < children.size(); ++k) {
+      Seq& c = *children[k];
+      const int64_t child = (*forks[b])[k];
+      SeqOutcome co{.seq_id = child, .computed = c.computed};
+      co.added_rows = c.strategy != nullptr ? c.strategy->MaxAddedRows() : 0;
+      std::copy(fork_logits_.begin(), fork_logits_.end(), logits.begin());
+      co.token = c.decoder.Next(logits);
+      if (co.token->finished) End(child, SeqStatus::kOk, "", &co);
+      r->seqs.push_back(std::move(co));
+    }
   }
 }
 

@@ -52,6 +52,10 @@ class Engine final : public StepExecutor {
   // Queues the moves of the host-tier pages of a sequence started from a cached
   // prefix back to the device tier, layer by layer (the step's attention waits for them).
   absl::Status MoveInByLayer(int64_t seq_id);
+  // Sequence `child`, choice k of `parent`'s request, forked once the parent's prompt
+  // step is done (before it samples): it shares the parent's KV and strategy state when
+  // the strategy forks; otherwise it computes the prompt again with a fresh strategy.
+  Seq& Fork(Seq& parent, int64_t parent_id, int64_t child, int k);
   // The plan's runs (but those of `lost`): the forward pass, sampling, accounting.
   void Run(const StepPlan& plan, StepResult* r, const std::set<int64_t>& lost);
 
@@ -59,7 +63,8 @@ class Engine final : public StepExecutor {
   std::unique_ptr<KvCache> kv_;
   Transformer transformer_;
   std::map<int64_t, std::unique_ptr<Seq>> seqs_;
-  ForwardOutput out_;  // reused across steps
+  ForwardOutput out_;               // reused across steps
+  std::vector<float> fork_logits_;  // the logits forks sample from
 };
 
 }  // namespace ps

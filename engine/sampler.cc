@@ -40,6 +40,16 @@ std::vector<int32_t> TopK(std::span<const float> values, int k) {
 
 Sampler::Sampler(const SamplingParams& params) : p_(params), rng_(params.seed) {}
 
+void Sampler::SeedChoice(int k) {
+  if (k == 0) return;
+  // SplitMix64's finalizer over the seed and the choice: nearby seeds and choices give
+  // unrelated streams.
+  uint64_t z = p_.seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(k);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  rng_.seed(z ^ (z >> 31));
+}
+
 // min-p and top-p keep a prefix of the tokens sorted by logit: the candidates are the
 // tokens above a weight floor (relative to the most likely), sorted, once they are
 // sure to hold that prefix (min_p at or above the floor; their mass reaching top_p of

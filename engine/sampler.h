@@ -50,6 +50,9 @@ class Sampler {
   // Chooses the next token. `logits` is modified (used as scratch). `history` holds
   // the tokens the penalties look at (prompt and generated so far).
   SampledToken Sample(std::span<float> logits, std::span<const int32_t> history);
+  // This sampler's state for choice k of a request (n > 1): its generator reseeded with
+  // a stream of its own, derived from the seed and k (choice 0 keeps the seed's).
+  void SeedChoice(int k);
 
  private:
   // The tokens by logit that hold what min-p and top-p keep; *kept_mass: the

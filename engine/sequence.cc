@@ -93,10 +93,16 @@ std::shared_ptr<const grammar::Vocabulary> GrammarVocabulary(const Tokenizer& to
 }
 
 SequenceDecoder::SequenceDecoder(const Tokenizer* tok, const SamplingParams& sampling, const StopCriteria& stop,
-                                 std::span<const int32_t> prompt)
+                                 std::span<const int32_t> prompt, bool show_control)
     : tok_(tok), stop_(stop), sampler_(sampling), matcher_(stop.stop_strings), history_(prompt.begin(), prompt.end()) {
-  if (tok_ != nullptr) text_.emplace(*tok_);
+  if (tok_ != nullptr) text_.emplace(*tok_, /*skip_special=*/!show_control);
   if (sampling.grammar != nullptr) grammar_.emplace(*sampling.grammar);
+}
+
+SequenceDecoder SequenceDecoder::Fork(int k) const {
+  SequenceDecoder fork = *this;
+  fork.sampler_.SeedChoice(k);
+  return fork;
 }
 
 StepOutcome SequenceDecoder::Next(std::span<float> logits) {

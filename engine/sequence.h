@@ -63,11 +63,14 @@ std::shared_ptr<const grammar::Vocabulary> GrammarVocabulary(const Tokenizer& to
 
 class SequenceDecoder {
  public:
-  // `tok` may be null (no text, no end-of-generation ids).
+  // `tok` may be null (no text, no end-of-generation ids). `show_control`: the text
+  // shows control tokens (else they have none).
   SequenceDecoder(const Tokenizer* tok, const SamplingParams& sampling, const StopCriteria& stop,
-                  std::span<const int32_t> prompt);
+                  std::span<const int32_t> prompt, bool show_control = false);
   // Samples the next token from `logits` (modified in place) and applies the stop rules.
   StepOutcome Next(std::span<float> logits);
+  // A copy for choice k of the request (n > 1), sampling with its own seed stream.
+  SequenceDecoder Fork(int k) const;
   // Text still held back (partial characters, possible stop prefixes), for a sequence
   // that ends without Next() saying so (cancellation).
   std::string Flush();

@@ -27,6 +27,11 @@ struct GenerationSpec {
   // authenticated principal and the request's own salt); "" shares with every
   // request that gives none.
   std::string cache_salt;
+  // The text shows control tokens (a Mistral tool call's [TOOL_CALLS] and [ARGS]).
+  bool show_control = false;
+  // Choices: the prompt is computed once, then n - 1 forks of the first choice share
+  // its KV, each sampling its own tokens (seed stream k for choice k).
+  int n = 1;
 };
 
 // A request's accounting, filled by the engine (tokens, blocks) and the scheduler (times).
@@ -90,6 +95,9 @@ struct StepPlan {
     int64_t seq_id = 0;
     int32_t begin = 0, count = 0;
     bool sample = false;
+    // With `sample` on the sequence's first token (n > 1): new sequences that share its KV
+    // once the rows are computed and sample their own first token from the same logits.
+    std::vector<int64_t> forks;
   };
   std::vector<Run> run;
 

@@ -211,7 +211,7 @@ void EngineLoop::Publish(const StepResult& result, const std::vector<Outgoing>& 
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const Outgoing& o : events) {
-      if (o.event.kind == RequestEvent::Kind::kFinished) active_.erase(o.request->id);
+      if (o.event.kind == RequestEvent::Kind::kFinished && o.event.last) active_.erase(o.request->id);
     }
     load_.running = scheduler_.running();
     load_.waiting = scheduler_.waiting();

@@ -22,6 +22,7 @@ std::string_view CancelReasonName(CancelReason r);
 
 struct RequestEvent {
   enum class Kind { kTokens, kFinished } kind = Kind::kTokens;
+  int index = 0;                     // the choice (GenerationSpec::n): each streams and finishes on its own
   std::vector<SampledToken> tokens;  // kTokens: new tokens (deltas)
   std::string text;                  // text completed by them
   // kFinished:
@@ -29,6 +30,10 @@ struct RequestEvent {
   CancelReason cancel = CancelReason::kNone;
   std::string matched_stop;
   std::string error;
+  // The request's last choice ended: nothing follows. Before that (n > 1) a choice's
+  // kFinished carries the usage of the choices ended so far (the prompt once); the last
+  // one's covers the whole request.
+  bool last = true;
   Usage usage;
   // With GenerationSpec::report_pruning: the prompt token spans that reached the
   // last layer in the first pass.

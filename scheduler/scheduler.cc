@@ -70,6 +70,10 @@ Scheduler::Scheduler(const SchedulerOptions& options, KvPlanner& kv, SchedulerOb
 }
 
 absl::Status Scheduler::CheckFits(const Request& r) const {
+  if (r.spec.n < 1 || r.spec.n > options_.max_running) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: must be in [1, ", options_.max_running, "] (the server's running sequences at most)"));
+  }
   const int64_t tokens = static_cast<int64_t>(r.spec.prompt.size());
   const int64_t pages = (tokens + block_tokens_ - 1) / block_tokens_;  // per layer
   const int64_t need = pages * n_layers_ * blocks_per_page_;
@@ -121,6 +125,36 @@ RequestEvent Scheduler::Finished(const Running& run, const SeqOutcome& o, Finish
   return ev;
 }
 
+void Scheduler::EmitFinished(const Running& run, RequestEvent ev) {
+  ev.index = run.index;
+  auto it = choices_.find(run.request.get());
+  if (it != choices_.end()) {
+    Choices& c = it->second;
+    // The first choice ending before its prompt step (cancelled, failed) takes the
+    // forks never made with it.
+    c.left -= run.index == 0 && !run.prefilled ? run.request->spec.n : 1;
+    Usage& total = c.usage;
+    const Usage& u = ev.usage;
+    total.prompt_tokens = u.prompt_tokens;
+    total.completion_tokens += u.completion_tokens;
+    total.prompt_tokens_computed += u.prompt_tokens_computed;  // forks that computed the prompt again add theirs
+    total.cached_tokens = std::max(total.cached_tokens, u.cached_tokens);
+    total.kv_blocks = std::max(total.kv_blocks, u.kv_blocks);  // the largest choice's (forks share the prompt's)
+    total.kv_device_blocks = std::max(total.kv_device_blocks, u.kv_device_blocks);
+    total.queue_seconds = u.queue_seconds;
+    total.ttft_seconds = std::max(total.ttft_seconds, u.ttft_seconds);
+    total.total_seconds = std::max(total.total_seconds, u.total_seconds);
+    if (run.index == 0) {  // the first pass is the first choice's
+      total.kept_per_layer = u.kept_per_layer;
+      total.strategy = u.strategy;
+    }
+    ev.usage = total;
+    ev.last = c.left <= 0;
+    if (ev.last) choices_.erase(it);
+  }
+  Emit(run.request, std::move(ev));
+}
+
 void Scheduler::EndRunning(size_t i, FinishReason reason, CancelReason cancel, std::string error, StepPlan* plan) {
   Running& run = running_[i];
   kv_.Release(run.seq_id);
@@ -147,8 +181,10 @@ void Scheduler::Admit(Clock::time_point now, StepPlan* plan) {
     }
   }
   size_t taken = 0;
-  while (taken < waiting_.size() && static_cast<int>(running_.size()) < options_.max_running) {
+  while (taken < waiting_.size()) {
     const std::shared_ptr<Request>& r = waiting_[taken];
+    // Room in the running set for every choice (the forks join it after the prompt step).
+    if (static_cast<int>(running_.size()) + r->spec.n > options_.max_running) break;
     if (first_preempted != nullptr && !ByPriority(*r, *first_preempted)) break;
     const int64_t need = kv_.BlocksNeeded(next_seq_id_, static_cast<int64_t>(r->spec.prompt.size()));
     if (!running_.empty() && reserved + need > kv_.Available(Tier::kDevice) + kv_.Evictable(Tier::kDevice)) break;
@@ -164,6 +200,7 @@ void Scheduler::Admit(Clock::time_point now, StepPlan* plan) {
       run.preempted = hit.host_tokens > 0;  // brought in like a swapped sequence
     }
     plan->start.push_back({.seq_id = run.seq_id, .spec = &r->spec, .cached = run.cached});
+    if (r->spec.n > 1) choices_[r.get()].left = r->spec.n;
     running_.push_back(std::move(run));
     ++taken;
   }
@@ -305,8 +342,20 @@ StepPlan Scheduler::Schedule(Clock::time_point now) {
     if (run.Swapped()) plan.swap_in.push_back(run.seq_id);
     run.preempted = false;
     const int count = std::min(rows[i], run.Remaining());
-    plan.run.push_back(
-        {.seq_id = run.seq_id, .begin = run.computed, .count = count, .sample = run.computed + count == run.history});
+    StepPlan::Run& planned = plan.run.emplace_back(StepPlan::Run{
+        .seq_id = run.seq_id, .begin = run.computed, .count = count, .sample = run.computed + count == run.history});
+    if (planned.sample && !run.prefilled) {  // the first token: the other choices fork here
+      for (int k = 1; k < run.request->spec.n; ++k) {
+        Running fork{.request = run.request,
+                     .seq_id = next_seq_id_++,
+                     .index = k,
+                     .history = run.history,
+                     .prefilled = true,
+                     .admitted = run.admitted};
+        planned.forks.push_back(fork.seq_id);
+        forks_[fork.seq_id] = std::move(fork);
+      }
+    }
   }
   std::erase_if(running_, [](const Running& r) { return r.request == nullptr; });
   return plan;
@@ -319,9 +368,15 @@ void Scheduler::Update(const StepResult& result, Clock::time_point now) {
   for (const SeqOutcome& o : result.seqs) {
     if (auto e = ending_.find(o.seq_id); e != ending_.end()) {  // ended by the plan
       Ending& end = e->second;
-      Emit(end.run.request, Finished(end.run, o, end.reason, end.cancel, std::move(end.error), now));
+      EmitFinished(end.run, Finished(end.run, o, end.reason, end.cancel, std::move(end.error), now));
       ending_.erase(e);
       continue;
+    }
+    if (auto f = forks_.find(o.seq_id); f != forks_.end()) {  // a fork the engine made: it runs from here
+      f->second.first_token = now;
+      index[o.seq_id] = running_.size();
+      running_.push_back(std::move(f->second));
+      forks_.erase(f);
     }
     auto it = index.find(o.seq_id);
     PS_CHECK(it != index.end()) << "the engine reports sequence " << o.seq_id << ", which is not running";
@@ -361,17 +416,18 @@ void Scheduler::Update(const StepResult& result, Clock::time_point now) {
         run.prefilled = true;
         run.first_token = now;
       }
-      RequestEvent ev{.kind = RequestEvent::Kind::kTokens, .text = o.token->text};
+      RequestEvent ev{.kind = RequestEvent::Kind::kTokens, .index = run.index, .text = o.token->text};
       ev.tokens.push_back(o.token->sampled);
       Emit(run.request, std::move(ev));
     }
     if (o.ended) {
       const FinishReason reason = o.status == SeqStatus::kOk && o.token ? o.token->reason : FinishReason::kError;
-      Emit(run.request, Finished(run, o, reason, CancelReason::kNone, o.error, now));
+      EmitFinished(run, Finished(run, o, reason, CancelReason::kNone, o.error, now));
       kv_.Release(run.seq_id);
       run.request.reset();
     }
   }
+  forks_.clear();  // planned, but the engine made none (the first choice's step failed): planned again
   std::erase_if(running_, [](const Running& r) { return r.request == nullptr; });
 }
 

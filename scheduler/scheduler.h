@@ -7,7 +7,9 @@
 // every running request with prefill chunks of prompts; when the device tier runs
 // out, the lowest-priority, latest-arrived sequences are preempted: their blocks
 // are swapped to the host tier (or dropped and recomputed later) and come back
-// when room returns.
+// when room returns. A request with n > 1 choices runs as one sequence until its first
+// token is sampled; then n - 1 forks that share its KV join the running set (planned in
+// StepPlan::Run::forks), each a sequence of its own that finishes on its own.
 //
 // Order and starvation: every decision walks requests by (priority desc,
 // arrival asc). Admission stops at the first request that does not fit and never
@@ -124,6 +126,7 @@ class Scheduler {
   struct Running {
     std::shared_ptr<Request> request;
     int64_t seq_id = 0;
+    int index = 0;     // the choice it generates (GenerationSpec::n)
     int history = 0;   // prompt + generated tokens
     int computed = 0;  // leading history tokens whose KV is cached (0 after a recompute preemption)
     int cached = 0;    // leading prompt tokens whose KV came from the prefix cache
@@ -158,6 +161,8 @@ class Scheduler {
   void Preempt(size_t i, StepPlan* plan);
   // Its KV is released to be recomputed from the first token.
   void Recompute(Running& run);
+  // A running choice's kFinished event, with its request's usage so far (n > 1).
+  void EmitFinished(const Running& run, RequestEvent event);
   void FinishWaiting(const std::shared_ptr<Request>& r, CancelReason cancel, Clock::time_point now);
   void Emit(const std::shared_ptr<Request>& r, RequestEvent event) { events_.push_back({r, std::move(event)}); }
   RequestEvent Finished(const Running& run, const SeqOutcome& outcome, FinishReason reason, CancelReason cancel,
@@ -175,6 +180,15 @@ class Scheduler {
   std::vector<std::shared_ptr<Request>> waiting_;
   std::vector<Running> running_;
   std::map<int64_t, Ending> ending_;
+  // Forks planned this step (n > 1), by sequence id: running once the engine reports them.
+  std::map<int64_t, Running> forks_;
+  // Requests with n > 1 in the running set: choices not yet finished (forks yet to be
+  // made included) and the usage of those that did.
+  struct Choices {
+    int left = 0;
+    Usage usage;
+  };
+  std::map<const Request*, Choices> choices_;
   int64_t next_seq_id_ = 1;
   int64_t preemptions_[2] = {0, 0};
   std::vector<Outgoing> events_;

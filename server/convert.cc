@@ -71,7 +71,7 @@ absl::StatusOr<nlohmann::ordered_json> TemplateTools(const pb::GenerateRequest& 
   if (defaults.tool_format == ToolFormat::kNone) {
     return absl::FailedPreconditionError(
         "tools: the model's chat template has no tool-call format this server reads (Hermes <tool_call>, LLaMA 3.x "
-        "JSON)");
+        "JSON, Mistral [TOOL_CALLS])");
   }
   nlohmann::ordered_json tools = nlohmann::ordered_json::array();
   for (const pb::Tool& t : in.tools()) {
@@ -215,6 +215,13 @@ absl::StatusOr<std::shared_ptr<Request>> RequestFromProto(const pb::GenerateRequ
   st.ignore_eos = p.ignore_eos();
   PS_RETURN_IF_ERROR(ValidateGeneration(c, prompt.size(), sp, st));
 
+  if (in.n() > kMaxChoices) {
+    return absl::InvalidArgumentError(absl::StrCat("n: ", in.n(), " choices; ", kMaxChoices, " at most"));
+  }
+  r->spec.n = in.n() == 0 ? 1 : static_cast<int>(in.n());
+  // Mistral writes its calls after control tokens: the answer shows them, to be read.
+  r->spec.show_control =
+      ToolsOffered(in) && defaults.tool_format == ToolFormat::kMistral;  // the scheduler bounds it by its running set
   r->priority = in.priority();
   PS_ASSIGN_OR_RETURN(r->spec.pruning, defaults.strategies->FromProto(in.pruning()));
   r->spec.report_pruning = in.return_pruning_report();
@@ -256,9 +263,11 @@ pb::GenerateResponse ToProto(const RequestEvent& ev, bool want_logprobs) {
       }
     }
     chunk->set_text(ev.text);
+    chunk->set_index(static_cast<uint32_t>(ev.index));
     return out;
   }
   pb::Finished* f = out.mutable_finished();
+  f->set_index(static_cast<uint32_t>(ev.index));
   f->set_reason(ToProto(ev.reason));
   f->set_matched_stop(ev.matched_stop);
   f->set_error_message(ev.error);

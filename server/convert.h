@@ -64,6 +64,7 @@ struct RequestDefaults {
 };
 
 inline constexpr size_t kMaxCacheSaltBytes = 256;
+inline constexpr uint32_t kMaxChoices = 128;  // GenerateRequest.n (OpenAI's limit)
 
 // Builds a scheduler request (without id, sink or deadline). Errors are
 // INVALID_ARGUMENT naming the field (a conversation the chat template refuses too),

@@ -42,6 +42,7 @@ class GenerateStream final : public QueuedWriteReactor<pb::GenerateResponse> {
       request_->Cancel(CancelReason::kSlowClient);
     }
     if (msg.has_chunk() && !queue_.empty() && queue_.back().has_chunk() &&
+        queue_.back().chunk().index() == msg.chunk().index() &&
         queue_.back().ByteSizeLong() + msg.ByteSizeLong() <= kMaxMergedBytes) {
       pb::TokenChunk* into = queue_.back().mutable_chunk();
       std::string text = into->text() + msg.chunk().text();
@@ -131,20 +132,24 @@ class StreamSink final : public MeteredSink {
   void Deliver(RequestEvent ev) override {
     std::optional<grpc::Status> final;
     std::optional<pb::GenerateResponse> tail;
-    if (ev.kind == RequestEvent::Kind::kFinished) {
-      final = ToGrpc(FinishStatus(ev));
+    const bool finished = ev.kind == RequestEvent::Kind::kFinished;
+    if (finished) {
+      // The stream's status: the first failed choice's (n > 1), once the last one ends.
+      if (absl::Status st = FinishStatus(ev); status_.ok()) status_ = std::move(st);
+      if (ev.last) final = ToGrpc(status_);
       if (!ev.text.empty()) {
-        RequestEvent text_ev{.kind = RequestEvent::Kind::kTokens, .text = ev.text};
+        RequestEvent text_ev{.kind = RequestEvent::Kind::kTokens, .index = ev.index, .text = ev.text};
         tail = ToProto(text_ev, false);  // held-back text released at the end
       }
     }
-    if (tools_ != ToolFormat::kNone) answer_ += ev.text;
+    if (ev.index >= static_cast<int>(answers_.size())) answers_.resize(ev.index + 1);
+    if (tools_ != ToolFormat::kNone) answers_[ev.index] += ev.text;
     pb::GenerateResponse msg = ToProto(ev, logprobs_);
-    if (final && tools_ != ToolFormat::kNone) {
-      const ParsedAnswer parsed = ParseToolCalls(tools_, answer_);
+    if (finished && tools_ != ToolFormat::kNone) {
+      const ParsedAnswer parsed = ParseToolCalls(tools_, answers_[ev.index]);
       for (size_t i = 0; i < parsed.calls.size(); ++i) {
         pb::ToolCall* call = msg.mutable_finished()->add_tool_calls();
-        call->set_id(absl::StrCat("call_", i, "_", id_));
+        call->set_id(ToolCallId(tools_, id_, ev.index, i));
         call->set_name(parsed.calls[i].name);
         call->set_arguments(parsed.calls[i].arguments);
       }
@@ -160,7 +165,8 @@ class StreamSink final : public MeteredSink {
   bool logprobs_;
   ToolFormat tools_;
   std::string id_;
-  std::string answer_;  // with tools: the text so far, read for calls at the end
+  std::vector<std::string> answers_;  // with tools: each choice's text so far, read for calls at its end
+  absl::Status status_;
 };
 
 void GenerateStream::OnDone() {

@@ -62,7 +62,7 @@ class HttpSink final : public MeteredSink {
       if (ev.kind == RequestEvent::Kind::kTokens && untaken_tokens_ > max_backlog_) {
         if (auto r = request_.lock()) r->Cancel(CancelReason::kSlowClient);
       }
-      finished_ = finished_ || ev.kind == RequestEvent::Kind::kFinished;
+      finished_ = finished_ || (ev.kind == RequestEvent::Kind::kFinished && ev.last);
       events_.push_back(std::move(ev));
     }
     cv_.notify_one();
@@ -183,29 +183,29 @@ void HttpFront::Route() {
       res.set_header("X-Request-Id", r->id);
       if (!parsed->stream) {
         std::deque<RequestEvent> events;
-        RequestEvent finish;
         for (bool done = false; !done;) {
           done = sink->Take(&events, kKeepAlive);
-          for (RequestEvent& ev : events) {
-            writer->Collect(ev);
-            if (ev.kind == RequestEvent::Kind::kFinished) finish = std::move(ev);
-          }
+          for (const RequestEvent& ev : events) writer->Collect(ev);
         }
-        if (absl::Status s = FinishStatus(finish); !s.ok()) return SendError(res, api, s);
+        if (absl::Status s = writer->Status(); !s.ok()) return SendError(res, api, s);
         res.set_content(Dump(writer->Final()), "application/json");
         return;
       }
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [sink, writer](size_t, httplib::DataSink& out) {
+          [sink, writer, weak = std::weak_ptr<Request>(r)](size_t, httplib::DataSink& out) {
             std::deque<RequestEvent> events;
             const bool done = sink->Take(&events, kKeepAlive);
             std::string text;
             for (const RequestEvent& ev : events) text += writer->StreamEvent(ev);
-            if (text.empty()) text = ": keep-alive\n\n";
+            if (text.empty() && !writer->closed()) text = ": keep-alive\n\n";
             if (!out.write(text.data(), text.size())) return false;
-            if (done) out.done();
+            if (done || writer->closed()) {
+              // A failed choice ended the stream: the others stop too (n > 1).
+              if (auto req = weak.lock(); req && !done) req->Cancel(CancelReason::kAbort);
+              out.done();
+            }
             return true;
           },
           [r, slot](bool success) {

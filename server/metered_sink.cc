@@ -9,13 +9,13 @@ namespace ps::server {
 void MeteredSink::OnEvent(RequestEvent ev) {
   const auto now = Clock::now();
   if (ev.kind == RequestEvent::Kind::kTokens) {
-    if (!seen_token_) {
-      seen_token_ = true;
-    } else {
-      metrics_->OnInterToken(strategy_, std::chrono::duration<double>(now - last_token_).count());
+    if (ev.index >= static_cast<int>(last_token_.size())) last_token_.resize(ev.index + 1);
+    Clock::time_point& last = last_token_[ev.index];
+    if (last != Clock::time_point{}) {
+      metrics_->OnInterToken(strategy_, std::chrono::duration<double>(now - last).count());
     }
-    last_token_ = now;
-  } else {
+    last = now;
+  } else if (ev.last) {  // the request's usage, once (n > 1: every choice's)
     if (ev.usage.completion_tokens > 0) metrics_->OnFirstToken(strategy_, ev.usage.ttft_seconds);
     metrics_->OnFinished(strategy_, ev.reason, ev.usage);
     spdlog::info(

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "scheduler/request.h"
 #include "server/metrics.h"
@@ -23,8 +24,8 @@ class MeteredSink : public RequestSink {
  private:
   Metrics* metrics_;
   std::string id_, strategy_;
-  bool seen_token_ = false;  // engine thread only
-  Clock::time_point last_token_{};
+  // Engine thread only: each choice's last token (none yet: the epoch).
+  std::vector<Clock::time_point> last_token_;
 };
 
 }  // namespace ps::server

@@ -316,8 +316,6 @@ const std::set<std::string>& KnownFields(Api api) {
 
 // Fields OpenAI defines that this server cannot honour, unless at their neutral value.
 absl::Status Unsupported(Api api, const Fields& f) {
-  if (const Json* n = f.Get("n"); n != nullptr && *n != 1) return Bad("n", "only n = 1 is supported");
-  if (const Json* b = f.Get("best_of"); b != nullptr && *b != 1) return Bad("best_of", "only best_of = 1 is supported");
   if (const Json* e = f.Get("echo"); e != nullptr && *e != false) return Bad("echo", "echo is not supported");
   if (f.Get("suffix") != nullptr) return Bad("suffix", "suffix is not supported");
   if (const Json* lb = f.Get("logit_bias"); lb != nullptr && !(lb->is_object() && lb->empty()))
@@ -403,6 +401,14 @@ absl::StatusOr<ApiRequest> ParseRequest(Api api, std::string_view body, const st
     if (!iu.is_boolean()) return Bad("stream_options.include_usage", "must be a boolean");
     out.include_usage = iu.get<bool>();
   }
+  PS_RETURN_IF_ERROR(f.Integer("n", 1, kMaxChoices, [&](int64_t v) { out.n = static_cast<int>(v); }));
+  out.best_of = out.n;
+  PS_RETURN_IF_ERROR(f.Integer("best_of", 1, kMaxChoices, [&](int64_t v) { out.best_of = static_cast<int>(v); }));
+  if (out.best_of < out.n) return Bad("best_of", "must be at least n");
+  if (out.stream && out.best_of > out.n) {
+    return Bad("best_of", "streaming needs best_of = n (the best choices are known only at the end)");
+  }
+  r.set_n(static_cast<uint32_t>(out.best_of));
   if (const Json* salt = f.Get("cache_salt"); salt != nullptr) {  // vLLM's: the gRPC field's checks then apply
     if (!salt->is_string()) return Bad("cache_salt", "must be a string");
     r.set_cache_salt(salt->get<std::string>());
@@ -482,14 +488,22 @@ ResponseWriter::ResponseWriter(const ApiRequest& request, std::string id, int64_
       logprobs_(request.logprobs),
       include_usage_(request.include_usage),
       top_logprobs_(request.top_logprobs),
+      n_(request.n),
       token_text_(std::move(token_text)),
-      tools_(request.api == Api::kChat ? tools : ToolFormat::kNone) {}
+      tools_(request.api == Api::kChat ? tools : ToolFormat::kNone),
+      choices_(static_cast<size_t>(std::max(request.n, request.best_of))) {}
 
-Json ResponseWriter::ToolCallsJson(const std::vector<ToolCall>& calls) const {
+ResponseWriter::Choice& ResponseWriter::At(int index) {
+  PS_CHECK(index >= 0 && index < static_cast<int>(choices_.size()))
+      << "an event of choice " << index << " of " << choices_.size();
+  return choices_[index];
+}
+
+Json ResponseWriter::ToolCallsJson(const std::vector<ToolCall>& calls, int choice) const {
   Json out = Json::array();
   for (size_t i = 0; i < calls.size(); ++i) {
     out.push_back({{"index", i},
-                   {"id", absl::StrCat("call_", i, "_", id_)},
+                   {"id", ToolCallId(tools_, id_, choice, i)},
                    {"type", "function"},
                    {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}});
   }
@@ -559,8 +573,8 @@ void ResponseWriter::AppendLogprobs(Json& into, const Json& more) const {
   }
 }
 
-Json ResponseWriter::Chunk(Json choice) const {
-  choice["index"] = 0;
+Json ResponseWriter::Chunk(Json choice, int index) const {
+  choice["index"] = index;
   return {{"id", id_},
           {"object", api_ == Api::kChat ? "chat.completion.chunk" : "text_completion"},
           {"created", created_},
@@ -572,86 +586,119 @@ std::string ResponseWriter::StreamEvent(const RequestEvent& ev) {
   auto sse = [](const Json& j) {
     return absl::StrCat("data: ", j.dump(-1, ' ', false, Json::error_handler_t::replace), "\n\n");
   };
+  if (closed_) return "";
+  Choice& c = At(ev.index);
   std::string out;
   const bool finished = ev.kind == RequestEvent::Kind::kFinished;
   if (finished) {
     if (absl::Status s = FinishStatus(ev); !s.ok()) {
+      closed_ = true;
       return absl::StrCat(sse(ErrorResponse(api_, s).second), "data: [DONE]\n\n");
     }
   }
-  if (api_ == Api::kChat && !role_sent_) {
-    role_sent_ = true;
+  if (api_ == Api::kChat && !c.role_sent) {
+    c.role_sent = true;
     out += sse(
-        Chunk({{"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", Json()}, {"finish_reason", Json()}}));
+        Chunk({{"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", Json()}, {"finish_reason", Json()}},
+              ev.index));
   }
   // The calls, read once the answer is whole (what may be a call was held back).
   ParsedAnswer answer;
-  if (finished && tools_ != ToolFormat::kNone) answer = ParseToolCalls(tools_, text_ + ev.text);
+  if (finished && tools_ != ToolFormat::kNone) answer = ParseToolCalls(tools_, c.text + ev.text);
   if (!ev.text.empty() || !ev.tokens.empty()) {
-    const Json logprobs = Logprobs(ev.tokens, text_.size());
-    text_ += ev.text;
+    const Json logprobs = Logprobs(ev.tokens, c.text.size());
+    c.text += ev.text;
     // What is surely content goes now: all of it without tools; with them, what
     // precedes a possible call, and at the end the rest unless it was calls.
-    const size_t sure = tools_ == ToolFormat::kNone        ? text_.size()
-                        : finished && answer.calls.empty() ? text_.size()
-                        : finished ? std::max(sent_, std::min(text_.size(), answer.content.size()))
-                                   : std::max(sent_, SureContent(tools_, text_));
-    const std::string delta = text_.substr(sent_, sure - sent_);
-    sent_ = sure;
+    const size_t sure = tools_ == ToolFormat::kNone        ? c.text.size()
+                        : finished && answer.calls.empty() ? c.text.size()
+                        : finished ? std::max(c.sent, std::min(c.text.size(), answer.content.size()))
+                                   : std::max(c.sent, SureContent(tools_, c.text));
+    const std::string delta = c.text.substr(c.sent, sure - c.sent);
+    c.sent = sure;
     if (!delta.empty() || !ev.tokens.empty()) {
       Json choice = api_ == Api::kChat ? Json{{"delta", {{"content", delta}}}} : Json{{"text", delta}};
       choice["logprobs"] = logprobs;
       choice["finish_reason"] = Json();
-      out += sse(Chunk(std::move(choice)));
+      out += sse(Chunk(std::move(choice), ev.index));
     }
   }
   if (finished) {
     if (!answer.calls.empty()) {
-      out += sse(Chunk(
-          {{"delta", {{"tool_calls", ToolCallsJson(answer.calls)}}}, {"logprobs", Json()}, {"finish_reason", Json()}}));
+      out += sse(Chunk({{"delta", {{"tool_calls", ToolCallsJson(answer.calls, ev.index)}}},
+                        {"logprobs", Json()},
+                        {"finish_reason", Json()}},
+                       ev.index));
     }
     Json choice = api_ == Api::kChat ? Json{{"delta", Json::object()}} : Json{{"text", ""}};
     choice["logprobs"] = Json();
     choice["finish_reason"] = answer.calls.empty() ? FinishReasonText(ev.reason) : "tool_calls";
-    out += sse(Chunk(std::move(choice)));
-    if (include_usage_) {
-      Json usage = Chunk(Json::object());
-      usage["choices"] = Json::array();
-      usage["usage"] = UsageJson(ev.usage);
-      out += sse(usage);
+    out += sse(Chunk(std::move(choice), ev.index));
+    if (ev.last) {
+      if (include_usage_) {
+        Json usage = Chunk(Json::object(), 0);
+        usage["choices"] = Json::array();
+        usage["usage"] = UsageJson(ev.usage);
+        out += sse(usage);
+      }
+      out += "data: [DONE]\n\n";
     }
-    out += "data: [DONE]\n\n";
   }
   return out;
 }
 
 void ResponseWriter::Collect(const RequestEvent& ev) {
-  AppendLogprobs(collected_logprobs_, Logprobs(ev.tokens, text_.size()));
-  text_ += ev.text;
-  if (ev.kind == RequestEvent::Kind::kFinished) finish_ = ev;
+  Choice& c = At(ev.index);
+  AppendLogprobs(c.logprobs, Logprobs(ev.tokens, c.text.size()));
+  c.text += ev.text;
+  for (const SampledToken& t : ev.tokens) c.logprob += t.logprob;
+  if (ev.kind != RequestEvent::Kind::kFinished) return;
+  c.finish = ev;
+  if (ev.last) usage_ = ev.usage;
+}
+
+absl::Status ResponseWriter::Status() const {
+  for (const Choice& c : choices_) {
+    if (c.finish) PS_RETURN_IF_ERROR(FinishStatus(*c.finish));
+  }
+  return absl::OkStatus();
 }
 
 Json ResponseWriter::Final() const {
-  Json choice = {{"index", 0}, {"logprobs", collected_logprobs_}, {"finish_reason", FinishReasonText(finish_.reason)}};
-  if (api_ == Api::kChat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text_}};
-    if (tools_ != ToolFormat::kNone) {
-      const ParsedAnswer answer = ParseToolCalls(tools_, text_);
-      if (!answer.calls.empty()) {
-        choice["message"]["content"] = answer.content.empty() ? Json() : Json(answer.content);
-        choice["message"]["tool_calls"] = ToolCallsJson(answer.calls);
-        choice["finish_reason"] = "tool_calls";
+  // The n choices returned: all, or the most likely n of best_of (in that order).
+  std::vector<int> order(choices_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  if (static_cast<int>(order.size()) > n_) {
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return choices_[a].logprob > choices_[b].logprob; });
+    order.resize(n_);
+  }
+  Json list = Json::array();
+  for (int k = 0; k < static_cast<int>(order.size()); ++k) {
+    const Choice& c = choices_[order[k]];
+    const FinishReason reason = c.finish ? c.finish->reason : FinishReason::kCancelled;
+    Json choice = {{"index", k}, {"logprobs", c.logprobs}, {"finish_reason", FinishReasonText(reason)}};
+    if (api_ == Api::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (tools_ != ToolFormat::kNone) {
+        const ParsedAnswer answer = ParseToolCalls(tools_, c.text);
+        if (!answer.calls.empty()) {
+          choice["message"]["content"] = answer.content.empty() ? Json() : Json(answer.content);
+          choice["message"]["tool_calls"] = ToolCallsJson(answer.calls, k);
+          choice["finish_reason"] = "tool_calls";
+        }
       }
+    } else {
+      choice["text"] = c.text;
     }
-  } else {
-    choice["text"] = text_;
+    list.push_back(std::move(choice));
   }
   return {{"id", id_},
           {"object", api_ == Api::kChat ? "chat.completion" : "text_completion"},
           {"created", created_},
           {"model", model_},
-          {"choices", Json::array({std::move(choice)})},
-          {"usage", UsageJson(finish_.usage)}};
+          {"choices", std::move(list)},
+          {"usage", UsageJson(usage_)}};
 }
 
 }  // namespace ps::server::openai

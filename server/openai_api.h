@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -34,12 +35,14 @@ struct ApiRequest {
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool logprobs = false;       // answer with the sampled tokens' log-probabilities
   int top_logprobs = 0;        // and this many alternatives each
+  int n = 1;                   // choices returned
+  int best_of = 1;             // choices generated (completions): the n most likely are returned
 };
 
 // Parses a request body. Errors are InvalidArgument starting with the OpenAI
 // parameter's name ("temperature: must be a number"), NotFound for a model not in
-// `served_models`. Fields OpenAI defines that this server cannot honour (n > 1,
-// echo, suffix, logit_bias) are InvalidArgument, and
+// `served_models`. Fields OpenAI defines that this server cannot honour (echo,
+// suffix, logit_bias) are InvalidArgument, and
 // so are unknown fields. Extensions: top_k, min_p, repetition_penalty, min_tokens,
 // ignore_eos, priority, cache_salt (vLLM's), and "pruning": {"strategy": NAME, PARAM: VALUE...}.
 absl::StatusOr<ApiRequest> ParseRequest(Api api, std::string_view body, const std::vector<std::string>& served_models);
@@ -69,35 +72,47 @@ class ResponseWriter {
   ResponseWriter(const ApiRequest& request, std::string id, int64_t created,
                  std::function<std::string(int32_t)> token_text, ToolFormat tools = ToolFormat::kNone);
 
-  // Streaming: the SSE lines ("data: {...}\n\n") an event adds. After the finish
-  // event (the finish chunk, the usage chunk if asked, or an error object) comes
-  // "data: [DONE]\n\n".
+  // Streaming: the SSE lines ("data: {...}\n\n") an event adds. After the last
+  // choice's finish event (its finish chunk, the usage chunk if asked) or a choice's
+  // error object comes "data: [DONE]\n\n"; nothing follows an error (closed()).
   std::string StreamEvent(const RequestEvent& event);
-  // Non-streaming: collects the events; Final is the response body once the
-  // finish event came (a successful one: see FinishStatus).
+  bool closed() const { return closed_; }
+  // Non-streaming: collects the events; once the last finish event came, Status says
+  // whether every choice succeeded (the first failure: see FinishStatus) and Final is
+  // the response body.
   void Collect(const RequestEvent& event);
+  absl::Status Status() const;
   Json Final() const;
 
  private:
-  Json Chunk(Json choice) const;
+  // One choice's answer so far.
+  struct Choice {
+    bool role_sent = false;  // chat streaming: its first delta carries the role
+    std::string text;        // collected text (and its length: completions' text_offset)
+    size_t sent = 0;         // streaming: the bytes of text sent as content
+    Json logprobs;           // collected logprobs (null without)
+    double logprob = 0;      // of its sampled tokens, summed (best_of ranks by it)
+    std::optional<RequestEvent> finish;
+  };
+  Choice& At(int index);
+  Json Chunk(Json choice, int index) const;
   Json Logprobs(const std::vector<SampledToken>& tokens, size_t text_offset) const;
   void AppendLogprobs(Json& into, const Json& more) const;
   Json UsageJson(const Usage& usage) const;
   static const char* FinishReasonText(FinishReason reason);
-  Json ToolCallsJson(const std::vector<ToolCall>& calls) const;
+  Json ToolCallsJson(const std::vector<ToolCall>& calls, int choice) const;
 
   Api api_;
   std::string id_, model_;
   int64_t created_;
   bool logprobs_, include_usage_;
   int top_logprobs_;
+  int n_;  // choices returned (of those generated: best_of)
   std::function<std::string(int32_t)> token_text_;
   ToolFormat tools_;
-  bool role_sent_ = false;   // chat streaming: the first delta carries the role
-  std::string text_;         // collected text (and its length: completions' text_offset)
-  size_t sent_ = 0;          // streaming: the bytes of text_ sent as content
-  Json collected_logprobs_;  // collected logprobs (null without)
-  RequestEvent finish_;      // the finish event once seen
+  std::vector<Choice> choices_;
+  bool closed_ = false;  // streaming: a choice failed and the stream ended
+  Usage usage_;          // the last finish event's: the whole request's
 };
 
 }  // namespace ps::server::openai

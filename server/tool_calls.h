@@ -5,8 +5,13 @@
 // Formats, told from the template's text: Hermes (Qwen2/2.5, Hermes:
 // `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one block per call;
 // an answer that is only such an object, untagged, is a call too)
-// and LLaMA 3.x JSON (the answer is `{"name": ..., "parameters": {...}}`, calls
-// separated by `;`). Others (Mistral's [TOOL_CALLS], a control token) are not read yet.
+// LLaMA 3.x JSON (the answer is `{"name": ..., "parameters": {...}}`, calls
+// separated by `;`) and Mistral's: the control token [TOOL_CALLS], then a JSON list of
+// `{"name", "arguments"}` (v3: Mistral 7B v0.3, Nemo) or `name[ARGS]{...}` (v11 and
+// later: Small 3.x, Devstral; `[CALL_ID]id` may precede [ARGS]), [TOOL_CALLS] again
+// before each further call. A Mistral answer shows its control tokens (GenerationSpec::
+// show_control); a grammar cannot write one, so a required call is the bare JSON list,
+// which reads as calls too.
 #pragma once
 
 #include <string>
@@ -19,7 +24,7 @@
 
 namespace ps::server {
 
-enum class ToolFormat { kNone, kHermes, kLlama3Json };
+enum class ToolFormat { kNone, kHermes, kLlama3Json, kMistral };
 
 ToolFormat DetectToolFormat(std::string_view template_source);
 
@@ -30,6 +35,11 @@ struct ParsedAnswer {
   std::vector<ToolCall> calls;
 };
 ParsedAnswer ParseToolCalls(ToolFormat format, std::string_view text);
+
+// The id of call i of choice `choice` of request `request_id`: "call_<i>_<request id>",
+// with "_<choice>" after it for choices past the first (n > 1). Mistral's templates
+// take only ids of 9 letters and digits: for kMistral, 9 drawn from a hash of those.
+std::string ToolCallId(ToolFormat format, std::string_view request_id, int choice, size_t i);
 
 // Streaming: how much of `text` (an answer so far) is surely content, so it can be
 // sent; the rest may be (the start of) a call and waits for the answer's end.

@@ -63,6 +63,15 @@ std::string AutoChoice(const AutoTable& table, int64_t prompt_tokens, float min_
   return best;
 }
 
+std::unique_ptr<PruningStrategy> Auto::Fork() const {
+  std::unique_ptr<PruningStrategy> inner;
+  if (inner_ != nullptr && (inner = inner_->Fork()) == nullptr) return nullptr;
+  auto fork = std::make_unique<Auto>(params_, config_);
+  fork->chosen_ = chosen_;
+  fork->inner_ = std::move(inner);
+  return fork;
+}
+
 absl::Status Auto::BeginStep(StepRows* rows, SeqContext& ctx) {
   if (chosen_ == "auto") {  // the first step holds the whole prompt
     const AutoTable& table = *params_.calibration->auto_table;

@@ -41,6 +41,7 @@ class Auto final : public PruningStrategy {
   Auto(const AutoParams& params, const ModelConfig& config) : params_(params), config_(config) {}
 
   std::string_view name() const override { return chosen_; }  // "auto" until the prompt is seen
+  std::unique_ptr<PruningStrategy> Fork() const override;     // its choice's fork
   int64_t MaxAddedRows() const override { return inner_ != nullptr ? inner_->MaxAddedRows() : 0; }
   absl::Status BeginStep(StepRows* rows, SeqContext& ctx) override;
   void RowsForLayer(int layer, LayerRows& rows, SeqContext& ctx) override {

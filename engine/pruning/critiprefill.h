@@ -47,6 +47,7 @@ class CritiPrefill : public PruningStrategy {
   explicit CritiPrefill(const CritiPrefillParams& params) : params_(params) {}
 
   std::string_view name() const override { return "critiprefill"; }
+  std::unique_ptr<PruningStrategy> Fork() const override { return std::make_unique<CritiPrefill>(*this); }
   void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) override;
 
  private:

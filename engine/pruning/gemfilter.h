@@ -33,6 +33,7 @@ class GemFilter : public PruningStrategy {
   explicit GemFilter(const GemFilterParams& params) : params_(params) {}
 
   std::string_view name() const override { return "gemfilter"; }
+  std::unique_ptr<PruningStrategy> Fork() const override { return std::make_unique<GemFilter>(*this); }
   absl::Status BeginStep(StepRows* rows, SeqContext& ctx) override;
   LastQueryStat WantsLastQuery(int layer) const override;
   void AfterAttention(int layer, std::span<const float> logits, std::span<const int32_t> kv_positions,

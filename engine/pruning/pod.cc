@@ -86,6 +86,14 @@ Pod::Pod(const PodParams& params, const ModelConfig& config)
   plan_.distant_skipped = &distant_skipped_;
 }
 
+std::unique_ptr<PruningStrategy> Pod::Fork() const {
+  auto fork = std::make_unique<Pod>(*this);
+  fork->plan_.distant_lse = fork->distant_lse_.data();  // the plan points into its own strategy
+  fork->plan_.distant_lse_valid = fork->distant_lse_valid_.data();
+  fork->plan_.distant_skipped = &fork->distant_skipped_;
+  return fork;
+}
+
 double Pod::KeySaving() const {
   int64_t shared = 0;
   for (const std::vector<int>& head : base_) {

@@ -43,6 +43,7 @@ class Pod : public PruningStrategy {
   Pod(const PodParams& params, const ModelConfig& config);
 
   std::string_view name() const override { return "pod"; }
+  std::unique_ptr<PruningStrategy> Fork() const override;
   absl::Status BeginStep(StepRows* rows, SeqContext& ctx) override;
   void SelectKv(int layer, const LayerAttention& att, SeqContext& ctx, KvSelection* selection) override;
   const SharedScores* ShareScores(int layer) override;

@@ -32,6 +32,7 @@ class SnapKv : public KvCompression {
   SnapKv(const SnapKvParams& params, const ModelConfig& config)
       : KvCompression(config.n_layers, config.n_kv_heads), params_(params), scores_(config.n_layers) {}
   std::string_view name() const override { return "snapkv"; }
+  std::unique_ptr<PruningStrategy> Fork() const override { return std::make_unique<SnapKv>(*this); }
 
  protected:
   void ObservePrompt(int layer, const LayerAttention& att, SeqContext& ctx) override;

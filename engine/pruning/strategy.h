@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -115,6 +116,12 @@ class PruningStrategy {
  public:
   virtual ~PruningStrategy() = default;
   virtual std::string_view name() const = 0;
+
+  // A copy for a sequence forked from this one once its prompt step is done (n > 1):
+  // the fork shares the sequence's KV and goes on from this state. Null: the state
+  // does not fork (it holds rows outside the KV, in the host row store): the fork
+  // computes its prompt again with a fresh strategy.
+  virtual std::unique_ptr<PruningStrategy> Fork() const { return nullptr; }
 
   // Upper bound on the rows RowsForLayer may add at one layer in the next step
   // (KV blocks the scheduler reserves).

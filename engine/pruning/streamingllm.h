@@ -27,6 +27,7 @@ class StreamingLlm : public KvCompression {
   StreamingLlm(const StreamingLlmParams& params, const ModelConfig& config)
       : KvCompression(config.n_layers, config.n_kv_heads), params_(params) {}
   std::string_view name() const override { return "streamingllm"; }
+  std::unique_ptr<PruningStrategy> Fork() const override { return std::make_unique<StreamingLlm>(*this); }
 
  protected:
   void KeepPages(int layer, int32_t full_pages, int block_tokens, std::vector<std::vector<int32_t>>* keep) override;

@@ -206,7 +206,20 @@ TEST(OpenAiApi, BadRequestsNameTheParameter) {
        {{"model", "m"}, {"prompt", "a"}, {"max_tokens", 2.5}},
        absl::StatusCode::kInvalidArgument,
        "max_tokens"},
-      {Api::kCompletions, {{"model", "m"}, {"prompt", "a"}, {"n", 3}}, absl::StatusCode::kInvalidArgument, "n"},
+      {Api::kCompletions, {{"model", "m"}, {"prompt", "a"}, {"n", 0}}, absl::StatusCode::kInvalidArgument, "n"},
+      {Api::kCompletions, {{"model", "m"}, {"prompt", "a"}, {"n", 129}}, absl::StatusCode::kInvalidArgument, "n"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"n", 3}, {"best_of", 2}},
+       absl::StatusCode::kInvalidArgument,
+       "best_of"},
+      {Api::kCompletions,
+       {{"model", "m"}, {"prompt", "a"}, {"best_of", 2}, {"stream", true}},
+       absl::StatusCode::kInvalidArgument,
+       "best_of"},
+      {Api::kChat,
+       {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"best_of", 2}},
+       absl::StatusCode::kInvalidArgument,
+       "best_of"},
       {Api::kCompletions,
        {{"model", "m"}, {"prompt", "a"}, {"echo", true}},
        absl::StatusCode::kInvalidArgument,
@@ -410,6 +423,104 @@ TEST(OpenAiApi, ErrorsEndTheStreamAndWholeResponsesCollectEverything) {
   EXPECT_EQ(f["choices"][0]["logprobs"]["top_logprobs"][2]["dd"], -1.5);
   EXPECT_EQ(f["usage"]["completion_tokens"], 3);
   EXPECT_EQ(f["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+}
+
+TEST(OpenAiApi, ChoicesAskForOnePromptAndManySamples) {
+  absl::StatusOr<ApiRequest> chat =
+      Parse(Api::kChat, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "x"}}}}, {"n", 3}});
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->n, 3);
+  EXPECT_EQ(chat->request.n(), 3u);
+  absl::StatusOr<ApiRequest> best =
+      Parse(Api::kCompletions, {{"model", "m"}, {"prompt", "x"}, {"n", 2}, {"best_of", 5}});
+  ASSERT_TRUE(best.ok()) << best.status();
+  EXPECT_EQ(best->n, 2);
+  EXPECT_EQ(best->request.n(), 5u);  // generated; the 2 most likely returned
+}
+
+RequestEvent Of(int index, RequestEvent ev, bool last = true) {
+  ev.index = index;
+  ev.last = last;
+  return ev;
+}
+
+TEST(OpenAiApi, ChoicesStreamUnderTheirIndexAndTheStreamEndsAfterTheLast) {
+  ApiRequest req = *Parse(Api::kChat, {{"model", "m"},
+                                       {"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                       {"n", 2},
+                                       {"stream", true},
+                                       {"stream_options", {{"include_usage", true}}}});
+  ResponseWriter w(req, "chatcmpl-1", 100, [](int32_t id) { return "t" + std::to_string(id); });
+  bool done = false;
+  std::vector<Json> a = SseData(w.StreamEvent(Of(1, Tokens({5}, "B"))), &done);
+  ASSERT_EQ(a.size(), 2u);  // choice 1's role, then its content
+  EXPECT_EQ(a[0]["choices"][0]["index"], 1);
+  EXPECT_EQ(a[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(a[1]["choices"][0]["index"], 1);
+  EXPECT_EQ(a[1]["choices"][0]["delta"]["content"], "B");
+  a = SseData(w.StreamEvent(Of(0, Tokens({6}, "A"))), &done);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[1]["choices"][0]["index"], 0);
+  EXPECT_EQ(a[1]["choices"][0]["delta"]["content"], "A");
+  a = SseData(w.StreamEvent(Of(0, Finish("", FinishReason::kStop), /*last=*/false)), &done);
+  EXPECT_FALSE(done);
+  ASSERT_EQ(a.size(), 1u);  // no usage yet
+  EXPECT_EQ(a[0]["choices"][0]["index"], 0);
+  EXPECT_EQ(a[0]["choices"][0]["finish_reason"], "stop");
+  a = SseData(w.StreamEvent(Of(1, Finish("b", FinishReason::kLength))), &done);
+  EXPECT_TRUE(done);
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a[0]["choices"][0]["delta"]["content"], "b");
+  EXPECT_EQ(a[1]["choices"][0]["index"], 1);
+  EXPECT_EQ(a[1]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(a[2]["usage"]["completion_tokens"], 3);  // the last event's: the whole request's
+  EXPECT_FALSE(w.closed());
+
+  // A failed choice ends the stream: nothing follows its error.
+  ResponseWriter f(req, "chatcmpl-2", 100, [](int32_t id) { return "t" + std::to_string(id); });
+  RequestEvent failed = Of(1, Finish("", FinishReason::kError), /*last=*/false);
+  failed.error = "the step failed";
+  a = SseData(f.StreamEvent(failed), &done);
+  EXPECT_TRUE(done);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0]["error"]["message"], "the step failed");
+  EXPECT_TRUE(f.closed());
+  EXPECT_EQ(f.StreamEvent(Of(0, Tokens({1}, "x"))), "");
+}
+
+TEST(OpenAiApi, WholeResponsesListTheChoicesAndBestOfKeepsTheMostLikely) {
+  ApiRequest req = *Parse(Api::kCompletions, {{"model", "m"}, {"prompt", "x"}, {"n", 2}, {"best_of", 3}});
+  ResponseWriter w(req, "cmpl-1", 1, [](int32_t id) { return std::string(1, 'a' + id); });
+  auto tokens = [](int index, float logprob, std::string text) {
+    RequestEvent ev{.index = index, .text = std::move(text)};
+    ev.tokens.push_back({.token = 0, .logprob = logprob});
+    return ev;
+  };
+  w.Collect(tokens(0, -3.0f, "zero"));
+  w.Collect(tokens(1, -1.0f, "one"));
+  w.Collect(tokens(2, -2.0f, "two"));
+  w.Collect(Of(0, Finish("", FinishReason::kLength), false));
+  w.Collect(Of(2, Finish("", FinishReason::kStop), false));
+  RequestEvent last = Of(1, Finish("", FinishReason::kLength));
+  last.usage.completion_tokens = 3;
+  w.Collect(last);
+  ASSERT_TRUE(w.Status().ok()) << w.Status();
+  const Json f = w.Final();
+  ASSERT_EQ(f["choices"].size(), 2u);
+  EXPECT_EQ(f["choices"][0]["index"], 0);
+  EXPECT_EQ(f["choices"][0]["text"], "one");  // -1: the most likely
+  EXPECT_EQ(f["choices"][1]["index"], 1);
+  EXPECT_EQ(f["choices"][1]["text"], "two");
+  EXPECT_EQ(f["choices"][1]["finish_reason"], "stop");
+  EXPECT_EQ(f["usage"]["completion_tokens"], 3);  // every generated choice's
+
+  ResponseWriter failed(req, "cmpl-2", 1, [](int32_t id) { return std::string(1, 'a' + id); });
+  RequestEvent error = Of(2, Finish("", FinishReason::kError), false);
+  error.error = "boom";
+  failed.Collect(error);
+  failed.Collect(Of(0, Finish("", FinishReason::kLength)));
+  EXPECT_EQ(failed.Status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(failed.Status().message(), "boom");
 }
 
 }  // namespace

@@ -106,6 +106,48 @@ class OpenAIClientTest(ServerCase):
         self.assertEqual([c.choices[0].finish_reason for c in chunks if c.choices][-1], choice.finish_reason)
         self.assertEqual(chunks[-1].usage.completion_tokens, whole.usage.completion_tokens)
 
+    def test_n_choices_come_from_one_prompt(self):
+        """n: 3 computes the prompt once (the metrics count it once) and returns 3 choices, whole or streamed
+        under their index; completions' best_of returns the n most likely of best_of."""
+        prompt = "The capital of France is"
+        want = self.offline(prompt, 12)
+        before = self.server.metric("pruneserve_prompt_tokens_total", strategy="full")
+        before_requests = self.server.metric("pruneserve_requests_total", strategy="full")
+        greedy = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=12, temperature=0, n=3,
+                                                extra_body={"ignore_eos": True})
+        self.assertEqual([c.index for c in greedy.choices], [0, 1, 2])
+        self.assertEqual([c.text for c in greedy.choices], [want] * 3)
+        self.assertEqual(greedy.usage.completion_tokens, 36)
+        self.assertEqual(self.server.metric("pruneserve_prompt_tokens_total", strategy="full"),
+                         before + greedy.usage.prompt_tokens)
+        self.assertEqual(self.server.metric("pruneserve_requests_total", strategy="full"), before_requests + 1)
+
+        sampled = dict(model=self.model, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=16,
+                       temperature=1.0, seed=3, n=3)
+        whole = self.client.chat.completions.create(**sampled)
+        self.assertEqual([c.index for c in whole.choices], [0, 1, 2])
+        texts = [c.message.content for c in whole.choices]
+        self.assertGreater(len(set(texts)), 1, texts)  # each choice samples on its own
+        streamed, finish, usage = {}, {}, None
+        for chunk in self.client.chat.completions.create(**sampled, stream=True,
+                                                         stream_options={"include_usage": True}):
+            usage = chunk.usage or usage
+            for c in chunk.choices:
+                streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+                if c.finish_reason:
+                    finish[c.index] = c.finish_reason
+        self.assertEqual([streamed[i] for i in range(3)], texts)  # the same seed, the same choices
+        self.assertEqual(sorted(finish), [0, 1, 2])
+        self.assertEqual(usage.completion_tokens, whole.usage.completion_tokens)
+
+        best = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=8, temperature=1.0, seed=5,
+                                              n=2, best_of=4, logprobs=0, extra_body={"ignore_eos": True})
+        self.assertEqual([c.index for c in best.choices], [0, 1])
+        sums = [sum(c.logprobs.token_logprobs) for c in best.choices]
+        self.assertGreaterEqual(sums[0], sums[1])  # most likely first
+        self.assertEqual(best.usage.completion_tokens, 32)  # every generated choice's
+        self.assert_error(openai.BadRequestError, 400, "best_of", model=self.model, prompt="a", n=3, best_of=2)
+
     def test_stop_seed_and_pruning(self):
         base = dict(model=self.model, prompt="1, 2, 3, 4, 5,", max_tokens=20, temperature=0)
         full = self.client.completions.create(**base).choices[0].text
@@ -128,7 +170,7 @@ class OpenAIClientTest(ServerCase):
         m = self.model
         self.assert_error(openai.BadRequestError, 400, "temperature", model=m, prompt="a", temperature=-1)
         self.assert_error(openai.BadRequestError, 400, "top_p", model=m, prompt="a", top_p=1.5)
-        self.assert_error(openai.BadRequestError, 400, "n", model=m, prompt="a", n=2)
+        self.assert_error(openai.BadRequestError, 400, "n", model=m, prompt="a", n=0)
         self.assert_error(openai.BadRequestError, 400, "max_tokens", model=m, prompt="a", max_tokens=0)
         self.assert_error(openai.BadRequestError, 400, "max_tokens", model=m, prompt="a", max_tokens=10 ** 7)
         self.assert_error(openai.BadRequestError, 400, "prompt", model=m, prompt="")
@@ -219,6 +261,14 @@ class StructuredOutputsTest(ServerCase):
                                                 extra_body={"guided_grammar": 'root ::= " " ("yes" | "no") "."'})
         self.assertIn(yes_no.choices[0].text, (" yes.", " no."))
         self.assertEqual(yes_no.choices[0].finish_reason, "stop")
+        # Each of n choices holds to the grammar (every fork walks it on its own).
+        four = self.client.completions.create(model=self.model, prompt="Is the sky blue?", max_tokens=8, n=4,
+                                              temperature=1.0, seed=2,
+                                              extra_body={"guided_grammar": 'root ::= " " ("yes" | "no") "."'})
+        self.assertEqual(len(four.choices), 4)
+        for c in four.choices:
+            self.assertIn(c.text, (" yes.", " no."))
+            self.assertEqual(c.finish_reason, "stop")
         n = self.client.completions.create(model=self.model, prompt="Pick a number:", max_tokens=12,
                                            extra_body={"guided_json": {"type": "integer", "minimum": 3,
                                                                        "maximum": 7}})

@@ -53,12 +53,15 @@ StreamResult RunStream(pb::Generation::Stub& stub, const pb::GenerateRequest& re
       r.request_id = resp.prompt_info().request_id();
     } else if (resp.has_chunk()) {
       r.tokens.insert(r.tokens.end(), resp.chunk().token_ids().begin(), resp.chunk().token_ids().end());
+      std::vector<int32_t>& mine = r.choice_tokens[resp.chunk().index()];
+      mine.insert(mine.end(), resp.chunk().token_ids().begin(), resp.chunk().token_ids().end());
       r.text += resp.chunk().text();
       if (on_chunk) on_chunk(ctx, chunks);
       ++chunks;
     } else if (resp.has_finished()) {
       ++r.finished_events;
       r.finished = resp.finished();
+      r.choice_finished[resp.finished().index()].push_back(resp.finished());
     }
   }
   r.status = reader->Finish();

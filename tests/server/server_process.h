@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -140,7 +141,10 @@ struct StreamResult {
   std::string text;
   bool saw_prompt_info = false;
   int finished_events = 0;
-  pb::Finished finished;
+  pb::Finished finished;  // the last
+  // By choice (GenerateRequest.n): its tokens, and its Finished messages in order.
+  std::map<uint32_t, std::vector<int32_t>> choice_tokens;
+  std::map<uint32_t, std::vector<pb::Finished>> choice_finished;
   std::string request_id;
 };
 

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "server/convert.h"
 #include "tests/command.h"
 #include "tests/server/server_test_util.h"
 
@@ -49,6 +50,40 @@ TEST_F(ServerTest, StreamsTheEnginesGreedyTokens) {
   ASSERT_TRUE(r.status.ok());
   EXPECT_EQ(absl::StrJoin(r.tokens, " "), "432 383 286 261 376 298 315 421");
   EXPECT_EQ(r.text, ", there was a little girl");
+}
+
+// n = 3 over the wire: the prompt once (so the metrics count it), then three choices,
+// each streamed under its index and finished on its own; the status after the last.
+TEST_F(ServerTest, ChoicesShareOnePromptAndStreamUnderTheirIndex) {
+  const std::vector<int32_t> prompt = PromptOf(5);
+  const std::string before = server_->Metrics();
+  auto metric_delta = [&](const std::string& sample) {
+    return MetricValue(server_->Metrics(), sample) - MetricValue(before, sample);
+  };
+  pb::GenerateRequest req = GreedyRequest(prompt, 10);
+  req.set_n(3);
+  const StreamResult r = RunStream(*server_->Stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.finished_events, 3);
+  const std::string offline = absl::StrJoin(Offline(prompt, 10), " ");
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(absl::StrJoin(r.choice_tokens.at(i), " "), offline) << "choice " << i;
+    ASSERT_EQ(r.choice_finished.at(i).size(), 1u) << "choice " << i;
+    EXPECT_EQ(r.choice_finished.at(i)[0].reason(), pb::FINISH_REASON_LENGTH);
+  }
+  EXPECT_EQ(r.finished.usage().prompt_tokens(), prompt.size());  // the last Finished: the whole request
+  EXPECT_EQ(r.finished.usage().completion_tokens(), 30u);
+  EXPECT_DOUBLE_EQ(r.finished.usage().prompt_tokens_computed(), static_cast<double>(prompt.size()));
+  EXPECT_EQ(metric_delta(R"(pruneserve_prompt_tokens_total{strategy="full"})"), static_cast<double>(prompt.size()));
+  EXPECT_EQ(metric_delta(R"(pruneserve_prompt_tokens_computed_total{strategy="full"})"),
+            static_cast<double>(prompt.size()));
+  EXPECT_EQ(metric_delta(R"(pruneserve_generation_tokens_total{strategy="full"})"), 30);
+  EXPECT_EQ(metric_delta(R"(pruneserve_requests_total{finish_reason="length",strategy="full"})"), 1);
+
+  req.set_n(server::kMaxChoices + 1);
+  const StreamResult refused = RunStream(*server_->Stub(), req);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(), ::testing::HasSubstr("n: "));
 }
 
 TEST_F(ServerTest, SixteenConcurrentStreamsAndHealthChecks) {
@@ -404,6 +439,59 @@ TEST(ServerChatTemplate, ARequiredToolCallComesBackInFinished) {
   EXPECT_EQ(r.finished.tool_calls(0).name(), "count");
   EXPECT_THAT(r.finished.tool_calls(0).arguments(), ::testing::MatchesRegex(R"(\{"n":[1-9]\})"));
   EXPECT_TRUE(r.text.starts_with("<tool_call>\n")) << r.text;
+  std::remove(path.c_str());
+}
+
+// Mistral's format (a template writing [TOOL_CALLS], which demands call ids of 9
+// letters and digits, as Mistral's own do): a required call comes back as the bare JSON
+// list, read into Finished.tool_calls with such an id, and the conversation that carries
+// it and its result renders on.
+TEST(ServerChatTemplate, MistralCallsComeBackWithIdsItsTemplateTakes) {
+  const std::string path = ::testing::TempDir() + "/server_mistral_template_" + std::to_string(::getpid()) + ".jinja";
+  std::ofstream(path)
+      << "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+         "{% for m in messages %}{% if m.role == 'user' %}[INST]{{ m.content }}[/INST]"
+         "{% elif m.tool_calls %}[TOOL_CALLS][{% for c in m.tool_calls %}{% if c.id | length != 9 %}"
+         "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{% endif %}"
+         "{{ c.function | tojson }}{% endfor %}]</s>{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}"
+         "[/TOOL_RESULTS]{% else %}{{ m.content }}</s>{% endif %}{% endfor %}";
+  ServerProcess server(StoriesOnF32Kv({"--threads", "2", "--chat-template", path}));
+  pb::GenerateRequest req;
+  auto* m = req.mutable_messages()->add_messages();
+  m->set_role("user");
+  m->set_content("Once upon a time");
+  pb::Tool* tool = req.add_tools();
+  tool->set_name("count");
+  tool->set_parameters(R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
+      "required": ["n"]})");
+  req.mutable_tool_choice()->set_mode(pb::ToolChoice::REQUIRED);
+  req.mutable_tool_choice()->set_parallel(false);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_stopping()->set_max_new_tokens(200);
+  const StreamResult r = RunStream(*server.Stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.finished.tool_calls_size(), 1) << r.text;
+  const pb::ToolCall& call = r.finished.tool_calls(0);
+  EXPECT_EQ(call.name(), "count");
+  EXPECT_THAT(call.arguments(), ::testing::MatchesRegex(R"(\{"n":[1-9]\})"));
+  EXPECT_THAT(call.id(), ::testing::MatchesRegex("[0-9a-zA-Z]{9}"));
+  EXPECT_TRUE(r.text.starts_with("[{")) << r.text;
+
+  auto* answer = req.mutable_messages()->add_messages();
+  answer->set_role("assistant");
+  *answer->add_tool_calls() = call;
+  auto* result = req.mutable_messages()->add_messages();
+  result->set_role("tool");
+  result->set_tool_call_id(call.id());
+  result->set_content("7");
+  req.mutable_tool_choice()->set_mode(pb::ToolChoice::AUTO);
+  req.mutable_stopping()->set_max_new_tokens(4);
+  const StreamResult next = RunStream(*server.Stub(), req);
+  EXPECT_TRUE(next.status.ok()) << next.status.error_message();
+  answer->mutable_tool_calls(0)->set_id("call_0_x");  // what other formats' ids look like: refused
+  const StreamResult refused = RunStream(*server.Stub(), req);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.status.error_message(), ::testing::HasSubstr("length 9"));
   std::remove(path.c_str());
 }
 

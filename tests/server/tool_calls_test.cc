@@ -2,6 +2,9 @@
 // back from answers (and text that is not a call left as text), the streamed answer's
 // sure content, and required calls' grammars whose sentences are calls that validate.
 #include "server/tool_calls.h"
+
+#include <set>
+
 #include "gmock/gmock.h"
 #include "grammar/matcher.h"
 #include "gtest/gtest.h"
@@ -17,7 +20,54 @@ TEST(ToolCalls, FormatsAreToldFromTheTemplate) {
             ToolFormat::kHermes);
   EXPECT_EQ(DetectToolFormat("<|start_header_id|>ipython ... {% if tools %} \"parameters\": ..."),
             ToolFormat::kLlama3Json);
+  EXPECT_EQ(DetectToolFormat("{%- elif message.tool_calls %}{{- \"[TOOL_CALLS][\" }}"), ToolFormat::kMistral);
   EXPECT_EQ(DetectToolFormat("<|im_start|>{{ m.content }}"), ToolFormat::kNone);
+}
+
+TEST(ToolCalls, MistralCallsAreReadInBothOfItsFormats) {
+  // v3 (7B v0.3, Nemo): a JSON list after the control token.
+  ParsedAnswer a = ParseToolCalls(ToolFormat::kMistral,
+                                  "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+                                  "{\"name\": \"now\", \"arguments\": {}}]");
+  ASSERT_EQ(a.calls.size(), 2u);
+  EXPECT_EQ(a.calls[0].name, "get_weather");
+  EXPECT_EQ(a.calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(a.calls[1].name, "now");
+  EXPECT_EQ(a.content, "");
+  // v11 and later (Small 3.x, Devstral): name[ARGS]{...}, an id perhaps, [TOOL_CALLS] before each.
+  a = ParseToolCalls(
+      ToolFormat::kMistral,
+      "Checking.[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{\"city\": \"Oslo\"}[TOOL_CALLS]now[ARGS]{}");
+  ASSERT_EQ(a.calls.size(), 2u);
+  EXPECT_EQ(a.content, "Checking.");
+  EXPECT_EQ(a.calls[0].name, "get_weather");
+  EXPECT_EQ(a.calls[0].arguments, R"({"city":"Oslo"})");
+  EXPECT_EQ(a.calls[1].name, "now");
+  EXPECT_EQ(a.calls[1].arguments, "{}");
+  // A required call's constrained answer: the bare list.
+  a = ParseToolCalls(ToolFormat::kMistral, "[{\"name\": \"now\", \"arguments\": {}}]");
+  ASSERT_EQ(a.calls.size(), 1u);
+  for (const char* not_a_call : {"Just text.", "[1, 2]", "[TOOL_CALLS][{\"name\": 3}]", "[TOOL_CALLS]f[ARGS]{broken",
+                                 "[TOOL_CALLS]f{}", "[TOOL_CALLS][ARGS]{}"}) {
+    a = ParseToolCalls(ToolFormat::kMistral, not_a_call);
+    EXPECT_TRUE(a.calls.empty()) << not_a_call;
+    EXPECT_EQ(a.content, not_a_call);
+  }
+}
+
+TEST(ToolCalls, CallIdsAreUniqueAndMistralsAreNineLettersOrDigits) {
+  EXPECT_EQ(ToolCallId(ToolFormat::kHermes, "req-1", 0, 2), "call_2_req-1");
+  EXPECT_EQ(ToolCallId(ToolFormat::kHermes, "req-1", 3, 2), "call_2_req-1_3");
+  std::set<std::string> ids;
+  for (int choice = 0; choice < 4; ++choice) {
+    for (size_t i = 0; i < 4; ++i) {
+      const std::string id = ToolCallId(ToolFormat::kMistral, "req-1", choice, i);
+      EXPECT_THAT(id, ::testing::MatchesRegex("[0-9a-zA-Z]{9}"));
+      EXPECT_EQ(id, ToolCallId(ToolFormat::kMistral, "req-1", choice, i));  // the same call, the same id
+      ids.insert(id);
+    }
+  }
+  EXPECT_EQ(ids.size(), 16u);
 }
 
 TEST(ToolCalls, HermesCallsAreReadAndOtherTextIsLeft) {
@@ -68,6 +118,10 @@ TEST(ToolCalls, StreamsHoldBackOnlyWhatMayBeACall) {
   EXPECT_EQ(SureContent(ToolFormat::kLlama3Json, "  {\"name\""), 0u);
   EXPECT_EQ(SureContent(ToolFormat::kLlama3Json, "<|py"), 0u);
   EXPECT_EQ(SureContent(ToolFormat::kLlama3Json, "Paris is"), 8u);
+  EXPECT_EQ(SureContent(ToolFormat::kMistral, "Sure.[TOOL_CALLS]f[ARGS]"), 5u);
+  EXPECT_EQ(SureContent(ToolFormat::kMistral, "Sure.[TOOL_"), 5u);
+  EXPECT_EQ(SureContent(ToolFormat::kMistral, " [{\"name"), 0u);
+  EXPECT_EQ(SureContent(ToolFormat::kMistral, "a [b] c"), 7u);
   EXPECT_EQ(SureContent(ToolFormat::kNone, "<tool_call>"), 11u);
 }
 
@@ -100,6 +154,13 @@ TEST(ToolCalls, ARequiredCallsGrammarAcceptsOnlyValidCalls) {
   EXPECT_TRUE(accepts(matcher(ToolFormat::kLlama3Json, "", true),
                       "{\"name\": \"now\", \"parameters\": {}}; {\"name\": \"get_weather\", \"parameters\": "
                       "{\"city\": \"x\", \"unit\": \"c\"}}"));
+  const grammar::Matcher mistral = matcher(ToolFormat::kMistral, "", true);
+  EXPECT_TRUE(accepts(mistral,
+                      "[{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"get_weather\", \"arguments\": "
+                      "{\"city\": \"x\"}}]"));
+  EXPECT_FALSE(accepts(mistral, "[{\"name\": \"get_weather\", \"arguments\": {}}]"));  // city
+  EXPECT_FALSE(accepts(matcher(ToolFormat::kMistral, "", false),
+                       "[{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"now\", \"arguments\": {}}]"));
   EXPECT_FALSE(ToolCallGbnf(ToolFormat::kHermes, tools, "missing", true).ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(ToolCallGbnf(ToolFormat::kNone, tools, "", true).status()));
 }
