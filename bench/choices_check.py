@@ -16,15 +16,8 @@ import time
 import urllib.request
 
 import openai
+from checks import check, failed
 
-FAILED = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILED.append(what)
-    return cond
 
 
 def metric(url, name):
@@ -73,8 +66,8 @@ def main():
     print(f"wall time: n=1 {t_one:.2f} s ({one.usage.completion_tokens} tokens); n=3 {t_three:.2f} s "
           f"({three.usage.completion_tokens} tokens); three n=1 requests in a row {three_seq:.2f} s "
           f"(n=3 takes {t_three / three_seq:.2f}x their time)", flush=True)
-    if FAILED:
-        print(f"{len(FAILED)} check(s) failed", flush=True)
+    if failed:
+        print(f"{len(failed)} check(s) failed", flush=True)
         sys.exit(1)
 
 

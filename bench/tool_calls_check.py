@@ -13,6 +13,7 @@ import sys
 
 import jsonschema
 import openai
+from checks import check, failed
 
 TOOLS = [
     {"type": "function", "function": {
@@ -28,14 +29,6 @@ TOOLS = [
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
-FAILED = []
-
-
-def check(cond, what):
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILED.append(what)
-    return cond
 
 
 def validate(calls):
@@ -89,8 +82,8 @@ def main():
     calls = r.choices[0].message.tool_calls
     check(bool(calls) and all(c.function.name == "add" for c in calls), f"named: {calls}")
     validate(calls)
-    print(f"{model}: {'all tool-call checks pass' if not FAILED else f'{len(FAILED)} failed'}")
-    return 1 if FAILED else 0
+    print(f"{model}: {'all tool-call checks pass' if not failed else f'{len(failed)} failed'}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

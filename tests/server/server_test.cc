@@ -413,13 +413,8 @@ TEST(ServerChatTemplate, AFileFormatsTheMessagesOfAModelWithout) {
   std::remove(path.c_str());
 }
 
-// Tools over gRPC with a template in the Hermes format: a required call is held to the
-// tool's parameters, and Finished.tool_calls carries it as read from the answer.
-TEST(ServerChatTemplate, ARequiredToolCallComesBackInFinished) {
-  const std::string path = ::testing::TempDir() + "/server_tools_template_" + std::to_string(::getpid()) + ".jinja";
-  std::ofstream(path) << "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools> Answer with "
-                         "<tool_call>.{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
-  ServerProcess server(StoriesOnF32Kv({"--threads", "2", "--chat-template", path}));
+// A greedy chat request that must make one call of `count` (an integer n in 1..9).
+pb::GenerateRequest RequiredCountCall() {
   pb::GenerateRequest req;
   auto* m = req.mutable_messages()->add_messages();
   m->set_role("user");
@@ -432,6 +427,17 @@ TEST(ServerChatTemplate, ARequiredToolCallComesBackInFinished) {
   req.mutable_tool_choice()->set_parallel(false);
   req.mutable_sampling()->set_temperature(0);
   req.mutable_stopping()->set_max_new_tokens(200);
+  return req;
+}
+
+// Tools over gRPC with a template in the Hermes format: a required call is held to the
+// tool's parameters, and Finished.tool_calls carries it as read from the answer.
+TEST(ServerChatTemplate, ARequiredToolCallComesBackInFinished) {
+  const std::string path = ::testing::TempDir() + "/server_tools_template_" + std::to_string(::getpid()) + ".jinja";
+  std::ofstream(path) << "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools> Answer with "
+                         "<tool_call>.{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+  ServerProcess server(StoriesOnF32Kv({"--threads", "2", "--chat-template", path}));
+  pb::GenerateRequest req = RequiredCountCall();
   const StreamResult r = RunStream(*server.Stub(), req);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.finished.reason(), pb::FINISH_REASON_STOP) << r.text;
@@ -456,18 +462,7 @@ TEST(ServerChatTemplate, MistralCallsComeBackWithIdsItsTemplateTakes) {
          "{{ c.function | tojson }}{% endfor %}]</s>{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}"
          "[/TOOL_RESULTS]{% else %}{{ m.content }}</s>{% endif %}{% endfor %}";
   ServerProcess server(StoriesOnF32Kv({"--threads", "2", "--chat-template", path}));
-  pb::GenerateRequest req;
-  auto* m = req.mutable_messages()->add_messages();
-  m->set_role("user");
-  m->set_content("Once upon a time");
-  pb::Tool* tool = req.add_tools();
-  tool->set_name("count");
-  tool->set_parameters(R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
-      "required": ["n"]})");
-  req.mutable_tool_choice()->set_mode(pb::ToolChoice::REQUIRED);
-  req.mutable_tool_choice()->set_parallel(false);
-  req.mutable_sampling()->set_temperature(0);
-  req.mutable_stopping()->set_max_new_tokens(200);
+  pb::GenerateRequest req = RequiredCountCall();
   const StreamResult r = RunStream(*server.Stub(), req);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   ASSERT_EQ(r.finished.tool_calls_size(), 1) << r.text;
