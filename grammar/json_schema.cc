@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "grammar/regex.h"
 
 namespace ps::grammar {
 namespace {
@@ -37,8 +38,8 @@ constexpr int64_t kMaxInteger = 999999999999999;  // 15 digits: bounds beyond ar
 const std::set<std::string>& Keywords() {
   static const std::set<std::string> k = {"type", "enum", "const", "properties", "required", "additionalProperties",
                                           "items", "minItems", "maxItems", "minLength", "maxLength", "format",
-                                          "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf",
-                                          "oneOf", "allOf", "$ref", "$defs", "definitions",
+                                          "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                          "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
                                           // annotations
                                           "title", "description", "default", "examples", "$schema", "$id", "$comment"};
   return k;
@@ -261,6 +262,16 @@ class Compiler {
   }
 
   absl::StatusOr<std::string> String(const Json& s, const std::string& path) {
+    if (s.contains("pattern")) {
+      for (const char* other : {"format", "minLength", "maxLength"}) {
+        if (s.contains(other)) return Error(At(path, other), "next to a pattern is not supported");
+      }
+      const Json& p = s["pattern"];
+      if (!p.is_string()) return Error(At(path, "pattern"), "must be a string");
+      absl::StatusOr<std::string> chars = RegexToGbnf(p.get<std::string>(), RegexMode::kJsonString);
+      if (!chars.ok()) return Error(At(path, "pattern"), std::string(chars.status().message()));
+      return absl::StrCat("\"\\\"\" (", *chars, ") \"\\\"\" ws");
+    }
     if (s.contains("format")) {
       const Json& f = s["format"];
       static const std::map<std::string, std::string> kFormats = {{"date", "json-date"},

@@ -5,7 +5,7 @@
 // order, `required`, `additionalProperties`: absent or false adds none, true or a
 // schema allows more after the listed ones); arrays (`items`, `minItems`,
 // `maxItems`); strings (`minLength`, `maxLength`, `format` date, time, date-time,
-// uuid); integers (`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`);
+// uuid; or `pattern`, a regular expression as grammar/regex.h reads it); integers (`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`);
 // numbers (unbounded); booleans; null; `anyOf` and `oneOf` (as alternatives);
 // `allOf` of one schema; `$ref` to `#/$defs/NAME` or `#/definitions/NAME`
 // (recursion included); `{}` or `true` (any JSON value). Annotations (`title`,

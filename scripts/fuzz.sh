@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESTDATA=../shared/testdata
-ALL=(gguf safetensors hf_config tokenizer_json generate_request openai_request pod_groups kv_owner jinja grammar json_schema)
+ALL=(gguf safetensors hf_config tokenizer_json generate_request openai_request pod_groups kv_owner jinja grammar json_schema regex)
 limit=()
 targets=()
 max_len_arg=

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "grammar/json_schema.h"
+#include "grammar/regex.h"
 
 namespace ps::server {
 namespace {
@@ -41,6 +42,13 @@ absl::StatusOr<std::shared_ptr<const grammar::Matcher>> Constraint(const pb::Gen
       field = "grammar";
       gbnf = in.grammar();
       break;
+    case pb::GenerateRequest::kRegex: {
+      field = "regex";
+      absl::StatusOr<std::string> expr = grammar::RegexToGbnf(in.regex(), grammar::RegexMode::kWhole);
+      if (!expr.ok()) return absl::InvalidArgumentError(absl::StrCat("regex: ", expr.status().message()));
+      gbnf = absl::StrCat("root ::= ", *expr);
+      break;
+    }
   }
   if (CallRequired(in)) {
     if (!field.empty()) return absl::InvalidArgumentError(absl::StrCat("tool_choice: a required call and ", field));

@@ -236,7 +236,7 @@ absl::Status ParseTools(const Fields& f, pb::GenerateRequest* out) {
 }
 
 // Structured outputs: OpenAI's response_format (json_object, json_schema), vLLM's
-// guided_json and guided_grammar, llama.cpp's grammar; one at a time.
+// guided_json, guided_regex and guided_grammar, llama.cpp's grammar; one at a time.
 absl::Status ParseConstraint(const Fields& f, pb::GenerateRequest* out) {
   int given = 0;
   if (const Json* r = f.Get("response_format"); r != nullptr) {
@@ -270,7 +270,14 @@ absl::Status ParseConstraint(const Fields& f, pb::GenerateRequest* out) {
       ++given;
     }
   }
-  if (given > 1) return Bad("response_format", "give one of response_format, guided_json, guided_grammar, grammar");
+  if (const Json* g = f.Get("guided_regex"); g != nullptr) {
+    if (!g->is_string()) return Bad("guided_regex", "must be a regular expression");
+    out->set_regex(g->get<std::string>());
+    ++given;
+  }
+  if (given > 1) {
+    return Bad("response_format", "give one of response_format, guided_json, guided_regex, guided_grammar, grammar");
+  }
   return absl::OkStatus();
 }
 
@@ -299,6 +306,7 @@ const std::set<std::string>& KnownFields(Api api) {
                                                 "pruning",
                                                 "guided_json",
                                                 "guided_grammar",
+                                                "guided_regex",
                                                 "grammar"};
   static const std::set<std::string> kCompletions = [] {
     std::set<std::string> s = kCommon;
@@ -432,6 +440,7 @@ std::string ErrorParam(Api api, absl::string_view message) {
   // Structured outputs: chat's response_format, completions' vLLM extensions.
   if (word == "json_schema" || word == "json_object") return api == Api::kChat ? "response_format" : "guided_json";
   if (word == "grammar") return "guided_grammar";
+  if (word == "regex") return "guided_regex";
   return word;
 }
 

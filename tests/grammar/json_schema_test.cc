@@ -9,6 +9,7 @@
 #include "grammar/matcher.h"
 #include "gtest/gtest.h"
 #include "tests/grammar/byte_vocabulary.h"
+#include "tests/grammar/random_sentence.h"
 
 namespace ps::grammar {
 namespace {
@@ -33,28 +34,8 @@ bool Accepts(const std::shared_ptr<const CompiledGrammar>& g, std::string_view d
   return m.AcceptBytes(doc) && m.CanEnd();
 }
 
-// A random sentence: random allowed bytes, leaning to the closing ones, stopping
-// where the grammar may end about half the time. Empty when it runs too long.
 std::string RandomSentence(const std::shared_ptr<const CompiledGrammar>& g, std::mt19937& rng) {
-  Matcher m(g, Bytes());
-  std::string out;
-  std::vector<uint64_t> mask(4);
-  while (out.size() < 4000) {
-    if (m.Done() || (m.CanEnd() && rng() % 2 == 0)) return out;
-    m.FillMask(mask);
-    std::vector<int> allowed, closing;
-    for (int b = 1; b < 256; ++b) {
-      if (!((mask[b >> 6] >> (b & 63)) & 1)) continue;
-      allowed.push_back(b);
-      if (b == '"' || b == '}' || b == ']' || b == ',') closing.push_back(b);
-    }
-    if (allowed.empty()) return m.CanEnd() ? out : std::string();
-    const int b =
-        !closing.empty() && rng() % 3 == 0 ? closing[rng() % closing.size()] : allowed[rng() % allowed.size()];
-    EXPECT_TRUE(m.AcceptBytes(std::string(1, static_cast<char>(b))));
-    out += static_cast<char>(b);
-  }
-  return "";
+  return testing::RandomSentence(g, Bytes(), rng, "\"}],");
 }
 
 // The issue's nested schema: an object with an enum, an integer range, an array of
@@ -199,14 +180,29 @@ TEST(JsonSchema, RefsFormatsAndAlternatives) {
   EXPECT_FALSE(Accepts(extra, R"({"a": 1, "b": 2})"));
 }
 
+TEST(JsonSchema, APatternHoldsTheStringsCharacters) {
+  const auto g = FromSchema(Json::parse(R"({"type": "object", "properties": {
+      "zip": {"type": "string", "pattern": "^\\d{5}(-\\d{4})?$"},
+      "tag": {"type": "string", "pattern": "ab+"}}, "required": ["zip", "tag"]})"));
+  EXPECT_TRUE(Accepts(g, R"({"zip": "12345", "tag": "ab"})"));
+  EXPECT_TRUE(Accepts(g, R"({"zip": "12345-6789", "tag": "xx abbb yy"})"));  // unanchored: anywhere
+  EXPECT_FALSE(Accepts(g, R"({"zip": "1234", "tag": "ab"})"));
+  EXPECT_FALSE(Accepts(g, R"({"zip": "12345 ", "tag": "ab"})"));
+  EXPECT_FALSE(Accepts(g, R"({"zip": "12345", "tag": "a"})"));
+}
+
 TEST(JsonSchema, WhatIsNotSupportedIsAnErrorNamingIt) {
   auto error = [](const char* schema) {
     absl::StatusOr<std::string> g = JsonSchemaToGbnf(Json::parse(schema));
     EXPECT_FALSE(g.ok()) << schema;
     return std::string(g.status().message());
   };
-  EXPECT_THAT(error(R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}})"),
-              ::testing::HasSubstr("properties.a.pattern: this keyword is not supported"));
+  EXPECT_THAT(error(R"({"type": "object", "properties": {"a": {"type": "object", "minProperties": 1}}})"),
+              ::testing::HasSubstr("properties.a.minProperties: this keyword is not supported"));
+  EXPECT_THAT(error(R"js({"type": "string", "pattern": "a(?=b)"})js"),
+              ::testing::HasSubstr("at pattern: at offset 1: '(?' (lookaround, named groups, flags) is not supported"));
+  EXPECT_THAT(error(R"({"type": "string", "pattern": "^a$", "maxLength": 3})"),
+              ::testing::HasSubstr("maxLength: next to a pattern is not supported"));
   EXPECT_THAT(error(R"({"type": "number", "minimum": 1})"), ::testing::HasSubstr("bounds on a number"));
   EXPECT_THAT(error(R"({"type": "string", "format": "email"})"), ::testing::HasSubstr("supported formats"));
   EXPECT_THAT(error(R"({"$ref": "#/$defs/missing"})"), ::testing::HasSubstr("does not name a schema"));

@@ -103,6 +103,9 @@ TEST(OpenAiApi, ResponseFormatsBecomeConstraints) {
   r = Parse(Api::kCompletions, {{"model", "m"}, {"prompt", "a"}, {"guided_grammar", "root ::= \"y\""}});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->request.grammar(), "root ::= \"y\"");
+  r = Parse(Api::kCompletions, {{"model", "m"}, {"prompt", "a"}, {"guided_regex", "(yes|no)\\."}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->request.regex(), "(yes|no)\\.");
   r = Parse(Api::kCompletions, {{"model", "m"}, {"prompt", "a"}, {"guided_json", "{\"type\": \"null\"}"}});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->request.json_schema(), "{\"type\": \"null\"}");
@@ -320,6 +323,7 @@ TEST(OpenAiApi, ServerErrorsMapToHttpAndParameters) {
   EXPECT_EQ(ErrorParam(Api::kChat, "json_schema: schema at pattern: this keyword is not supported"), "response_format");
   EXPECT_EQ(ErrorParam(Api::kCompletions, "json_schema: not valid JSON"), "guided_json");
   EXPECT_EQ(ErrorParam(Api::kCompletions, "grammar: line 1 column 3: expected '::='"), "guided_grammar");
+  EXPECT_EQ(ErrorParam(Api::kChat, "regex: at offset 2: expected ')'"), "guided_regex");
   EXPECT_EQ(ErrorParam(Api::kCompletions, "the body is not valid JSON"), "");
   EXPECT_EQ(ErrorResponse(Api::kChat, absl::ResourceExhaustedError("the queue is full")).first, 429);
   EXPECT_EQ(ErrorResponse(Api::kChat, absl::ResourceExhaustedError("client 10.0.0.7 has 4 streams open")).first, 429);

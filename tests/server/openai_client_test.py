@@ -261,6 +261,13 @@ class StructuredOutputsTest(ServerCase):
                                                 extra_body={"guided_grammar": 'root ::= " " ("yes" | "no") "."'})
         self.assertIn(yes_no.choices[0].text, (" yes.", " no."))
         self.assertEqual(yes_no.choices[0].finish_reason, "stop")
+        # vLLM's guided_regex: the whole answer matches.
+        date = self.client.completions.create(model=self.model, prompt="A date:", max_tokens=16, temperature=1.0,
+                                              seed=4, extra_body={"guided_regex": " 20[0-9]{2}-(0[1-9]|1[0-2])"})
+        self.assertRegex(date.choices[0].text, r"^ 20[0-9]{2}-(0[1-9]|1[0-2])$")
+        self.assertEqual(date.choices[0].finish_reason, "stop")
+        self.assert_error(openai.BadRequestError, 400, "guided_regex", model=self.model, prompt="a",
+                          extra_body={"guided_regex": "(a"})
         # Each of n choices holds to the grammar (every fork walks it on its own).
         four = self.client.completions.create(model=self.model, prompt="Is the sky blue?", max_tokens=8, n=4,
                                               temperature=1.0, seed=2,
@@ -275,7 +282,7 @@ class StructuredOutputsTest(ServerCase):
         self.assertIn(int(n.choices[0].text), range(3, 8))
         # What cannot be honoured is a 400 naming it.
         body = self.assert_error(openai.BadRequestError, 400, "guided_json", model=self.model, prompt="a",
-                                 extra_body={"guided_json": {"type": "string", "pattern": "^a"}})
+                                 extra_body={"guided_json": {"type": "string", "pattern": "(?=a)"}})
         self.assertIn("pattern", body["message"])
         body = self.assert_error(openai.BadRequestError, 400, "guided_grammar", model=self.model, prompt="a",
                                  extra_body={"guided_grammar": "root ::= item"})

@@ -206,7 +206,7 @@ TEST_F(ServerTest, ValidationTable) {
   with("top_k < 0", [](auto& r) { r.mutable_sampling()->set_top_k(-1); });
   with("a JSON schema that is not JSON", [](auto& r) { r.set_json_schema("{\"type\": "); });
   with("a JSON schema keyword not supported",
-       [](auto& r) { r.set_json_schema(R"({"type": "string", "pattern": "a"})"); });
+       [](auto& r) { r.set_json_schema(R"({"type": "object", "minProperties": 1})"); });
   with("a grammar with an undefined rule", [](auto& r) { r.set_grammar("root ::= item"); });
   with("max_new_tokens = 0", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(0); });
   with("max_new_tokens above the context", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(100000); });
@@ -352,6 +352,15 @@ TEST_F(ServerTest, AGrammarConstrainsTheStream) {
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_THAT(r.text, ::testing::AnyOf(", there was a cat.", ", there was a dog."));
   EXPECT_EQ(r.finished.reason(), pb::FINISH_REASON_STOP);
+  req.set_regex(", there (was|were) [a-z]+ [a-z]+\\.");  // the regex form
+  const StreamResult regex = RunStream(*server_->Stub(), req);
+  ASSERT_TRUE(regex.status.ok()) << regex.status.error_message();
+  EXPECT_THAT(regex.text, ::testing::MatchesRegex(", there (was|were) [a-z]+ [a-z]+\\."));
+  EXPECT_EQ(regex.finished.reason(), pb::FINISH_REASON_STOP);
+  req.set_regex("(?<name>a)");
+  const StreamResult bad = RunStream(*server_->Stub(), req);
+  EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad.status.error_message(), ::testing::HasSubstr("regex: at offset 0: '(?'"));
 }
 
 // --chat-template FILE formats a model's messages (stories260K carries no template:
