@@ -210,6 +210,7 @@ class Parser {
       if ((b & 0xC0) != 0x80) return Error("valid UTF-8");
       cp = (cp << 6) | (b & 0x3F);
     }
+    if (cp > kMaxCodePoint) return Error("valid UTF-8");
     i_ += n;
     return cp;
   }
@@ -309,6 +310,7 @@ class Parser {
     Ranges set = Normalized(r);
     if (negated) set = Without({{0, kMaxCodePoint}}, set);
     set = Without(set, Normalized(except));
+    set = Without(set, {{0xD800, 0xDFFF}});  // surrogates are no characters of UTF-8 text
     if (json_) set = Without(set, JsonEscaped());
     if (set.empty()) {
       return Unsupported(json_ ? "a character JSON writes escaped (a quote, a backslash, a control character)"

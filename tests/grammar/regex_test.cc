@@ -137,6 +137,7 @@ TEST(Regex, WhatIsNotSupportedIsAnErrorWithItsOffset) {
       {"a{2000}", "a repetition count above 1000"},
       {"a{3,2}", "expected {m,n} with m <= n"},
       {"\xff", "expected valid UTF-8"},
+      {"a\xf6\xbf\xa4\xa1", "at offset 1: expected valid UTF-8"},  // beyond U+10FFFF (a fuzzer's find)
   };
   for (const auto& [regex, message] : bad) {
     absl::StatusOr<std::string> r = RegexToGbnf(regex, RegexMode::kWhole);
