@@ -6,11 +6,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "grammar/utf8.h"
 
 namespace ps::grammar {
 namespace {
 
-constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code point ranges, inclusive
 
 int EncodedLength(uint32_t cp) { return cp <= 0x7F ? 1 : cp <= 0x7FF ? 2 : cp <= 0xFFFF ? 3 : 4; }
@@ -398,31 +398,15 @@ class Parser {
       }
     }
     // One UTF-8 character of the grammar's text.
-    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i_ + n > s_.size()) return Error("valid UTF-8");
-    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
-    for (int k = 1; k < n; ++k) {
-      const uint8_t b = static_cast<uint8_t>(s_[i_ + k]);
-      if ((b & 0xC0) != 0x80) return Error("valid UTF-8");
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    i_ += n;
-    return cp;
+    const std::optional<uint32_t> cp = DecodeUtf8(s_, &i_);
+    if (!cp) return Error("valid UTF-8");
+    return *cp;
   }
   absl::StatusOr<uint32_t> ParseHex(int digits) {
-    uint32_t v = 0;
-    for (int k = 0; k < digits; ++k) {
-      const char h = Peek();
-      const int d = h >= '0' && h <= '9'   ? h - '0'
-                    : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                    : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                           : -1;
-      if (d < 0) return Error(absl::StrCat(digits, " hexadecimal digits"));
-      v = v * 16 + static_cast<uint32_t>(d);
-      ++i_;
-    }
-    if (v > kMaxCodePoint) return Error("a code point up to U+10FFFF");
-    return v;
+    const std::optional<uint32_t> v = DecodeHex(s_, &i_, digits);
+    if (!v) return Error(absl::StrCat(digits, " hexadecimal digits"));
+    if (*v > kMaxCodePoint) return Error("a code point up to U+10FFFF");
+    return *v;
   }
 
   // A rule reached again at the left edge of its own expansion, with something

@@ -6,13 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "grammar/grammar.h"
+#include "grammar/utf8.h"
 
 namespace ps::grammar {
 namespace {
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code points, inclusive
-
-constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 
 // What a JSON string writes escaped: control characters, the quote and the backslash.
 const Ranges& JsonEscaped() {
@@ -201,18 +200,9 @@ class Parser {
 
   // One UTF-8 character of the pattern.
   absl::StatusOr<uint32_t> Char() {
-    const auto c = static_cast<uint8_t>(re_[i_]);
-    const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i_ + n > re_.size()) return Error("valid UTF-8");
-    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
-    for (int k = 1; k < n; ++k) {
-      const auto b = static_cast<uint8_t>(re_[i_ + k]);
-      if ((b & 0xC0) != 0x80) return Error("valid UTF-8");
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    if (cp > kMaxCodePoint) return Error("valid UTF-8");
-    i_ += n;
-    return cp;
+    const std::optional<uint32_t> cp = DecodeUtf8(re_, &i_);
+    if (!cp) return Error("valid UTF-8");
+    return *cp;
   }
 
   // After a backslash: the code points it stands for; *negated for \D \W \S.
@@ -252,18 +242,9 @@ class Parser {
   }
 
   absl::StatusOr<uint32_t> Hex(int digits) {
-    uint32_t v = 0;
-    for (int k = 0; k < digits; ++k) {
-      const char h = Peek();
-      const int d = h >= '0' && h <= '9'   ? h - '0'
-                    : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                    : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                           : -1;
-      if (d < 0) return Error(absl::StrCat(digits, " hexadecimal digits"));
-      v = v * 16 + static_cast<uint32_t>(d);
-      ++i_;
-    }
-    return v;
+    const std::optional<uint32_t> v = DecodeHex(re_, &i_, digits);
+    if (!v) return Error(absl::StrCat(digits, " hexadecimal digits"));
+    return *v;
   }
 
   absl::StatusOr<std::string> ClassAtom() {
