@@ -1,6 +1,7 @@
 #include "grammar/regex.h"
 
 #include <algorithm>
+#include <cctype>
 #include <utility>
 #include <vector>
 
