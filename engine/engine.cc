@@ -41,12 +41,13 @@ int64_t DefaultDeviceBlocks(const KvGeometry& g, int n_ctx) {
 // One sequence's generation state.
 struct Engine::Seq {
   Seq(const Model& model, const GenerationSpec& spec)
-      : Seq(model, spec, SequenceDecoder(model.tokenizer(), spec.sampling, spec.stop, spec.prompt, spec.show_control)) {
-  }
-  Seq(const Model& model, const GenerationSpec& spec, SequenceDecoder decoder)
+      : Seq(model, spec, SequenceDecoder(model.tokenizer(), spec.sampling, spec.stop, spec.prompt, spec.show_control),
+            spec.pruning.Make(model.config())) {}
+  Seq(const Model& model, const GenerationSpec& spec, SequenceDecoder decoder,
+      std::unique_ptr<PruningStrategy> strategy)
       : spec(spec),
         decoder(std::move(decoder)),
-        strategy(spec.pruning.Make(model.config())),
+        strategy(std::move(strategy)),
         layer_rows(model.config().n_layers, 0) {}
   const GenerationSpec& spec;
   SequenceDecoder decoder;                    // its history: prompt + generated tokens
@@ -232,11 +233,12 @@ absl::Status Engine::MoveInByLayer(int64_t seq_id) {
 
 Engine::Seq& Engine::Fork(Seq& parent, int64_t parent_id, int64_t child, int k) {
   PS_CHECK(!parent.prefilled && !seqs_.contains(child)) << "bad fork of sequence " << parent_id << " into " << child;
-  Seq& c = *(seqs_[child] = std::make_unique<Seq>(model_, parent.spec, parent.decoder.Fork(k)));
   std::unique_ptr<PruningStrategy> strategy = parent.strategy != nullptr ? parent.strategy->Fork() : nullptr;
-  if (parent.strategy != nullptr && strategy == nullptr) return c;  // computes its prompt again
+  const bool shares = parent.strategy == nullptr || strategy != nullptr;
+  if (!shares) strategy = parent.spec.pruning.Make(model_.config());  // computes its prompt again
+  Seq& c = *(seqs_[child] = std::make_unique<Seq>(model_, parent.spec, parent.decoder.Fork(k), std::move(strategy)));
+  if (!shares) return c;
   kv_->Fork(parent_id, child);
-  c.strategy = std::move(strategy);
   c.computed = parent.computed;
   c.next_position = parent.next_position;
   c.prefilled = true;  // its first pass is the parent's (the request's usage counts it once)
