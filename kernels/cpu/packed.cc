@@ -181,14 +181,21 @@ void RowScales(const Layout& l, const uint8_t* group, int64_t b, int r, int h, f
   *mw = -(Fp16ToFp32(Get16(hdr + l.m, r)) * static_cast<float>(blk[l.sc + 8 + r]));
 }
 
-thread_local std::vector<ActBlock> act_scratch;   // the calling thread's quantised activations
-thread_local std::vector<uint8_t> bcast_scratch;  // ... and their broadcast form
-thread_local std::vector<uint8_t> pack_scratch;   // a worker's groups packed on the fly
+thread_local std::vector<ActBlock> act_scratch;    // the calling thread's quantised activations
+thread_local std::vector<uint8_t> bcast_scratch;   // ... and their broadcast form
+thread_local std::vector<uint8_t> pack_scratch;    // a worker's groups packed on the fly
+thread_local std::vector<uint8_t> decode_scratch;  // ... or decoded (avx512_vnni::DecodePair)
 
 template <typename T>
 T* Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
   return v.data();
+}
+// Grow's bytes from a 64-byte boundary: the decoded kernel's 64-byte loads then never
+// straddle two cache lines.
+uint8_t* GrowAligned(std::vector<uint8_t>& v, size_t n) {
+  uint8_t* p = Grow(v, n + 63);
+  return p + (-reinterpret_cast<uintptr_t>(p) & 63);
 }
 
 // Products are blocked so that a thread's current groups (at most this many bytes)
@@ -199,6 +206,9 @@ constexpr size_t kBroadcastBytes = 1 << 20;
 // Activation rows per kernel call, at most: the VNNI kernel takes 8; AVX2's 4, whose
 // broadcast copies (18 KiB for 4 rows of 2048 columns) then stay in L1 across groups.
 constexpr int kTileRows = 8;
+// From this many activation rows on, VNNI products decode their pairs of groups once per
+// chunk (avx512_vnni::DecodePair): decoding costs about what one tile's unpacking does.
+constexpr int64_t kDecodeRows = 32;
 
 }  // namespace
 
@@ -300,6 +310,43 @@ void PackedMatMul(const MatrixView& w, const uint8_t* packed, const float* x, in
   PackedMatMuls({&p, 1}, x, m, pool);
 }
 
+namespace {
+
+// Rows [m0, m1) of y = x · wᵀ (xq: x quantised), columns of w's groups [g0, g0 + groups),
+// packed at `chunk`, by the decoded kernel: the chunk's pairs decoded once, then every
+// tile of rows run against them two pairs a call.
+void RunDecoded(const MatrixView& w, const uint8_t* chunk, int64_t g0, int64_t groups, const ActBlock* xq, int64_t m0,
+                int64_t m1, float* y) {
+  namespace vnni = packed_internal::avx512_vnni;
+  const int64_t blocks = w.cols / 32, n = w.rows, pairs = (groups + 1) / 2;
+  const size_t group_bytes = PackedBytes(w.type, 8, w.cols);
+  const size_t pair_bytes = blocks * vnni::DecodedBlockBytes(w.type);
+  uint8_t* decoded = GrowAligned(decode_scratch, static_cast<size_t>(pairs) * pair_bytes);
+  for (int64_t g = 0; g < groups; g += 2) {
+    const uint8_t* group = chunk + g * group_bytes;
+    vnni::DecodePair(
+        {.type = w.type, .group = group, .second = g + 1 < groups ? group + group_bytes : group, .blocks = blocks},
+        decoded + g / 2 * pair_bytes);
+  }
+  float side[vnni::kDecodedRows * 32];  // a call's columns when not all of them are w's rows
+  for (int64_t i0 = m0; i0 < m1; i0 += vnni::kDecodedRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(vnni::kDecodedRows, m1 - i0));
+    const ActBlock* xr[vnni::kDecodedRows];
+    for (int i = 0; i < rows; ++i) xr[i] = xq + (i0 + i) * blocks;
+    for (int64_t p = 0; p < pairs; p += 2) {
+      const int count = static_cast<int>(std::min<int64_t>(2, pairs - p));
+      const int64_t col = 16 * p + 8 * g0, width = 16 * count, cover = std::min(width, n - col);
+      float* out = cover == width ? y + i0 * n + col : side;
+      vnni::DecodedDot(w.type, decoded + p * pair_bytes, count, blocks, xr, rows, out, cover == width ? n : width);
+      for (int i = 0; cover < width && i < rows; ++i) {
+        std::memcpy(y + (i0 + i) * n + col, side + width * i, cover * sizeof(float));
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int64_t m, ThreadPool& pool) {
   if (m <= 0 || products.empty()) return;
   const int64_t k = products[0].w.cols, blocks = k / 32;
@@ -323,6 +370,7 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
   const int64_t groups = first.back();
   grain = whole_spans(std::min(grain, groups / (4 * pool.num_threads())));
   ActBlock* xq = Grow(act_scratch, static_cast<size_t>(m * blocks));
+  const bool decode = vnni && m >= kDecodeRows;
   pool.ParallelFor(m, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) QuantizeActivations(x + r * k, k, xq + r * blocks);
   });
@@ -347,6 +395,10 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
         uint8_t* buf = Grow(pack_scratch, static_cast<size_t>(c1 - c0) * group_bytes);
         for (int64_t g = c0; g < c1; ++g) PackGroup(w, g, buf + (g - c0) * group_bytes);
         chunk = buf;
+      }
+      if (decode) {
+        RunDecoded(w, chunk, c0, c1 - c0, xq, m0, m1, pp.y);
+        continue;
       }
       // The next chunk's weights are fetched into L2 meanwhile, a share of them at each
       // call: for products of a few rows, memory's latency would otherwise show at every

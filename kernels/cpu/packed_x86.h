@@ -161,6 +161,36 @@ inline typename W::I ActStep(const ActBlock* const* x, const uint8_t* const* xb,
   }
 }
 
+// dw per half and mw (packed_layout.h) of block b of the pass's groups, as RowScales
+// computes them; d_super and m_super carry a K format's super-block scales from its
+// first block to the next ones.
+template <DType T, class W, class Vf = typename W::F>
+inline void BlockScales(const GroupArgs& g, int64_t b, Vf& d_super, Vf& m_super, Vf* dw, Vf& mw) {
+  constexpr Layout l = LayoutFor(T);
+  constexpr bool kTwo = sizeof(Vf) == 64;  // Zmm
+  const uint8_t* ba = BlockAt(l, g.group, b);
+  const uint8_t* bb = kTwo ? BlockAt(l, g.second, b) : ba;
+  mw = W::ZeroFloats();
+  if constexpr (IsKFormat(l)) {
+    if (b % l.super == 0) {
+      const uint8_t* ha = HeaderAt(l, g.group, b);
+      const uint8_t* hb = kTwo ? HeaderAt(l, g.second, b) : ha;
+      d_super = W::Halves(ha + l.d, hb + l.d);
+      if constexpr (l.m >= 0) m_super = W::Halves(ha + l.m, hb + l.m);
+    }
+    if constexpr (l.bits == 6) {
+      dw[0] = Mul(d_super, W::Bytes(ba + l.sc, bb + l.sc, true));
+      dw[1] = Mul(d_super, W::Bytes(ba + l.sc + 8, bb + l.sc + 8, true));
+    } else {
+      dw[0] = Mul(d_super, W::Bytes(ba + l.sc, bb + l.sc, false));
+      mw = Negate(Mul(m_super, W::Bytes(ba + l.sc + 8, bb + l.sc + 8, false)));
+    }
+  } else {
+    dw[0] = W::Halves(ba + l.d, bb + l.d);
+    if constexpr (l.m >= 0) mw = W::Halves(ba + l.m, bb + l.m);
+  }
+}
+
 // y[i * y_stride + c] for the pass's rows c (g.group's 8; with Zmm, g.second's next).
 template <DType T, int R, class W>
 void Kernel(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const* xb, float* y, int64_t y_stride) {
@@ -178,26 +208,8 @@ void Kernel(const GroupArgs& g, const ActBlock* const* x, const uint8_t* const* 
   for (int64_t b = 0; b < g.blocks; ++b) {
     const uint8_t* ba = BlockAt(l, g.group, b);
     const uint8_t* bb = kTwo ? BlockAt(l, g.second, b) : ba;
-    // dw per half and mw (packed_layout.h), as RowScales computes them.
-    Vf dw[kHalves], mw = W::ZeroFloats();
-    if constexpr (IsKFormat(l)) {
-      if (b % l.super == 0) {
-        const uint8_t* ha = HeaderAt(l, g.group, b);
-        const uint8_t* hb = kTwo ? HeaderAt(l, g.second, b) : ha;
-        d_super = W::Halves(ha + l.d, hb + l.d);
-        if constexpr (l.m >= 0) m_super = W::Halves(ha + l.m, hb + l.m);
-      }
-      if constexpr (l.bits == 6) {
-        dw[0] = Mul(d_super, W::Bytes(ba + l.sc, bb + l.sc, true));
-        dw[kHalves - 1] = Mul(d_super, W::Bytes(ba + l.sc + 8, bb + l.sc + 8, true));
-      } else {
-        dw[0] = Mul(d_super, W::Bytes(ba + l.sc, bb + l.sc, false));
-        mw = Negate(Mul(m_super, W::Bytes(ba + l.sc + 8, bb + l.sc + 8, false)));
-      }
-    } else {
-      dw[0] = W::Halves(ba + l.d, bb + l.d);
-      if constexpr (l.m >= 0) mw = W::Halves(ba + l.m, bb + l.m);
-    }
+    Vf dw[kHalves], mw;
+    BlockScales<T, W>(g, b, d_super, m_super, dw, mw);
     const Vi planes0 = l.bits == 5 || l.bits == 6 ? W::Load(ba + l.qh, bb + l.qh) : W::ZeroInts();
     const Vi planes1 = l.bits == 6 ? W::Load(ba + l.qh + 32, bb + l.qh + 32) : W::ZeroInts();
     for (int h = 0; h < kHalves; ++h) {

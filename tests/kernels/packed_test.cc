@@ -69,7 +69,9 @@ TEST_P(PackedTypes, EveryLevelComputesTheInt8Product) {
     for (int64_t blocks : {1, 3}) {
       const int64_t cols = Cols(blocks);
       Matrix w(type, rows, cols, 7 * rows + blocks);
-      for (int64_t m : {1, 2, 3, 4, 5, 7, 17}) {  // from 9 rows VNNI takes two groups a call
+      // From 9 rows VNNI takes two groups a call; from 32 it decodes them first and takes
+      // up to 4 groups and 7 rows a call (38: 5 calls of 7 rows, then 3).
+      for (int64_t m : {1, 2, 3, 4, 5, 7, 17, 38}) {
         const std::vector<float> x = testing::Randn(m * cols, static_cast<uint32_t>(m * 1000 + rows));
         // The double-precision product of the dequantised weights and activations.
         std::vector<ActBlock> xq(m * cols / 32);
@@ -119,20 +121,25 @@ TEST_P(PackedTypes, ManyRowsRunInPassesThatAgreeWithTheScalarKernel) {
   // 2048 columns: the SIMD kernels broadcast a few dozen activation rows a pass.
   const DType type = GetParam();
   ThreadPool pool(2);
-  const int64_t rows = 24, cols = 2048, m = 203;
-  Matrix w(type, rows, cols, 3);
-  const std::vector<float> x = testing::Randn(m * cols, 4);
-  std::vector<float> scalar(m * rows);
-  {
-    ScopedCpuIsa level(CpuIsa::kScalar);
-    PackedMatMul(w.view, w.packed.data(), x.data(), m, scalar.data(), pool);
-  }
-  for (CpuIsa isa : SupportedCpuIsas()) {
-    ScopedCpuIsa level(isa);
-    std::vector<float> got(m * rows, NAN);
-    PackedMatMul(w.view, w.packed.data(), x.data(), m, got.data(), pool);
-    for (int64_t e = 0; e < m * rows; ++e) {
-      ASSERT_EQ(got[e], scalar[e]) << DTypeName(type) << " " << CpuIsaName(isa) << " row " << e / rows;
+  // 24 rows: VNNI's decoded calls take 4 groups (the last one twice, its copy's columns
+  // dropped); 40: 4 groups, then one and its copy.
+  for (const int64_t rows : {24, 40}) {
+    const int64_t cols = 2048, m = 203;
+    Matrix w(type, rows, cols, 3);
+    const std::vector<float> x = testing::Randn(m * cols, 4);
+    std::vector<float> scalar(m * rows);
+    {
+      ScopedCpuIsa level(CpuIsa::kScalar);
+      PackedMatMul(w.view, w.packed.data(), x.data(), m, scalar.data(), pool);
+    }
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      ScopedCpuIsa level(isa);
+      std::vector<float> got(m * rows, NAN);
+      PackedMatMul(w.view, w.packed.data(), x.data(), m, got.data(), pool);
+      for (int64_t e = 0; e < m * rows; ++e) {
+        ASSERT_EQ(got[e], scalar[e]) << DTypeName(type) << " " << CpuIsaName(isa) << " rows=" << rows << " row "
+                                     << e / rows;
+      }
     }
   }
 }
