@@ -99,33 +99,22 @@ void DecodedKernel(const uint8_t* pairs, int64_t blocks, const ActBlock* const* 
   }
 }
 
+template <DType T, int A>
+void DecodedRows(const uint8_t* pairs, int64_t blocks, const ActBlock* const* x, int rows, float* y, int64_t y_stride) {
+  using Fn = void (*)(const uint8_t*, int64_t, const ActBlock* const*, float*, int64_t);
+  static constexpr Fn kByRows[kDecodedRows] = {DecodedKernel<T, A, 1>, DecodedKernel<T, A, 2>, DecodedKernel<T, A, 3>,
+                                               DecodedKernel<T, A, 4>, DecodedKernel<T, A, 5>, DecodedKernel<T, A, 6>,
+                                               DecodedKernel<T, A, 7>};
+  PS_CHECK(rows >= 1 && rows <= kDecodedRows) << "decoded kernel for " << rows << " rows";
+  kByRows[rows - 1](pairs, blocks, x, y, y_stride);
+}
+
 template <DType T>
-void DecodedRows(const uint8_t* pairs, int count, int64_t blocks, const ActBlock* const* x, int rows, float* y,
-                 int64_t y_stride) {
-  if (count == 2) {
-    switch (rows) {
-      case 1: return DecodedKernel<T, 2, 1>(pairs, blocks, x, y, y_stride);
-      case 2: return DecodedKernel<T, 2, 2>(pairs, blocks, x, y, y_stride);
-      case 3: return DecodedKernel<T, 2, 3>(pairs, blocks, x, y, y_stride);
-      case 4: return DecodedKernel<T, 2, 4>(pairs, blocks, x, y, y_stride);
-      case 5: return DecodedKernel<T, 2, 5>(pairs, blocks, x, y, y_stride);
-      case 6: return DecodedKernel<T, 2, 6>(pairs, blocks, x, y, y_stride);
-      case 7: return DecodedKernel<T, 2, 7>(pairs, blocks, x, y, y_stride);
-      default: break;
-    }
-  } else if (count == 1) {
-    switch (rows) {
-      case 1: return DecodedKernel<T, 1, 1>(pairs, blocks, x, y, y_stride);
-      case 2: return DecodedKernel<T, 1, 2>(pairs, blocks, x, y, y_stride);
-      case 3: return DecodedKernel<T, 1, 3>(pairs, blocks, x, y, y_stride);
-      case 4: return DecodedKernel<T, 1, 4>(pairs, blocks, x, y, y_stride);
-      case 5: return DecodedKernel<T, 1, 5>(pairs, blocks, x, y, y_stride);
-      case 6: return DecodedKernel<T, 1, 6>(pairs, blocks, x, y, y_stride);
-      case 7: return DecodedKernel<T, 1, 7>(pairs, blocks, x, y, y_stride);
-      default: break;
-    }
-  }
-  PS_CHECK(false) << "decoded kernel for " << count << " pairs and " << rows << " rows";
+void DecodedPairs(const uint8_t* pairs, int count, int64_t blocks, const ActBlock* const* x, int rows, float* y,
+                  int64_t y_stride) {
+  PS_CHECK(count == 1 || count == 2) << "decoded kernel for " << count << " pairs";
+  if (count == 2) return DecodedRows<T, 2>(pairs, blocks, x, rows, y, y_stride);
+  DecodedRows<T, 1>(pairs, blocks, x, rows, y, y_stride);
 }
 
 }  // namespace
@@ -156,14 +145,14 @@ void DecodePair(const GroupArgs& g, uint8_t* out) {
 void DecodedDot(DType type, const uint8_t* pairs, int count, int64_t blocks, const ActBlock* const* x, int rows,
                 float* y, int64_t y_stride) {
   switch (type) {
-    case DType::kQ4_0: return DecodedRows<DType::kQ4_0>(pairs, count, blocks, x, rows, y, y_stride);
-    case DType::kQ4_1: return DecodedRows<DType::kQ4_1>(pairs, count, blocks, x, rows, y, y_stride);
-    case DType::kQ5_0: return DecodedRows<DType::kQ5_0>(pairs, count, blocks, x, rows, y, y_stride);
-    case DType::kQ5_1: return DecodedRows<DType::kQ5_1>(pairs, count, blocks, x, rows, y, y_stride);
-    case DType::kQ8_0: return DecodedRows<DType::kQ8_0>(pairs, count, blocks, x, rows, y, y_stride);
-    case DType::kQ4_K: return DecodedRows<DType::kQ4_K>(pairs, count, blocks, x, rows, y, y_stride);
-    case DType::kQ5_K: return DecodedRows<DType::kQ5_K>(pairs, count, blocks, x, rows, y, y_stride);
-    case DType::kQ6_K: return DecodedRows<DType::kQ6_K>(pairs, count, blocks, x, rows, y, y_stride);
+    case DType::kQ4_0: return DecodedPairs<DType::kQ4_0>(pairs, count, blocks, x, rows, y, y_stride);
+    case DType::kQ4_1: return DecodedPairs<DType::kQ4_1>(pairs, count, blocks, x, rows, y, y_stride);
+    case DType::kQ5_0: return DecodedPairs<DType::kQ5_0>(pairs, count, blocks, x, rows, y, y_stride);
+    case DType::kQ5_1: return DecodedPairs<DType::kQ5_1>(pairs, count, blocks, x, rows, y, y_stride);
+    case DType::kQ8_0: return DecodedPairs<DType::kQ8_0>(pairs, count, blocks, x, rows, y, y_stride);
+    case DType::kQ4_K: return DecodedPairs<DType::kQ4_K>(pairs, count, blocks, x, rows, y, y_stride);
+    case DType::kQ5_K: return DecodedPairs<DType::kQ5_K>(pairs, count, blocks, x, rows, y, y_stride);
+    case DType::kQ6_K: return DecodedPairs<DType::kQ6_K>(pairs, count, blocks, x, rows, y, y_stride);
     default: PS_CHECK(false) << "no packed kernel for " << DTypeName(type);
   }
 }
