@@ -53,11 +53,9 @@ int main(int argc, char** argv) {
   const std::vector<LayerWeights>& layers = (*model)->layers;
   const LayerWeights& l0 = layers[0];
   const LayerWeights& l1 = layers[std::min<size_t>(1, layers.size() - 1)];
-  const std::pair<const char*, const MatrixView*> matrices[] = {{"attn_q.0", &l0.wq},
-                                                                {"ffn_gate.0", &l0.w_gate},
-                                                                {"ffn_down.0", &l0.w_down},
-                                                                {"ffn_down.1", &l1.w_down},
-                                                                {"output", &(*model)->output}};
+  const std::pair<const char*, const MatrixView*> matrices[] = {
+      {"attn_q.0", &l0.wq},       {"attn_k.0", &l0.wk},       {"ffn_gate.0", &l0.w_gate},
+      {"ffn_down.0", &l0.w_down}, {"ffn_down.1", &l1.w_down}, {"output", &(*model)->output}};
   std::printf("CPU level %s, %lld threads; GFLOP/s (int8: GOP/s)\n", DescribeCpuIsa().c_str(),
               static_cast<long long>(threads));
   for (const auto& [name, w] : matrices) {
