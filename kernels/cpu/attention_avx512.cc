@@ -1,7 +1,9 @@
-// Layouts: a packed key tile is blocks of kKeyAlign keys, each [hd / 2][kKeyAlign] 32-bit
-// lanes holding a key's values 2p and 2p + 1 (the operand vdpbf16ps pairs with a query's
-// values 2p, 2p + 1 broadcast to every lane); a packed value tile is [PaddedKeys(nt) / 2][hd]
-// lanes holding value d of keys 2q and 2q + 1 (paired with a row's weights 2q, 2q + 1).
+// Layouts (prefill): PackQueries's qt holds, for each pair p of a head's values, a
+// vector lane per query row with the row's values 2p, 2p + 1 (the operand vdpbf16ps pairs
+// with a key's values 2p, 2p + 1 broadcast to every lane); the weights p hold, for each
+// pair u of keys, a lane per row with its weights of keys 2u, 2u + 1; a packed value tile
+// is [PaddedKeys(nt) / 2][hd] lanes holding value d of keys 2u and 2u + 1 (broadcast against
+// the weights' lanes).
 // GCC 12 warns inside its own AVX-512 headers (a known false positive).
 #if defined(__GNUC__) && !defined(__clang__)  // GCC only: clang knows neither the warnings nor the false positives
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -21,8 +23,8 @@
 namespace ps::avx512_bf16 {
 namespace {
 
-constexpr int kScoreRows = 8;  // query rows a pass of Scores (8 x 2 accumulators)
-constexpr int kValueRows = 6;  // rows a pass of AddWeightedValues (6 x 4 accumulators)
+constexpr int kScoreKeys = 6;     // keys a pass of Scores (6 x 4 accumulators of 16 rows)
+constexpr int kValueColumns = 6;  // output columns a pass of AddValues (6 x 4 accumulators of 16 rows)
 
 inline uint32_t Lane(const uint16_t* p) {
   uint32_t x;
@@ -33,93 +35,126 @@ inline __m512bh Pairs(__m512i x) { return (__m512bh)x; }  // the same bits
 inline __m512bh Broadcast(const uint16_t* p) { return Pairs(_mm512_set1_epi32(static_cast<int>(Lane(p)))); }
 inline __m512bh LoadPairs(const uint16_t* p) { return Pairs(_mm512_loadu_si512(p)); }
 
-// e^v for v <= 0, as attention_avx2.cc's Exp (Cephes range reduction, degree-6
-// polynomial), 16 lanes; v below -87.3 (and -inf) gives 0.
+// e^v for v <= 0, 16 lanes: 2^(v log2 e) as 2^n 2^f, n an integer and |f| <= 1/2, 2^f by a
+// degree-5 polynomial (relative error 1.1e-7, fitted for this, exactly 1 at 0); v below
+// -87.3 (and -inf) gives 0.
 inline __m512 Exp(__m512 v) {
   const __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
   v = _mm512_max_ps(v, _mm512_set1_ps(-87.3f));
-  const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 y = _mm512_fnmadd_ps(r, _mm512_set1_ps(0.693359375f), v);
-  y = _mm512_fmadd_ps(r, _mm512_set1_ps(2.12194440e-4f), y);
-  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.3981999507E-3f));
-  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(8.3334519073E-3f));
-  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(4.1665795894E-2f));
-  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(1.6666665459E-1f));
-  p = _mm512_fmadd_ps(p, y, _mm512_set1_ps(5.0000001201E-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, y), y, _mm512_add_ps(y, _mm512_set1_ps(1.0f)));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(r), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), p, _mm512_castsi512_ps(bits));
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_fmsub_ps(v, log2e, n);
+  __m512 p = _mm512_set1_ps(1.326472731e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.671512991e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550733581e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402224243e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931470037e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), p, n);
 }
 
-// Rows [0, R) of a query tile (each row SplitQuery's two parts) against one packed key block
-// (`valid` of its keys stored).
-template <int R>
-void ScoreBlock(const uint16_t* q, int64_t q_stride, const uint16_t* block, int hd, __m512 scale, int64_t valid,
-                float* s, int64_t s_stride) {
-  __m512 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+// Scores of R keys against the tile's QV vectors of query rows; row_max updated.
+template <int R, int QV>
+void ScoreKeys(const uint16_t* qt, int64_t nqp, const uint16_t* const* keys, int hd, __m512 scale, float* s,
+               __m512* row_max) {
+  __m512 acc[R][QV];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < QV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  const uint16_t* k[R];
+  for (int r = 0; r < R; ++r) k[r] = keys[r];
   for (int p = 0; p < hd / 2; ++p) {
-    const __m512bh k0 = LoadPairs(block + 2 * kKeyAlign * p), k1 = LoadPairs(block + 2 * kKeyAlign * p + 32);
+    const uint16_t* qp = qt + 2 * p * nqp;
+    __m512bh a[QV];
+    for (int v = 0; v < QV; ++v) {
+      a[v] = LoadPairs(qp + 32 * v);
+    }
     for (int r = 0; r < R; ++r) {
-      const __m512bh a = Broadcast(q + r * q_stride + 2 * p), rest = Broadcast(q + r * q_stride + hd + 2 * p);
-      acc[r][0] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][0], a, k0), rest, k0);
-      acc[r][1] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc[r][1], a, k1), rest, k1);
+      const __m512bh kr = Broadcast(k[r] + 2 * p);
+      for (int v = 0; v < QV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a[v], kr);
     }
   }
-  const __mmask16 m0 = valid >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << valid) - 1);
-  const __mmask16 m1 = valid >= 32 ? 0xFFFF : valid <= 16 ? 0 : static_cast<__mmask16>((1u << (valid - 16)) - 1);
   for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(s + r * s_stride, m0, _mm512_mul_ps(acc[r][0], scale));
-    _mm512_mask_storeu_ps(s + r * s_stride + 16, m1, _mm512_mul_ps(acc[r][1], scale));
+    for (int v = 0; v < QV; ++v) {
+      const __m512 x = _mm512_mul_ps(acc[r][v], scale);
+      _mm512_storeu_ps(s + r * nqp + 16 * v, x);
+      row_max[v] = _mm512_max_ps(row_max[v], x);
+    }
   }
 }
 
-// Rows [0, R) of o, columns [d0, d0 + 16 V), += their weights times a packed value tile.
-template <int R, int V>
-void ValueBlock(const uint16_t* p, int64_t p_stride, const uint16_t* values, int64_t pairs, int hd, int d0, float* o,
-                int64_t o_stride) {
-  __m512 acc[R][V];
-  for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_loadu_ps(o + r * o_stride + d0 + 16 * v);
+template <int QV>
+void ScoresOf(const uint16_t* qt, int64_t nqp, const uint16_t* const* keys, int64_t nt, int hd, float scale, float* s,
+              float* row_max) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  __m512 mx[QV];
+  for (int v = 0; v < QV; ++v) mx[v] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + kScoreKeys <= nt; j += kScoreKeys)
+    ScoreKeys<kScoreKeys, QV>(qt, nqp, keys + j, hd, vscale, s + j * nqp, mx);
+  for (; j < nt; ++j) ScoreKeys<1, QV>(qt, nqp, keys + j, hd, vscale, s + j * nqp, mx);
+  for (int v = 0; v < QV; ++v) _mm512_storeu_ps(row_max + 16 * v, mx[v]);
+}
+
+// Columns [d0, d0 + D) of QV vectors of rows of ot, rescaled, += the weights times the
+// values.
+template <int D, int QV>
+void ValueColumns(const uint16_t* p, int64_t nqp, const uint16_t* values, int64_t pairs, int hd, int d0,
+                  const float* corr, float* ot) {
+  __m512 acc[D][QV];
+  for (int v = 0; v < QV; ++v) {
+    const __m512 c = _mm512_loadu_ps(corr + 16 * v);
+    for (int d = 0; d < D; ++d) acc[d][v] = _mm512_mul_ps(_mm512_loadu_ps(ot + (d0 + d) * nqp + 16 * v), c);
   }
   for (int64_t u = 0; u < pairs; ++u) {
-    __m512bh b[V];
-    for (int v = 0; v < V; ++v) b[v] = LoadPairs(values + 2 * (u * hd + d0 + 16 * v));
-    for (int r = 0; r < R; ++r) {
-      const __m512bh a = Broadcast(p + r * p_stride + 2 * u);
-      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], a, b[v]);
+    __m512bh w[QV];
+    for (int v = 0; v < QV; ++v) w[v] = LoadPairs(p + 2 * (u * nqp + 16 * v));
+    const uint16_t* vu = values + 2 * (u * hd + d0);
+    for (int d = 0; d < D; ++d) {
+      const __m512bh x = Broadcast(vu + 2 * d);
+      for (int v = 0; v < QV; ++v) acc[d][v] = _mm512_dpbf16_ps(acc[d][v], w[v], x);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) _mm512_storeu_ps(o + r * o_stride + d0 + 16 * v, acc[r][v]);
+  for (int d = 0; d < D; ++d) {
+    for (int v = 0; v < QV; ++v) _mm512_storeu_ps(ot + (d0 + d) * nqp + 16 * v, acc[d][v]);
   }
 }
 
-template <int V>
-void ValueRows(int rows, const uint16_t* p, int64_t p_stride, const uint16_t* values, int64_t pairs, int hd, int d0,
-               float* o, int64_t o_stride) {
-  switch (rows) {
-    case 1: return ValueBlock<1, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
-    case 2: return ValueBlock<2, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
-    case 3: return ValueBlock<3, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
-    case 4: return ValueBlock<4, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
-    case 5: return ValueBlock<5, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
-    case 6: return ValueBlock<6, V>(p, p_stride, values, pairs, hd, d0, o, o_stride);
-    default: PS_CHECK(false) << "value block of " << rows << " rows";
+template <int QV>
+void ValuesOf(const uint16_t* p, int64_t nqp, const uint16_t* values, int64_t nt, int hd, const float* corr,
+              float* ot) {
+  const int64_t pairs = PaddedKeys(nt) / 2;
+  int d0 = 0;
+  for (; d0 + kValueColumns <= hd; d0 += kValueColumns)
+    ValueColumns<kValueColumns, QV>(p, nqp, values, pairs, hd, d0, corr, ot);
+  for (; d0 + 2 <= hd; d0 += 2) ValueColumns<2, QV>(p, nqp, values, pairs, hd, d0, corr, ot);
+}
+
+template <class Fn>
+void WithRowVectors(int64_t nqp, const Fn& fn) {
+  PS_CHECK(nqp % kRowAlign == 0 && nqp > 0 && nqp <= kMaxTileRows) << nqp << " query rows";
+  switch (nqp / kRowAlign) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    default: return fn(std::integral_constant<int, 4>{});
   }
 }
 
 }  // namespace
 
-void PackKeys(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* keys) {
+void PackQueries(const float* q, int64_t q_stride, int64_t nq, int hd, uint16_t* qt) {
   PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
-  const int64_t padded = PaddedKeys(nt);
-  auto* out = reinterpret_cast<uint32_t*>(keys);  // [block][hd / 2][kKeyAlign]
-  for (int64_t j = 0; j < padded; ++j) {
-    uint32_t* dst = out + (j / kKeyAlign) * (hd / 2) * kKeyAlign + j % kKeyAlign;
-    for (int p = 0; p < hd / 2; ++p) dst[p * kKeyAlign] = j < nt ? Lane(rows[j] + 2 * p) : 0;
+  const int64_t nqp = PaddedRows(nq);
+  auto* lanes = reinterpret_cast<uint32_t*>(qt);  // [hd / 2][nqp]
+  for (int64_t i = 0; i < nqp; ++i) {
+    for (int e = 0; e < hd; e += 32) {
+      const __m512 a = i < nq ? _mm512_loadu_ps(q + i * q_stride + e) : _mm512_setzero_ps();
+      const __m512 b = i < nq ? _mm512_loadu_ps(q + i * q_stride + e + 16) : _mm512_setzero_ps();
+      alignas(64) uint32_t pairs[16];  // values e + 2p, e + 2p + 1 rounded
+      _mm512_store_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+      for (int p = 0; p < 16; ++p) lanes[(e / 2 + p) * nqp + i] = pairs[p];
+    }
   }
 }
 
@@ -147,68 +182,76 @@ void PackValues(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* value
   }
 }
 
-float ExpToBf16(const float* s, int64_t nt, float m, uint16_t* p) {
-  const __m512 vm = _mm512_set1_ps(m), neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 sum = _mm512_setzero_ps();
-  const int64_t padded = PaddedKeys(nt);
-  for (int64_t j = 0; j < padded; j += 16) {
-    const __mmask16 valid = j + 16 <= nt ? 0xFFFF : j >= nt ? 0 : static_cast<__mmask16>((1u << (nt - j)) - 1);
-    const __m512 x = _mm512_mask_loadu_ps(neg_inf, valid, s + j);
-    const __m512 e = Exp(_mm512_sub_ps(x, vm));
-    const __m256bh h = _mm512_cvtneps_pbh(e);
-    std::memcpy(p + j, &h, sizeof h);
-    sum = _mm512_add_ps(sum, e);
-  }
-  return _mm512_reduce_add_ps(sum);
+void Scores(const uint16_t* qt, int64_t nqp, const uint16_t* const* keys, int64_t nt, int hd, float scale, float* s,
+            float* row_max) {
+  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
+  WithRowVectors(nqp, [&](auto qv) { ScoresOf<qv.value>(qt, nqp, keys, nt, hd, scale, s, row_max); });
 }
 
-void SplitQuery(const float* x, int hd, uint16_t* out) {
-  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
-  for (int e = 0; e < hd; e += 16) {
-    const __m512 v = _mm512_loadu_ps(x + e);
-    const __m256bh hi = _mm512_cvtneps_pbh(v);
-    const __m512 back = _mm512_cvtpbh_ps(hi);
-    const __m256bh lo = _mm512_cvtneps_pbh(_mm512_sub_ps(v, back));
-    std::memcpy(out + e, &hi, sizeof hi);
-    std::memcpy(out + hd + e, &lo, sizeof lo);
-  }
-}
-
-void Scores(const uint16_t* q, int64_t q_stride, int64_t nq, const uint16_t* keys, int64_t nt, int hd, float scale,
-            float* s, int64_t s_stride) {
-  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
-  const __m512 vscale = _mm512_set1_ps(scale);
-  for (int64_t j0 = 0; j0 < nt; j0 += kKeyAlign) {
-    const uint16_t* block = keys + j0 * hd;  // kKeyAlign keys x hd values
-    const int64_t valid = nt - j0;
-    for (int64_t i = 0; i < nq; i += kScoreRows) {
-      const uint16_t* qi = q + i * q_stride;
-      float* si = s + i * s_stride + j0;
-      switch (std::min<int64_t>(kScoreRows, nq - i)) {
-        case 1: ScoreBlock<1>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
-        case 2: ScoreBlock<2>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
-        case 3: ScoreBlock<3>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
-        case 4: ScoreBlock<4>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
-        case 5: ScoreBlock<5>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
-        case 6: ScoreBlock<6>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
-        case 7: ScoreBlock<7>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
-        default: ScoreBlock<8>(qi, q_stride, block, hd, vscale, valid, si, s_stride); break;
+void Mask(int part, int32_t sinks, int32_t recent, const int32_t* key_pos, int64_t nt, const int32_t* q_pos,
+          int64_t nqp, float* s, float* row_max) {
+  PS_CHECK(nqp % kRowAlign == 0) << nqp << " query rows";
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < nqp; i += 16) {
+    const __m512i qp = _mm512_loadu_si512(q_pos + i);
+    const __m512i distant_from = _mm512_sub_epi32(qp, _mm512_set1_epi32(recent));  // keys at or before: distant
+    __m512 mx = neg_inf;
+    for (int64_t j = 0; j < nt; ++j) {
+      const __m512i kp = _mm512_set1_epi32(key_pos[j]);
+      __mmask16 sees = _mm512_cmple_epi32_mask(kp, qp);  // WindowSees, 16 rows at once
+      if (part != 0) {
+        const __mmask16 proximal =
+            _mm512_cmplt_epi32_mask(kp, _mm512_set1_epi32(sinks)) | _mm512_cmpgt_epi32_mask(kp, distant_from);
+        sees &= part == 1 ? proximal : static_cast<__mmask16>(~proximal);
       }
+      float* sj = s + j * nqp + i;
+      const __m512 x = _mm512_mask_blend_ps(sees, neg_inf, _mm512_loadu_ps(sj));
+      _mm512_storeu_ps(sj, x);
+      mx = _mm512_max_ps(mx, x);
     }
+    _mm512_storeu_ps(row_max + i, mx);
   }
 }
 
-void AddWeightedValues(const uint16_t* p, int64_t p_stride, int64_t nq, const uint16_t* values, int64_t nt, int hd,
-                       float* o, int64_t o_stride) {
-  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
-  const int64_t pairs = PaddedKeys(nt) / 2;
-  for (int64_t i = 0; i < nq; i += kValueRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kValueRows, nq - i));
-    int d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64)
-      ValueRows<4>(rows, p + i * p_stride, p_stride, values, pairs, hd, d0, o + i * o_stride, o_stride);
-    if (d0 < hd) ValueRows<2>(rows, p + i * p_stride, p_stride, values, pairs, hd, d0, o + i * o_stride, o_stride);
+void Softmax(const float* s, int64_t nqp, int64_t nt, const float* row_max, float* m, float* l, float* corr,
+             uint16_t* p) {
+  PS_CHECK(nqp % kRowAlign == 0) << nqp << " query rows";
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  // Word 2i of the result: word i of the first converted vector (key 2u), 2i + 1: of the second.
+  alignas(64) uint16_t idx[32];
+  for (int i = 0; i < 16; ++i) {
+    idx[2 * i] = static_cast<uint16_t>(i);
+    idx[2 * i + 1] = static_cast<uint16_t>(16 + i);
   }
+  const __m512i interleave = _mm512_load_si512(idx);
+  const int64_t pairs = PaddedKeys(nt) / 2;
+  for (int64_t i = 0; i < nqp; i += 16) {
+    const __m512 m_old = _mm512_loadu_ps(m + i);
+    const __m512 m_new = _mm512_max_ps(m_old, _mm512_loadu_ps(row_max + i));
+    // Rows that see nothing yet subtract 0: their -inf scores give 0.
+    const __m512 shift =
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ), m_new, _mm512_setzero_ps());
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t u = 0; u < pairs; ++u) {
+      const int64_t j = 2 * u;
+      const __m512 e0 = j < nt ? Exp(_mm512_sub_ps(_mm512_loadu_ps(s + j * nqp + i), shift)) : _mm512_setzero_ps();
+      const __m512 e1 =
+          j + 1 < nt ? Exp(_mm512_sub_ps(_mm512_loadu_ps(s + (j + 1) * nqp + i), shift)) : _mm512_setzero_ps();
+      sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);  // words 0-15: e0's, 16-31: e1's
+      _mm512_storeu_si512(p + 2 * (u * nqp + i), _mm512_permutexvar_epi16(interleave, both));
+    }
+    const __m512 c = Exp(_mm512_sub_ps(m_old, shift));
+    _mm512_storeu_ps(corr + i, c);
+    _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), c, sum));
+    _mm512_storeu_ps(m + i, m_new);
+  }
+}
+
+void AddValues(const uint16_t* p, int64_t nqp, const uint16_t* values, int64_t nt, int hd, const float* corr,
+               float* ot) {
+  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
+  WithRowVectors(nqp, [&](auto qv) { ValuesOf<qv.value>(p, nqp, values, nt, hd, corr, ot); });
 }
 
 namespace {

@@ -1,49 +1,61 @@
 // Attention's inner loops over a BF16 cache on AVX-512 (kernels/cpu/attention.cc).
 // Prefill's query-tile products run on AVX-512 BF16 dot products (vdpbf16ps: two BF16
-// products summed into each F32 lane): S = scale Q Kᵀ and O += P V for a tile of query
-// rows against a tile of BF16 keys and values, read from the paged cache and packed once
-// per tile for every query row of every head of their GQA group. A query is split into two
-// BF16 parts (its rounding and the rounding of the remainder: the scores are as exact as
-// F32's, the keys being BF16 already); the softmax weights P are rounded to BF16 (as on a
-// GPU's tensor cores); sums are F32. Decode's (DecodeScores, DecodeValues, at the end) are
-// F32 throughout. Call only at CpuIsa::kAvx512Bf16 and with head sizes a multiple of
-// kHeadAlign.
+// products summed into each F32 lane), key-major: a tile's scores are held transposed,
+// S^T[j][i] for key j and query row i, 16 rows to a vector, so that every row's softmax
+// state (maximum, sum, output rescaling) is a lane and the keys are read from the paged
+// cache in place (a key's pair of values broadcast against 16 query rows). Queries and
+// the softmax weights P are rounded to BF16, as the keys and values are (as on a GPU's
+// tensor cores, and as the CUDA backend, vLLM and llama.cpp do); sums are F32. Decode's (DecodeScores, DecodeValues,
+// at the end) are F32 throughout. Call only at CpuIsa::kAvx512Bf16 and with head sizes a
+// multiple of kHeadAlign.
 #pragma once
 
 #include <cstdint>
 
 namespace ps::avx512_bf16 {
 
-constexpr int kHeadAlign = 32;     // head sizes these kernels take: multiples of this
-constexpr int64_t kKeyAlign = 32;  // packed tiles hold a multiple of this many keys (zeros after the last)
+constexpr int kHeadAlign = 32;        // head sizes these kernels take: multiples of this
+constexpr int64_t kKeyAlign = 32;     // packed value tiles hold a multiple of this many keys (zeros after the last)
+constexpr int64_t kRowAlign = 16;     // query rows of a tile: a multiple of this (one vector of a key's scores)
+constexpr int64_t kMaxTileRows = 64;  // query rows of a tile, at most
 
-// Keys rounded up to kKeyAlign.
+// Keys rounded up to kKeyAlign; query rows rounded up to kRowAlign.
 constexpr int64_t PaddedKeys(int64_t nt) { return (nt + kKeyAlign - 1) / kKeyAlign * kKeyAlign; }
+constexpr int64_t PaddedRows(int64_t nq) { return (nq + kRowAlign - 1) / kRowAlign * kRowAlign; }
 
-// Packs nt key rows (rows[r]: hd BF16 values) into `keys` (PaddedKeys(nt) * hd values).
-void PackKeys(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* keys);
+// nq query rows (hd F32 values each, q_stride apart) as Scores reads them: 32-bit lane
+// p * nqp + i of qt holds row i's values 2p and 2p + 1 rounded to BF16; rows nq <= i <
+// nqp = PaddedRows(nq) zero. hd * nqp values.
+void PackQueries(const float* q, int64_t q_stride, int64_t nq, int hd, uint16_t* qt);
+
 // Packs nt value rows (rows[r]: hd BF16 values) into `values` (PaddedKeys(nt) * hd values),
 // keys paired: lane d of pair u holds value d of keys 2u and 2u + 1 (zeros past the last).
 void PackValues(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* values);
 
-// A query row of hd F32 values as Scores reads it: out[0, hd) = its BF16 rounding, out[hd,
-// 2 hd) = the rounding of what that leaves.
-void SplitQuery(const float* x, int hd, uint16_t* out);
+// s[j * nqp + i] = scale * (q_i · k_j) for keys j < nt (keys[j]: hd BF16 values, read in
+// place) and rows i < nqp of PackQueries's qt; row_max[i] = the largest of row i's.
+void Scores(const uint16_t* qt, int64_t nqp, const uint16_t* const* keys, int64_t nt, int hd, float scale, float* s,
+            float* row_max);
 
-// s[i * s_stride + j] = scale * (q_i · k_j) for query rows i < nq (q_i: SplitQuery's 2 hd
-// values, q_stride apart) and keys j < nt of a packed key tile.
-void Scores(const uint16_t* q, int64_t q_stride, int64_t nq, const uint16_t* keys, int64_t nt, int hd, float scale,
-            float* s, int64_t s_stride);
+// Hides key j (position key_pos[j]) from row i (position q_pos[i], i < nqp) where the
+// window does not show it (WindowSees's part, sinks, recent): s[j * nqp + i] = -inf;
+// row_max[i] = the largest of what row i still sees (-inf: nothing).
+void Mask(int part, int32_t sinks, int32_t recent, const int32_t* key_pos, int64_t nt, const int32_t* q_pos,
+          int64_t nqp, float* s, float* row_max);
 
-// A row's softmax weights: p[j] = exp(s[j] - m) rounded to BF16 for j < nt (0 where s[j] is
-// more than 87.3 below m, -inf included), zeros up to PaddedKeys(nt); returns the sum of the
-// weights before rounding (the row's log-sum-exp stays F32's).
-float ExpToBf16(const float* s, int64_t nt, float m, uint16_t* p);
+// One key tile's step of the online softmax for rows i < nqp: m_new = max(m[i],
+// row_max[i]); the weights exp(s[j * nqp + i] - m_new) rounded to BF16 into p, keys paired
+// (p[u * nqp + i]: keys 2u, 2u + 1 of row i; zeros for keys past nt, up to PaddedKeys(nt));
+// l[i] = l[i] * corr[i] + the weights' sum before rounding, with corr[i] = exp(m[i] -
+// m_new) (the factor the row's output so far takes); m[i] = m_new. Rows that see nothing
+// yet (m_new = -inf) keep l = 0 with weights 0.
+void Softmax(const float* s, int64_t nqp, int64_t nt, const float* row_max, float* m, float* l, float* corr,
+             uint16_t* p);
 
-// o_i[0, hd) += sum_j p_i[j] v_j for rows i < nq (p_i: PaddedKeys(nt) BF16 weights, p_stride
-// apart, zero after the nt-th; o_i o_stride apart) over a packed value tile.
-void AddWeightedValues(const uint16_t* p, int64_t p_stride, int64_t nq, const uint16_t* values, int64_t nt, int hd,
-                       float* o, int64_t o_stride);
+// ot[d * nqp + i] = ot[d * nqp + i] * corr[i] + sum_j p_i[j] v_j[d] for rows i < nqp and
+// d < hd: Softmax's weights against a packed value tile of nt keys.
+void AddValues(const uint16_t* p, int64_t nqp, const uint16_t* values, int64_t nt, int hd, const float* corr,
+               float* ot);
 
 // Decode (one query row) over BF16 rows read in place, all query heads of a GQA group at
 // once, in F32: a row's 32 values at a time are widened to F32 as two vectors (its even

@@ -19,7 +19,8 @@ namespace ps::attention_internal {
 namespace {
 
 constexpr int64_t kQueryTile = 64;  // query rows per unit
-constexpr int64_t kKeyTile = 256;   // keys per score tile
+static_assert(kQueryTile <= avx512_bf16::kMaxTileRows);
+constexpr int64_t kKeyTile = 256;  // keys per score tile
 
 float* Scratch(std::vector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(n);
@@ -233,20 +234,15 @@ class SegmentAttention {
     const int64_t tile_scores = nq * key_tile;
     float* scores = Scratch(scores_storage, group_ * tile_scores);  // [group][nq, key_tile]
     const bool bf16 = nq > 1 && bf16_tiles_;
-    if (bf16) {  // the group's query rows split in two BF16 parts: [group][nq, 2 hd]
-      if (static_cast<int64_t>(q16_.size()) < group_ * nq * 2 * hd_) q16_.resize(group_ * nq * 2 * hd_);
-      for (int h = 0; h < group_; ++h) {
-        for (int64_t i = 0; i < nq; ++i) {
-          avx512_bf16::SplitQuery(a_.q + (q0 + i) * a_.q_stride + (kvh * group_ + h) * hd_, hd_,
-                                  q16_.data() + (h * nq + i) * 2 * hd_);
-        }
-      }
-    }
+    if (bf16) StartBf16(kvh, q0, nq);
     pieces_.clear();
     int64_t ordinal = 0, filled = 0;  // ordinal: of the chunk's first key among the visible ones
     auto flush = [&] {
-      if (filled > 0)
+      if (filled > 0 && bf16) {
+        AttendTileBf16(kvh, nq, min_pos, max_pos, filled, last_tile);
+      } else if (filled > 0) {
         AttendTile(kvh, q0, nq, min_pos, max_pos, filled, scores, tile_scores, out, out_stride, m, l, last_tile);
+      }
       pieces_.clear();
       filled = 0;
     };
@@ -262,6 +258,83 @@ class SegmentAttention {
       }
     }
     flush();
+    if (bf16) EndBf16(nq, out, out_stride, m, l);
+  }
+
+  // Several query rows over a BF16 cache (Bf16Tiles): key-major tiles, whose layouts and
+  // steps avx512_bf16 (kernels/cpu/attention_avx512.h) defines. StartBf16 packs the unit's
+  // query rows and clears its state; AttendTileBf16 attends one key tile (pieces_, nt rows);
+  // EndBf16 leaves the unnormalised output in out and m, l as Attend's.
+  void StartBf16(int kvh, int64_t q0, int64_t nq) const {
+    Bf16Unit& u = bf16_unit_;
+    const int64_t nqp = avx512_bf16::PaddedRows(nq);
+    u.nqp = nqp;
+    u.qt.resize(group_ * hd_ * nqp);
+    u.ot.assign(group_ * hd_ * nqp, 0.0f);
+    u.m.assign(group_ * nqp, -std::numeric_limits<float>::infinity());
+    u.l.assign(group_ * nqp, 0.0f);
+    u.q_pos.resize(nqp);  // padding rows (zero queries) at the last row's position
+    for (int64_t i = 0; i < nqp; ++i) u.q_pos[i] = a_.q_pos[q0 + std::min(i, nq - 1)];
+    for (int h = 0; h < group_; ++h) {
+      avx512_bf16::PackQueries(a_.q + q0 * a_.q_stride + (kvh * group_ + h) * hd_, a_.q_stride, nq, hd_,
+                               u.qt.data() + h * hd_ * nqp);
+    }
+  }
+
+  void AttendTileBf16(int kvh, int64_t nq, int32_t min_pos, int32_t max_pos, int64_t nt, bool last_tile) const {
+    Bf16Unit& u = bf16_unit_;
+    const int64_t nqp = u.nqp;
+    u.keys.clear();
+    u.values.clear();
+    u.key_pos.clear();
+    for (const Chunk& p : pieces_) {
+      for (int64_t r = 0; r < p.nb; ++r) {
+        u.keys.push_back(static_cast<const uint16_t*>(kv_.k(p.j0 + r, kvh * hd_)));
+        u.values.push_back(static_cast<const uint16_t*>(kv_.v(p.j0 + r, kvh * hd_)));
+        u.key_pos.push_back(kv_.positions[p.j0 + r]);
+      }
+    }
+    const int64_t padded = avx512_bf16::PaddedKeys(nt);
+    u.packed_values.resize(padded * hd_);
+    avx512_bf16::PackValues(u.values.data(), nt, hd_, u.packed_values.data());
+    u.s.resize(nt * nqp);
+    u.p.resize(padded * nqp);
+    u.row_max.resize(nqp);
+    u.corr.resize(nqp);
+    const auto [k_lo, k_hi] = std::minmax_element(u.key_pos.begin(), u.key_pos.end());
+    const bool unmasked = a_.window.SeesAll(*k_lo, *k_hi, min_pos, max_pos);  // every key of the tile to every row
+    for (int h = 0; h < group_; ++h) {
+      avx512_bf16::Scores(u.qt.data() + h * hd_ * nqp, nqp, u.keys.data(), nt, hd_, s_.scale, u.s.data(),
+                          u.row_max.data());
+      if (!unmasked) {
+        avx512_bf16::Mask(static_cast<int>(a_.window.part), a_.window.sinks, a_.window.recent, u.key_pos.data(), nt,
+                          u.q_pos.data(), nqp, u.s.data(), u.row_max.data());
+      }
+      if (last_tile) {  // the last query row's scores
+        float* dst = seg_.last_logits + (kvh * group_ + h) * seg_.stats_n;
+        int64_t j = 0;
+        for (const Chunk& p : pieces_) {
+          for (int64_t r = 0; r < p.nb; ++r, ++j) dst[StatRow(p.j0 + r)] = u.s[j * nqp + nq - 1];
+        }
+      }
+      avx512_bf16::Softmax(u.s.data(), nqp, nt, u.row_max.data(), u.m.data() + h * nqp, u.l.data() + h * nqp,
+                           u.corr.data(), u.p.data());
+      avx512_bf16::AddValues(u.p.data(), nqp, u.packed_values.data(), nt, hd_, u.corr.data(),
+                             u.ot.data() + h * hd_ * nqp);
+    }
+  }
+
+  void EndBf16(int64_t nq, float* out, int64_t out_stride, float* m, float* l) const {
+    const Bf16Unit& u = bf16_unit_;
+    for (int h = 0; h < group_; ++h) {
+      const float* ot = u.ot.data() + h * hd_ * u.nqp;
+      for (int64_t i = 0; i < nq; ++i) {
+        m[h * nq + i] = u.m[h * u.nqp + i];
+        l[h * nq + i] = u.l[h * u.nqp + i];
+        float* o = out + i * out_stride + h * hd_;
+        for (int d = 0; d < hd_; ++d) o[d] = ot[d * u.nqp + i];
+      }
+    }
   }
 
   // One key tile (pieces_, `nt` rows in all) for rows [q0, q0 + nq) of kvh's heads.
@@ -285,15 +358,6 @@ class SegmentAttention {
     if (grouped) {
       for (size_t i = 0; i < kPrefetchPieces; ++i) prefetch(i);
     }
-    // S = scale Q Kᵀ for the tile, every head of the group.
-    const bool bf16 = nq > 1 && bf16_tiles_;
-    if (bf16) {
-      PackTile(kvh, nt);
-      for (int h = 0; h < group_; ++h) {
-        avx512_bf16::Scores(q16_.data() + h * nq * 2 * hd, 2 * hd, nq, keys16_.data(), nt, hd, s_.scale,
-                            scores + h * tile_scores, nt);
-      }
-    }
     // A single query row over a BF16 cache on AVX-512: the whole tile's rows in one call,
     // every head of the group at once.
     const bool runs = grouped && decode_bf16_;
@@ -309,7 +373,7 @@ class SegmentAttention {
                                 kPrefetchPieces);
     }
     int64_t col = 0;
-    for (size_t i = 0; i < pieces_.size() && !bf16 && !runs; ++i) {
+    for (size_t i = 0; i < pieces_.size() && !runs; ++i) {
       const Chunk& p = pieces_[i];
       if (grouped) {
         prefetch(i + kPrefetchPieces);
@@ -329,10 +393,7 @@ class SegmentAttention {
       }
       col += p.nb;
     }
-    // Mask; P = exp(S - m_new) (BF16 tiles: rounded into p16_, [group][nq, padded]); rescale the
-    // rows' sums and outputs.
-    const int64_t padded = avx512_bf16::PaddedKeys(nt);
-    if (bf16 && static_cast<int64_t>(p16_.size()) < group_ * nq * padded) p16_.resize(group_ * nq * padded);
+    // Mask; P = exp(S - m_new); rescale the rows' sums and outputs.
     int32_t k_lo = std::numeric_limits<int32_t>::max(), k_hi = std::numeric_limits<int32_t>::min();
     for (const Chunk& p : pieces_) {
       const auto [lo, hi] = std::minmax_element(kv_.positions + p.j0, kv_.positions + p.j0 + p.nb);
@@ -356,33 +417,24 @@ class SegmentAttention {
         }
         float& mi = m[h * nq + i];
         const float m_new = std::max(mi, RowMax(row, nt));
-        uint16_t* p16 = bf16 ? p16_.data() + (h * nq + i) * padded : nullptr;
         if (m_new == neg_inf) {  // nothing visible yet: P = 0
-          if (bf16) {
-            std::fill(p16, p16 + padded, uint16_t{0});
-          } else {
-            std::fill(row, row + nt, 0.0f);
-          }
+          std::fill(row, row + nt, 0.0f);
           continue;
         }
         const float corr = mi == neg_inf ? 0.0f : std::exp(mi - m_new);
-        const float sum = bf16 ? avx512_bf16::ExpToBf16(row, nt, m_new, p16) : ExpShifted(row, nt, m_new);
+        const float sum = ExpShifted(row, nt, m_new);
         l[h * nq + i] = l[h * nq + i] * corr + sum;
         if (corr != 1.0f) Scale(corr, out_of(h) + i * out_stride, hd);
         mi = m_new;
       }
     }
     // O += P V for the tile.
-    for (int h = 0; h < group_ && bf16; ++h) {
-      avx512_bf16::AddWeightedValues(p16_.data() + h * nq * padded, padded, nq, values16_.data(), nt, hd, out_of(h),
-                                     out_stride);
-    }
     if (runs) {
       avx512_bf16::DecodeValues(scores, tile_scores, group_, value_runs_.data(), std::ssize(value_runs_), kv_.stride,
                                 hd, out_of(0), kPrefetchPieces);
     }
     col = 0;
-    for (size_t i = 0; i < pieces_.size() && !bf16 && !runs; ++i) {
+    for (size_t i = 0; i < pieces_.size() && !runs; ++i) {
       const Chunk& p = pieces_[i];
       if (grouped) {
         prefetch(pieces_.size() + i + kPrefetchPieces);
@@ -461,24 +513,6 @@ class SegmentAttention {
 
   int64_t StatRow(int64_t j) const { return seg_.row_ids != nullptr ? seg_.row_ids[j] : j; }
 
-  // The tile's (pieces_, nt rows) keys and values of KV head kvh, packed for the BF16 kernels.
-  void PackTile(int kvh, int64_t nt) const {
-    const int64_t elems = avx512_bf16::PaddedKeys(nt) * hd_;
-    if (static_cast<int64_t>(keys16_.size()) < elems) {
-      keys16_.resize(elems);
-      values16_.resize(elems);
-    }
-    auto rows = [&](auto row_of) {  // where each row of the tile starts
-      rows_.clear();
-      for (const Chunk& p : pieces_) {
-        for (int64_t r = 0; r < p.nb; ++r) rows_.push_back(static_cast<const uint16_t*>(row_of(p.j0 + r)));
-      }
-      return rows_.data();
-    };
-    avx512_bf16::PackKeys(rows([&](int64_t j) { return kv_.k(j, kvh * hd_); }), nt, hd_, keys16_.data());
-    avx512_bf16::PackValues(rows([&](int64_t j) { return kv_.v(j, kvh * hd_); }), nt, hd_, values16_.data());
-  }
-
   const AttentionShape& s_;
   const AttentionArgs& a_;
   const SegmentArgs& seg_;
@@ -494,16 +528,23 @@ class SegmentAttention {
   static thread_local std::vector<Chunk> pieces_;  // of the key tile being attended
   // ... and its rows for the decode kernels (decode_bf16_)
   static thread_local std::vector<avx512_bf16::RowRun> key_runs_, value_runs_;
-  // The BF16 tiles' operands: query rows, the key tile's rows and packed keys and values, weights.
-  static thread_local std::vector<uint16_t> q16_, keys16_, values16_, p16_;
-  static thread_local std::vector<const uint16_t*> rows_;
+  // A unit's state on the BF16 tiles (avx512_bf16's layouts): per head of the group its
+  // query rows packed, its output transposed, its rows' m and l (nqp rows each); the key
+  // tile's rows, positions and packed values, its scores, their maxima, the weights and the
+  // rescaling of the outputs.
+  struct Bf16Unit {
+    int64_t nqp = 0;
+    std::vector<uint16_t> qt, packed_values, p;
+    std::vector<float> ot, m, l, s, row_max, corr;
+    std::vector<int32_t> q_pos, key_pos;
+    std::vector<const uint16_t*> keys, values;
+  };
+  static thread_local Bf16Unit bf16_unit_;
 };
 
 thread_local std::vector<Chunk> SegmentAttention::pieces_;
 thread_local std::vector<avx512_bf16::RowRun> SegmentAttention::key_runs_, SegmentAttention::value_runs_;
-thread_local std::vector<uint16_t> SegmentAttention::q16_, SegmentAttention::keys16_, SegmentAttention::values16_,
-    SegmentAttention::p16_;
-thread_local std::vector<const uint16_t*> SegmentAttention::rows_;
+thread_local SegmentAttention::Bf16Unit SegmentAttention::bf16_unit_;
 
 }  // namespace
 

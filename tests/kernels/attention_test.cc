@@ -54,15 +54,23 @@ const void* KvAt(const std::vector<uint8_t>& bytes, DType dtype, int64_t first) 
 // the vector loops and their tails.
 int TestHeadDim(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 24; }
 
-// What the attention tests allow against the direct computation: F32 arithmetic agrees to
-// 1e-5; a BF16 cache at several query rows multiplies on BF16 dot products on a CPU with
-// them (kernels/cpu/attention_avx512.h), its softmax weights rounded to BF16 (8 significant
-// bits: a relative error of 2^-9 each; these tests measure up to 1.7e-3).
-double AttentionTolerance(DType dtype, int hd, int64_t nq) {
-  const bool bf16_tiles =
-      ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && dtype == DType::kBF16 && hd % avx512_bf16::kHeadAlign == 0 && nq > 1;
-  return bf16_tiles ? 5e-3 : 1e-5;
+// Whether nq query rows over a cache of `dtype` multiply on BF16 dot products: a BF16 cache
+// at several query rows on a CPU with them (kernels/cpu/attention_avx512.h).
+bool Bf16Tiles(DType dtype, int hd, int64_t nq) {
+  return ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && dtype == DType::kBF16 && hd % avx512_bf16::kHeadAlign == 0 && nq > 1;
 }
+
+// The queries rounded to what the kernel multiplies (BF16 on the BF16 tiles), as AsKv
+// rounds the cache, so that the reference sees the values the kernel reads.
+void AsQueries(DType dtype, int hd, int64_t nq, std::vector<float>* q) {
+  if (!Bf16Tiles(dtype, hd, nq)) return;
+  for (float& x : *q) x = Bf16ToFp32(Fp32ToBf16(x));
+}
+
+// What the attention tests allow against the direct computation: F32 arithmetic agrees to
+// 1e-5; the BF16 tiles round their softmax weights to BF16 (8 significant bits: a relative
+// error of 2^-9 each; these tests measure up to 1.7e-3).
+double AttentionTolerance(DType dtype, int hd, int64_t nq) { return Bf16Tiles(dtype, hd, nq) ? 5e-3 : 1e-5; }
 
 // Attention computed directly in doubles: query row i's heads of KV head kvh see key j
 // when visible(i, kvh, j);
@@ -112,6 +120,7 @@ void CheckAttentionAgainstNaive() {
         const int64_t nkv = 50;
         auto q = Randn(nq * kQd, 1), k = Randn(nkv * kKvd, 2), v = Randn(nkv * kKvd, 3);
         const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
+        AsQueries(dtype, kHd, nq, &q);
         std::vector<int32_t> kv_pos(nkv), q_pos(nq);
         for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>((j * 7) % nkv);  // a permutation
         for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
@@ -182,6 +191,7 @@ TEST(Attention, ReadsExactlyTheSelection) {
             const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.2f};
             auto q = Randn(nq * kQd, 11), k = Randn(nkv * kKvd, 12), v = Randn(nkv * kKvd, 13);
             const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
+            AsQueries(dtype, kHd, nq, &q);
             std::vector<int32_t> kv_pos(nkv), q_pos(nq);
             for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(ascending ? j : (j * 7) % nkv);
             for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
@@ -313,6 +323,7 @@ void CheckWindowParts(ThreadPool& pool, DType dtype, int64_t nq, int64_t nkv, in
   const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " nkv=", nkv, " recent=", recent);
   auto q = Randn(nq * kQd, 21), k = Randn(nkv * kKvd, 22), v = Randn(nkv * kKvd, 23);
   const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
+  AsQueries(dtype, kHd, nq, &q);
   std::vector<int32_t> kv_pos(nkv), q_pos(nq);
   std::iota(kv_pos.begin(), kv_pos.end(), 0);
   for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
@@ -505,6 +516,7 @@ TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
               const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = hd, .scale = 0.125f};
               auto q = Randn(nq * qd, 21), k = Randn(nkv * kvd, 22), v = Randn(nkv * kvd, 23);
               const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
+              AsQueries(dtype, hd, nq, &q);
               std::vector<int32_t> kv_pos(nkv), q_pos(nq);
               for (int64_t j = 0, p = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(p += 1 + (j * 13) % 3);
               for (int64_t i = 0; i < nq; ++i) q_pos[i] = kv_pos[nkv - nq + i];  // the last rows are the queries

@@ -11,6 +11,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention_avx512.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/shared_math.h"
 #include "tests/kernels/random.h"
 
 namespace ps {
@@ -18,12 +19,13 @@ namespace {
 
 using testing::Randn;
 
-// The BF16 tile kernels of prefill attention against sums in doubles of the same BF16
-// values (queries: their two BF16 parts): rows packed from anywhere in memory, ragged key
-// counts (the packed tiles' zero padding) and query rows (every pass size), head sizes of
-// one and several 64-column passes and a 32-column one. Scores past the nt-th key are not
-// written; the softmax weights' exp and rounding.
-TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
+// The BF16 tile kernels of prefill attention (key-major: scores and outputs transposed)
+// against sums in doubles of the same BF16 values (queries rounded to BF16): key rows
+// read from anywhere in memory, ragged key counts (the weights' and packed values' zero
+// padding) and query rows (every vector count, padded rows), head sizes of one and several
+// value passes; each window part's mask against WindowSees; the softmax step from rows that
+// saw nothing, rows whose maximum grows and rows whose maximum stays.
+TEST(AttentionTiles, Bf16TilesEqualSumsOfTheRoundedValues) {
   const std::vector<CpuIsa> levels = SupportedCpuIsas();
   if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
     GTEST_SKIP() << "this CPU has no AVX-512 BF16 dot products";
@@ -34,20 +36,19 @@ TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
     for (size_t i = 0; i < x.size(); ++i) h[i] = Fp32ToBf16(x[i]);
     return h;
   };
+  const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int hd : {32, 64, 96, 128})
-    for (int64_t nt : {1, 31, 33, 256})
-      for (int64_t nq : {1, 7, 9, 64}) {
+    for (int64_t nt : {1, 2, 31, 33, 256})
+      for (int64_t nq : {1, 7, 16, 17, 40, 64}) {
         const std::string what = absl::StrCat("hd=", hd, " keys=", nt, " rows=", nq);
-        const int64_t padded = avx512_bf16::PaddedKeys(nt), q_stride = 2 * hd + 8, s_stride = nt + 3;
-        const std::vector<float> qf = Randn(nq * hd, 31);
-        std::vector<uint16_t> q(nq * q_stride);
-        for (int64_t i = 0; i < nq; ++i) {
-          avx512_bf16::SplitQuery(qf.data() + i * hd, hd, q.data() + i * q_stride);
-          for (int e = 0; e < hd; ++e) {  // the two parts hold the query to 16 bits
-            const float x = qf[i * hd + e];
-            ASSERT_EQ(q[i * q_stride + e], Fp32ToBf16(x));
-            ASSERT_NEAR(Bf16ToFp32(q[i * q_stride + e]) + Bf16ToFp32(q[i * q_stride + hd + e]), x,
-                        std::fabs(x) * 0x1p-16);
+        const int64_t nqp = avx512_bf16::PaddedRows(nq), padded = avx512_bf16::PaddedKeys(nt), q_stride = hd + 8;
+        const std::vector<float> qf = Randn(nq * q_stride, 31);
+        std::vector<uint16_t> qt(hd * nqp, 0xFFFF);
+        avx512_bf16::PackQueries(qf.data(), q_stride, nq, hd, qt.data());
+        auto query = [&](int64_t i, int e) { return qt[2 * ((e / 2) * nqp + i) + e % 2]; };  // row i's value e
+        for (int64_t i = 0; i < nqp; ++i) {
+          for (int e = 0; e < hd; ++e) {
+            ASSERT_EQ(query(i, e), i < nq ? Fp32ToBf16(qf[i * q_stride + e]) : 0) << what << " row " << i << "," << e;
           }
         }
         std::vector<std::vector<uint16_t>> k_rows, v_rows;  // each row an allocation of its own
@@ -60,51 +61,81 @@ TEST(AttentionTiles, Bf16ProductsEqualSumsOfTheRoundedValues) {
           kp.push_back(k_rows[j].data());
           vp.push_back(v_rows[j].data());
         }
-        std::vector<uint16_t> keys(padded * hd), values(padded * hd);
-        avx512_bf16::PackKeys(kp.data(), nt, hd, keys.data());
-        avx512_bf16::PackValues(vp.data(), nt, hd, values.data());
-        constexpr float kUnwritten = 12345.0f;
-        std::vector<float> s(nq * s_stride, kUnwritten);
-        avx512_bf16::Scores(q.data(), q_stride, nq, keys.data(), nt, hd, 0.3f, s.data(), s_stride);
-        std::vector<uint16_t> p = bf16(Randn(nq * padded, 32));
-        for (int64_t i = 0; i < nq; ++i) std::fill(p.begin() + i * padded + nt, p.begin() + (i + 1) * padded, 0);
-        if (hd == 32 && nq == 1) {  // the softmax weights of a row, once per key count
-          std::vector<float> row = Randn(nt, 34);
-          row[0] = -std::numeric_limits<float>::infinity();  // masked
-          if (nt > 2) row[2] = -100.0f;                      // underflows to 0
-          std::vector<uint16_t> w(padded, 0xFFFF);
-          const float sum = avx512_bf16::ExpToBf16(row.data(), nt, 0.5f, w.data());
-          double want_sum = 0;
-          for (int64_t j = 0; j < padded; ++j) {
-            const double e = j < nt ? std::exp(double{row[j]} - 0.5) : 0.0;
-            ASSERT_NEAR(Bf16ToFp32(w[j]), e, e * 4e-3 + 1e-30) << what << " weight " << j;
-            want_sum += e;
-          }
-          EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum) << what;
-        }
-        const std::vector<float> o0 = Randn(nq * (hd + 5), 33);
-        std::vector<float> o = o0;
-        avx512_bf16::AddWeightedValues(p.data(), padded, nq, values.data(), nt, hd, o.data(), hd + 5);
-        for (int64_t i = 0; i < nq; ++i) {
-          for (int64_t j = 0; j < s_stride; ++j) {
-            if (j >= nt) {
-              ASSERT_EQ(s[i * s_stride + j], kUnwritten) << what << " row " << i << " column " << j;
-              continue;
-            }
+        std::vector<float> s(nt * nqp), row_max(nqp);
+        avx512_bf16::Scores(qt.data(), nqp, kp.data(), nt, hd, 0.3f, s.data(), row_max.data());
+        for (int64_t i = 0; i < nqp; ++i) {
+          double most = -1e300;
+          for (int64_t j = 0; j < nt; ++j) {
             double want = 0;
-            for (int e = 0; e < hd; ++e) {
-              const double qe = double{Bf16ToFp32(q[i * q_stride + e])} + Bf16ToFp32(q[i * q_stride + hd + e]);
-              want += qe * Bf16ToFp32(k_rows[j][e]);
-            }
+            for (int e = 0; e < hd; ++e) want += double{Bf16ToFp32(query(i, e))} * Bf16ToFp32(k_rows[j][e]);
             want *= 0.3;
-            ASSERT_NEAR(s[i * s_stride + j], want, 1e-5 * (1 + std::fabs(want))) << what << " score " << i << "," << j;
+            most = std::max(most, double{s[j * nqp + i]});
+            ASSERT_NEAR(s[j * nqp + i], want, 1e-5 * (1 + std::fabs(want))) << what << " score " << i << "," << j;
           }
-          for (int e = 0; e < hd + 5; ++e) {
-            double want = o0[i * (hd + 5) + e];
-            for (int64_t j = 0; e < hd && j < nt; ++j) {
-              want += double{Bf16ToFp32(p[i * padded + j])} * Bf16ToFp32(v_rows[j][e]);
+          ASSERT_EQ(row_max[i], most) << what << " row " << i;
+        }
+        // Positions: keys 10, 13, 16, ...; rows from 5 on, 2 apart (some see no key).
+        std::vector<int32_t> key_pos(nt), q_pos(nqp);
+        for (int64_t j = 0; j < nt; ++j) key_pos[j] = static_cast<int32_t>(10 + 3 * j);
+        for (int64_t i = 0; i < nqp; ++i) q_pos[i] = static_cast<int32_t>(5 + 2 * i + (i % 3 == 0 ? nt : 0));
+        for (int window_part : {0, 1, 2}) {
+          std::vector<float> masked = s, masked_max(nqp);
+          avx512_bf16::Mask(window_part, 14, 20, key_pos.data(), nt, q_pos.data(), nqp, masked.data(),
+                            masked_max.data());
+          for (int64_t i = 0; i < nqp; ++i) {
+            float most = neg_inf;
+            for (int64_t j = 0; j < nt; ++j) {
+              const bool sees = WindowSees(window_part, 14, 20, key_pos[j], q_pos[i]);
+              ASSERT_EQ(masked[j * nqp + i], sees ? s[j * nqp + i] : neg_inf)
+                  << what << " part " << window_part << " " << i << "," << j;
+              most = std::max(most, masked[j * nqp + i]);
             }
-            ASSERT_NEAR(o[i * (hd + 5) + e], want, 1e-5 * (1 + std::fabs(want))) << what << " output " << i << "," << e;
+            ASSERT_EQ(masked_max[i], most) << what << " part " << window_part << " row " << i;
+          }
+          if (window_part != 0) continue;
+          // The softmax step over the causal mask. Rows start with no key seen (m = -inf),
+          // a maximum above the tile's or one below it.
+          std::vector<float> m(nqp), l(nqp), corr(nqp, 12345.0f);
+          for (int64_t i = 0; i < nqp; ++i) {
+            m[i] = i % 3 == 1 ? neg_inf : masked_max[i] + (i % 3 == 0 ? 0.7f : -0.9f);
+            l[i] = m[i] == neg_inf ? 0.0f : 1.5f + static_cast<float>(i);
+          }
+          const std::vector<float> m0 = m, l0 = l;
+          std::vector<uint16_t> w(padded * nqp, 0xFFFF);
+          avx512_bf16::Softmax(masked.data(), nqp, nt, masked_max.data(), m.data(), l.data(), corr.data(), w.data());
+          for (int64_t i = 0; i < nqp; ++i) {
+            const float m_new = std::max(m0[i], masked_max[i]);
+            ASSERT_EQ(m[i], m_new) << what << " row " << i;
+            double sum = 0;
+            for (int64_t j = 0; j < padded; ++j) {
+              const double e = j < nt && m_new != neg_inf ? std::exp(double{masked[j * nqp + i]} - m_new) : 0.0;
+              const float got = Bf16ToFp32(w[2 * ((j / 2) * nqp + i) + j % 2]);
+              ASSERT_NEAR(got, e, e * 4e-3 + 1e-30) << what << " weight " << i << "," << j;
+              sum += e;
+            }
+            const double c = m0[i] == neg_inf ? 0.0 : std::exp(double{m0[i]} - m_new);
+            ASSERT_NEAR(corr[i], c, 1e-6 * c) << what << " row " << i;
+            ASSERT_NEAR(l[i], l0[i] * c + sum, 1e-6 * (l0[i] * c + sum)) << what << " row " << i;
+          }
+        }
+        std::vector<uint16_t> values(padded * hd);
+        avx512_bf16::PackValues(vp.data(), nt, hd, values.data());
+        std::vector<uint16_t> p = bf16(Randn(padded * nqp, 32));  // weights, keys paired
+        for (int64_t j = nt; j < padded; ++j) {
+          for (int64_t i = 0; i < nqp; ++i) p[2 * ((j / 2) * nqp + i) + j % 2] = 0;
+        }
+        const std::vector<float> corr = Randn(nqp, 35), ot0 = Randn(hd * nqp, 33);
+        std::vector<float> ot = ot0;
+        avx512_bf16::AddValues(p.data(), nqp, values.data(), nt, hd, corr.data(), ot.data());
+        for (int64_t i = 0; i < nqp; ++i) {
+          for (int e = 0; e < hd; ++e) {
+            double want = double{ot0[e * nqp + i]} * corr[i], norm = std::fabs(want);
+            for (int64_t j = 0; j < nt; ++j) {
+              const double t = double{Bf16ToFp32(p[2 * ((j / 2) * nqp + i) + j % 2])} * Bf16ToFp32(v_rows[j][e]);
+              want += t;
+              norm += std::fabs(t);
+            }
+            ASSERT_NEAR(ot[e * nqp + i], want, 1e-6 * (1 + norm)) << what << " output " << i << "," << e;
           }
         }
       }
