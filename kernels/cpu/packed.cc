@@ -353,9 +353,12 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
   const bool simd = ActiveCpuIsa() >= CpuIsa::kAvx2, vnni = ActiveCpuIsa() >= CpuIsa::kAvx512Bf16;
   // With VNNI, products of more than one tile of rows take two groups a call (the
   // weights of a call then come from L2 from the second tile on; streamed from memory,
-  // one group a call reads faster). Every count below is a multiple of the groups a call
-  // takes, so that a call's groups are one matrix's and next to each other.
-  const int64_t span = vnni && m > kTileRows ? 2 : 1;
+  // one group a call reads faster), decoded ones two pairs. Every count below is a
+  // multiple of the groups a call takes, so that a call's groups are one matrix's and next
+  // to each other (and a decoded chunk holds no lone pair: Q6_K's chunks of 6 groups gave
+  // every third call one pair, at half the rate).
+  const bool decode = vnni && m >= kDecodeRows;
+  const int64_t span = decode ? 4 : vnni && m > kTileRows ? 2 : 1;
   auto whole_spans = [span](int64_t n) { return std::max<int64_t>(span, (n + span - 1) / span * span); };
   // The products' groups in one index space: matrix p's group g is first[p] + g (past
   // its last group, up to the next multiple of `span`, none).
@@ -370,7 +373,6 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
   const int64_t groups = first.back();
   grain = whole_spans(std::min(grain, groups / (4 * pool.num_threads())));
   ActBlock* xq = Grow(act_scratch, static_cast<size_t>(m * blocks));
-  const bool decode = vnni && m >= kDecodeRows;
   pool.ParallelFor(m, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) QuantizeActivations(x + r * k, k, xq + r * blocks);
   });
