@@ -32,6 +32,7 @@
 #include "engine/pruning/calibration.h"
 #include "engine/pruning/registry.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/attention.h"
 #include "memory/kv_geometry.h"
 
 namespace {
@@ -436,7 +437,8 @@ int main(int argc, char** argv) {
   }
   // Prefill arithmetic as a share of the ceilings: the matrices' products run on the
   // int8 peak when the weights are packed, on the BF16 one for BF16 weights on a CPU with
-  // BF16 dot products, on the FP32 one otherwise; attention on FP32.
+  // BF16 dot products, on the FP32 one otherwise; attention on the BF16 one where its
+  // tiles take BF16 dot products, on FP32 otherwise.
   auto prefill_share = [&](int64_t n, double seconds) {
     const double mm = n * MatmulFlopsPerToken(c), att = AttentionFlops(c, n);
     if (gpu) {
@@ -447,7 +449,9 @@ int main(int argc, char** argv) {
       const bool bf16_mm = !int8_mm && (*model)->layers[0].wq.type == DType::kBF16 && ceiling.bf16_flops > 0;
       const double mm_peak = int8_mm ? ceiling.int8_ops : bf16_mm ? ceiling.bf16_flops : ceiling.fp32_flops;
       // Time the peak rates would take; achieved share = that / measured.
-      const double ideal = mm / mm_peak + att / ceiling.fp32_flops;
+      const AttentionShape shape{.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim};
+      const bool bf16_att = PrefillAttentionOnBf16(shape, kv_choice.dtype) && ceiling.bf16_flops > 0;
+      const double ideal = mm / mm_peak + att / (bf16_att ? ceiling.bf16_flops : ceiling.fp32_flops);
       std::printf("ours prefill_%lld %.1f GFLOP/s (%.0f%% attention): %.0f%% of the machine's peak (%s products)\n",
                   static_cast<long long>(n), (mm + att) / seconds / 1e9, 100 * att / (mm + att), 100 * ideal / seconds,
                   int8_mm   ? "int8"

@@ -7,14 +7,15 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cpu/attention_avx512.h"
 #include "kernels/cpu/attention_segment.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/vec.h"
 
 namespace ps {
 namespace {
 
 using attention_internal::AttendSegment;
-using attention_internal::Bf16Tiles;
 using attention_internal::Chunk;
 using attention_internal::KvToF32;
 using attention_internal::SegmentArgs;
@@ -68,6 +69,11 @@ void Gather(const KvRows& kv, std::span<const Chunk> chunks, int64_t width, Thre
 
 }  // namespace
 
+bool PrefillAttentionOnBf16(const AttentionShape& shape, DType kv_dtype) {
+  return ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && kv_dtype == DType::kBF16 &&
+         shape.head_dim % avx512_bf16::kHeadAlign == 0;
+}
+
 void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a, ThreadPool& pool) {
   PS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0) << "bad head counts";
   // A view may start inside wider rows (one KV head of a cache: its blocks offset to the head).
@@ -114,7 +120,7 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       PS_CHECK(sel.kv_head >= -1 && sel.kv_head < s.n_kv_heads) << "selection names KV head " << sel.kv_head;
     }
     SplitAtBlocks(kv, ranges, &chunks);
-    if (seg.q_end - seg.q_begin >= 2 && !Bf16Tiles(s, kv.dtype)) {
+    if (seg.q_end - seg.q_begin >= 2 && !PrefillAttentionOnBf16(s, kv.dtype)) {
       // The keys some query row of the segment sees (the window's too: keys dropped
       // from a page are not there to copy).
       const auto [min_pos, max_pos] = std::minmax_element(a.q_pos + seg.q_begin, a.q_pos + seg.q_end);

@@ -2,8 +2,8 @@
 // key/value rows (paged blocks, F32/F16/BF16), masked by position (key position <=
 // query position): tiled, with an online softmax, so no [queries, keys] matrix is
 // built. A query segment of several rows runs tiles of 64 queries x 256 keys: on a CPU
-// with AVX-512 BF16 and a BF16 cache, on BF16 dot products, each tile's keys and values
-// read in place from their pages and packed once for every head of their GQA group
+// with AVX-512 BF16 and a BF16 cache, on BF16 dot products, each tile's keys read in place
+// from their pages and its values packed once for every head of their GQA group
 // (kernels/cpu/attention_avx512.h); otherwise the segment first gathers its selected rows
 // into one contiguous F32 buffer (O(keys x kv_dim); 16-row pages are too short to be
 // sgemm operands) and each tile runs two sgemm calls per head. A single query row
@@ -17,5 +17,9 @@
 namespace ps {
 
 void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& args, ThreadPool& pool);
+
+// Whether Attention's tiles of several query rows over a cache of `kv_dtype` multiply on
+// BF16 dot products at the active CPU level (else on F32).
+bool PrefillAttentionOnBf16(const AttentionShape& shape, DType kv_dtype);
 
 }  // namespace ps

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/attention_avx512.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -139,10 +140,6 @@ float RowMax(const float* x, int64_t n) { return avx2::Available() ? avx2::MaxOf
 
 }  // namespace
 
-bool Bf16Tiles(const AttentionShape& s, DType kv_dtype) {
-  return ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && kv_dtype == DType::kBF16 && s.head_dim % avx512_bf16::kHeadAlign == 0;
-}
-
 namespace {
 
 // Tiled attention with an online softmax (FlashAttention's recurrence, on the CPU).
@@ -163,7 +160,7 @@ class SegmentAttention {
         kvh0_(seg.kv_head >= 0 ? seg.kv_head : 0),
         n_kvh_(seg.kv_head >= 0 ? 1 : s.n_kv_heads),
         group_simd_(avx2::Available() && s.head_dim % 8 == 0),
-        bf16_tiles_(Bf16Tiles(s, kv_.dtype)),
+        bf16_tiles_(PrefillAttentionOnBf16(s, kv_.dtype)),
         decode_bf16_(bf16_tiles_ && group_ <= avx512_bf16::kMaxDecodeHeads),
         elem_(kv_.dtype == DType::kF32    ? avx2::KvElem::kF32
               : kv_.dtype == DType::kF16  ? avx2::KvElem::kF16
@@ -222,19 +219,23 @@ class SegmentAttention {
     const bool last_tile = seg_.q_end == a_.n_q && seg_.last_logits != nullptr && q0 + nq == a_.n_q;
     const auto q_range = std::minmax_element(a_.q_pos + q0, a_.q_pos + q0 + nq);
     const int32_t min_pos = *q_range.first, max_pos = *q_range.second;
-    std::fill(m, m + group_ * nq, neg_inf);
-    std::fill(l, l + group_ * nq, 0.0f);
-    for (int h = 0; h < group_; ++h) {
-      for (int64_t i = 0; i < nq; ++i) std::memset(out + h * hd_ + i * out_stride, 0, hd_ * sizeof(float));
-    }
     // Key tiles: pieces of chunks (rows contiguous in one block) of at most key_tile
     // rows in all. Several query rows need one piece per tile (an sgemm operand); a
     // single row takes many blocks per tile, so that the softmax runs on long rows.
     const int64_t key_tile = nq == 1 ? kDecodeKeyTile : kKeyTile;
     const int64_t tile_scores = nq * key_tile;
-    float* scores = Scratch(scores_storage, group_ * tile_scores);  // [group][nq, key_tile]
     const bool bf16 = nq > 1 && bf16_tiles_;
-    if (bf16) StartBf16(kvh, q0, nq);
+    float* scores = nullptr;  // [group][nq, key_tile]
+    if (bf16) {
+      StartBf16(kvh, q0, nq);
+    } else {
+      scores = Scratch(scores_storage, group_ * tile_scores);
+      std::fill(m, m + group_ * nq, neg_inf);
+      std::fill(l, l + group_ * nq, 0.0f);
+      for (int h = 0; h < group_; ++h) {
+        for (int64_t i = 0; i < nq; ++i) std::memset(out + h * hd_ + i * out_stride, 0, hd_ * sizeof(float));
+      }
+    }
     pieces_.clear();
     int64_t ordinal = 0, filled = 0;  // ordinal: of the chunk's first key among the visible ones
     auto flush = [&] {
@@ -261,7 +262,7 @@ class SegmentAttention {
     if (bf16) EndBf16(nq, out, out_stride, m, l);
   }
 
-  // Several query rows over a BF16 cache (Bf16Tiles): key-major tiles, whose layouts and
+  // Several query rows over a BF16 cache (PrefillAttentionOnBf16): key-major tiles, whose layouts and
   // steps avx512_bf16 (kernels/cpu/attention_avx512.h) defines. StartBf16 packs the unit's
   // query rows and clears its state; AttendTileBf16 attends one key tile (pieces_, nt rows);
   // EndBf16 leaves the unnormalised output in out and m, l as Attend's.

@@ -28,12 +28,10 @@ int64_t VisibleChunks(const KvRows& kv, std::span<const Chunk> chunks, int32_t m
                       const PositionWindow& window, std::vector<Chunk>* out);
 // n elements of a KV row of type t (F32, F16, BF16 or Q8_0) as F32.
 void KvToF32(DType t, const void* src, float* dst, int64_t n);
-// Several query rows over a BF16 cache multiply on BF16 dot products where the CPU has
-// them (kernels/cpu/attention_avx512.h), reading the paged rows in place.
-bool Bf16Tiles(const AttentionShape& s, DType kv_dtype);
 
 // One query segment over the chunks of `kv`. For several query rows `kv` must be
-// F32 (the gathered copy) so that each tile is one sgemm operand, unless Bf16Tiles. row_ids maps a
+// F32 (the gathered copy) so that each tile is one sgemm operand, unless
+// PrefillAttentionOnBf16 (kernels/cpu/attention.h). row_ids maps a
 // view row to the caller's row for the last-query statistics (null: the same).
 struct SegmentArgs {
   const KvRows* kv = nullptr;
