@@ -13,7 +13,6 @@
 #include "base/fp16.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/attention_avx512.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/quant.h"
@@ -54,10 +53,10 @@ const void* KvAt(const std::vector<uint8_t>& bytes, DType dtype, int64_t first) 
 // the vector loops and their tails.
 int TestHeadDim(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 24; }
 
-// Whether nq query rows over a cache of `dtype` multiply on BF16 dot products: a BF16 cache
-// at several query rows on a CPU with them (kernels/cpu/attention_avx512.h).
+// Whether nq query rows over a cache of `dtype` multiply on BF16 dot products (the BF16
+// tiles: kernels/cpu/attention_avx512.h).
 bool Bf16Tiles(DType dtype, int hd, int64_t nq) {
-  return ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && dtype == DType::kBF16 && hd % avx512_bf16::kHeadAlign == 0 && nq > 1;
+  return nq > 1 && PrefillAttentionOnBf16(AttentionShape{.head_dim = hd}, dtype);
 }
 
 // The queries rounded to what the kernel multiplies (BF16 on the BF16 tiles), as AsKv
