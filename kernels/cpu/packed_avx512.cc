@@ -5,13 +5,14 @@
 // are AVX2's.
 //
 // Also the decoded kernel (packed.h's DecodePair / DecodedDot), for products of many rows.
-// On Zen 5 (full-width 512-bit pipes) vpdpbusd issues twice a cycle, and every other
-// vector instruction takes one of the same slots, a broadcast from memory included: 8
-// vpdpbusd beside 8 broadcasts run at 69% of their rate alone, beside 8 vpand at 62%. The
-// group kernel unpacks 4-6-bit quants (about 3 instructions a step) and broadcasts an
-// activation for every vpdpbusd. Decoded once per chunk of groups, a pair's quants are
-// plain bytes and its scales floats, and with two pairs a call each broadcast serves two
-// vpdpbusd: Q5_0 at 512 rows, 1,100 -> 1,300-1,400 GOP/s on 2 Zen 5 cores.
+// On Zen 5 (full-width 512-bit pipes) vpdpbusd issues twice a cycle; with 12 independent
+// sums, broadcasts and integer logic beside it cost nothing, but the float work per
+// 32-column block (convert, scale, add) shares its pipes (8 vpdpbusd with it: 76% of
+// their rate alone). The group kernel unpacks 4-6-bit quants (about 3 instructions a
+// step) and broadcasts an activation for every vpdpbusd. Decoded once per chunk of
+// groups, a pair's quants are plain bytes and its scales floats, and with two pairs a call
+// each broadcast serves two vpdpbusd: Q5_0 at 512 rows, 1,100 -> 1,180-1,370 GOP/s on 2
+// Zen 5 cores.
 // GCC 12 warns inside its own AVX-512 headers (a known false positive).
 #if defined(__GNUC__) && !defined(__clang__)  // GCC only: clang knows neither the warnings nor the false positives
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -55,7 +56,7 @@ void Decode(const GroupArgs& g, uint8_t* out) {
 // other): the same integer sums (started at the offset term instead of having it taken
 // off at the end) and the same float operations, so the same results. 6 rows and two
 // pairs: 12 sums and 12 accumulators in registers (with 7 rows GCC keeps 6 of the
-// accumulators on the stack: Q4_1 at 512 rows ran at 830-1,090 GOP/s, against 970-1,220
+// accumulators on the stack: Q4_1 at 512 rows ran at 830-1,090 GOP/s, against 980-1,230
 // with 6, on 2 Zen 5 cores).
 template <DType T, int A, int R>
 void DecodedKernel(const uint8_t* pairs, int64_t blocks, const ActBlock* const* x, float* y, int64_t y_stride) {
