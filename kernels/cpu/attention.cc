@@ -74,6 +74,11 @@ bool PrefillAttentionOnBf16(const AttentionShape& shape, DType kv_dtype) {
          shape.head_dim % avx512_bf16::kHeadAlign == 0;
 }
 
+bool DecodeAttentionOnBf16(const AttentionShape& shape, DType kv_dtype) {
+  return PrefillAttentionOnBf16(shape, kv_dtype) && shape.n_heads / shape.n_kv_heads <= avx512_bf16::kMaxDecodeHeads &&
+         shape.head_dim <= avx512_bf16::kMaxDecodeHeadSize;
+}
+
 void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a, ThreadPool& pool) {
   PS_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0) << "bad head counts";
   // A view may start inside wider rows (one KV head of a cache: its blocks offset to the head).

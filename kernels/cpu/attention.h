@@ -21,5 +21,8 @@ void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArg
 // Whether Attention's tiles of several query rows over a cache of `kv_dtype` multiply on
 // BF16 dot products at the active CPU level (else on F32).
 bool PrefillAttentionOnBf16(const AttentionShape& shape, DType kv_dtype);
+// The same for a single query row (decode). On BF16 dot products, queries and softmax
+// weights are rounded to BF16 as the cache is.
+bool DecodeAttentionOnBf16(const AttentionShape& shape, DType kv_dtype);
 
 }  // namespace ps

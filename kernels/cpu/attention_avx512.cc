@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "base/status.h"
 
@@ -256,137 +257,157 @@ void AddValues(const uint16_t* p, int64_t nqp, const uint16_t* values, int64_t n
 
 namespace {
 
-// The decode kernels' widening: 32 BF16 values as F32, even ones and odd ones.
-inline __m512 Evens(__m512i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)); }
-inline __m512 Odds(__m512i x) { return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(-65536))); }
-// Lane i of the evens / odds: element 2i / 2i + 1 of a, b (32 values).
-inline __m512i EvenIndex() { return _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0); }
-inline __m512i OddIndex() { return _mm512_add_epi32(EvenIndex(), _mm512_set1_epi32(1)); }
-// Lane i of the result: element i / 2 of evens (i even) or of odds (i odd), from lane `from`.
-inline __m512i InterleaveIndex(int from) {
+alignas(64) constexpr uint16_t kZeroRow[kMaxDecodeHeadSize] = {};
+
+// The runs' rows in order (at most `limit`), then rows of zeros up to a multiple of `pad`.
+void Flatten(const RowRun* runs, int64_t n_runs, int64_t stride, int64_t pad, int64_t limit,
+             std::vector<const uint16_t*>* rows) {
+  rows->clear();
+  for (int64_t u = 0; u < n_runs && std::ssize(*rows) < limit; ++u) {
+    const int64_t n = std::min(runs[u].n, limit - std::ssize(*rows));
+    for (int64_t r = 0; r < n; ++r) rows->push_back(runs[u].rows + r * stride);
+  }
+  while (rows->size() % pad != 0) rows->push_back(kZeroRow);
+}
+
+// Asks for rows [from, to) of `rows` (n of them), then of `then` (n_then), into L2.
+void Fetch(const uint16_t* const* rows, int64_t n, const uint16_t* const* then, int64_t n_then, int64_t from,
+           int64_t to, int hd) {
+  for (int64_t j = from; j < to; ++j) {
+    const uint16_t* r = j < n ? rows[j] : j - n < n_then ? then[j - n] : nullptr;
+    if (r == nullptr) return;
+    for (int b = 0; b < 2 * hd; b += 64) _mm_prefetch(reinterpret_cast<const char*>(r) + b, _MM_HINT_T1);
+  }
+}
+
+// t[e] lane r = 32-bit word e (values 2e, 2e + 1) of row r's 16 from `at` on (e, r < 16):
+// a 16 x 16 transpose in four rounds of two-vector shuffles.
+inline void Transpose16(const uint16_t* const* rows, int at, __m512i t[16]) {
+  __m512i a[16], b[16];
+  for (int r = 0; r < 16; ++r) a[r] = _mm512_loadu_si512(rows[r] + at);
+  for (int r = 0; r < 16; r += 2) {  // b[r] 128-bit lane L: words 4L, 4L + 1 of rows r, r + 1; b[r + 1]: 4L + 2, 4L + 3
+    b[r] = _mm512_unpacklo_epi32(a[r], a[r + 1]);
+    b[r + 1] = _mm512_unpackhi_epi32(a[r], a[r + 1]);
+  }
+  for (int q = 0; q < 16; q += 4) {  // a[q + c] lane L: word 4L + c of rows q..q + 3
+    a[q] = _mm512_unpacklo_epi64(b[q], b[q + 2]);
+    a[q + 1] = _mm512_unpackhi_epi64(b[q], b[q + 2]);
+    a[q + 2] = _mm512_unpacklo_epi64(b[q + 1], b[q + 3]);
+    a[q + 3] = _mm512_unpackhi_epi64(b[q + 1], b[q + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // b[c]: words c, 8 + c of rows 0-3, then of rows 4-7; b[4 + c]: 4 + c, 12 + c
+    b[c] = _mm512_shuffle_i32x4(a[c], a[4 + c], 0x88);
+    b[4 + c] = _mm512_shuffle_i32x4(a[c], a[4 + c], 0xDD);
+    b[8 + c] = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0x88);
+    b[12 + c] = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0xDD);
+  }
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm512_shuffle_i32x4(b[c], b[8 + c], 0x88);
+    t[8 + c] = _mm512_shuffle_i32x4(b[c], b[8 + c], 0xDD);
+    t[4 + c] = _mm512_shuffle_i32x4(b[4 + c], b[12 + c], 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(b[4 + c], b[12 + c], 0xDD);
+  }
+}
+
+// Scores of 16 rows (the first n real) against G heads' BF16 query pairs qb ([hd / 2][G]:
+// pair e of every head, then e + 1's): the rows transposed 16 words at a time, a key to a
+// lane, each head's pair broadcast; two sums a head (even and odd pairs) halve the chain.
+template <int G>
+void ScoreBatch(const uint32_t* qb, const uint16_t* const* rows, int hd, __m512 scale, float* out, int64_t out_step,
+                int n) {
+  __m512 acc[2][G];
+  for (int g = 0; g < G; ++g) acc[0][g] = acc[1][g] = _mm512_setzero_ps();
+  for (int c = 0; c < hd / 32; ++c) {
+    __m512i t[16];
+    Transpose16(rows, 32 * c, t);
+    const uint32_t* qc = qb + 16 * c * G;
+#pragma GCC unroll 16
+    for (int e = 0; e < 16; ++e) {
+      for (int g = 0; g < G; ++g) {
+        acc[e % 2][g] =
+            _mm512_dpbf16_ps(acc[e % 2][g], Pairs(t[e]), Pairs(_mm512_set1_epi32(static_cast<int>(qc[e * G + g]))));
+      }
+    }
+  }
+  const auto keep = static_cast<__mmask16>((1u << n) - 1);
+  for (int g = 0; g < G; ++g) {
+    _mm512_mask_storeu_ps(out + g * out_step, keep, _mm512_mul_ps(_mm512_add_ps(acc[0][g], acc[1][g]), scale));
+  }
+}
+
+template <int G>
+void ScoresOf(const uint32_t* qb, const uint16_t* const* rows, int64_t n, const uint16_t* const* then, int64_t n_then,
+              int hd, float scale, float* out, int64_t out_step, int64_t ahead) {
+  const __m512 vscale = _mm512_set1_ps(scale);
+  Fetch(rows, n, then, n_then, 0, ahead, hd);
+  for (int64_t j = 0; j < n; j += 16) {
+    Fetch(rows, n, then, n_then, j + ahead, j + ahead + 16, hd);
+    ScoreBatch<G>(qb, rows + j, hd, vscale, out + j, out_step, static_cast<int>(std::min<int64_t>(16, n - j)));
+  }
+}
+
+// Lane i of a value pass's first result: output column i of the even-keyed (unpacklo)
+// sums a and the odd-keyed (unpackhi) ones b, which hold columns 8L + [0, 4) and 8L + [4, 8)
+// in their 128-bit lanes L; from column `from` on.
+inline __m512i ColumnIndex(int from) {
   alignas(64) int32_t idx[16];
-  for (int i = 0; i < 16; ++i) idx[i] = (i % 2 == 0 ? 0 : 16) + from + i / 2;
+  for (int i = 0; i < 16; ++i) {
+    const int d = from + i, lane = 4 * (d / 8) + d % 4;
+    idx[i] = d % 8 < 4 ? lane : 16 + lane;
+  }
   return _mm512_load_si512(idx);
 }
 
-void FetchRun(const RowRun& r, int64_t stride, int hd) {
-  const auto* p = reinterpret_cast<const char*>(r.rows);
-  const int64_t bytes = 2 * ((r.n - 1) * stride + hd);
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
-}
+// Keys a call of the value kernels takes at most: their weights' rows are this many
+// pairs apart, so that every head's weight is at a fixed offset from the pair's first.
+constexpr int64_t kValuePairs = 1024;
 
-// The sums of each of 4 vectors' lanes, in lanes 0..3.
-inline __m128 Sums4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512d abd = _mm512_castps_pd(ab), cdd = _mm512_castps_pd(cd);
-  const __m512 u =
-      _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(abd, cdd)), _mm512_castpd_ps(_mm512_unpackhi_pd(abd, cdd)));
-  const __m512 v = _mm512_add_ps(u, _mm512_shuffle_f32x4(u, u, 0x4E));
-  const __m512 w = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));
-  return _mm512_castps512_ps128(w);
-}
-
-// R rows (k: the first; R <= 4) against G heads' arranged queries qa ([G][hd / 32][evens,
-// odds]): out[g * out_step + i] for i < R.
-template <int G, int R>
-inline void ScoreRows(const float* qa, const uint16_t* k, int64_t stride, int hd, float scale, float* out,
-                      int64_t out_step) {
-  __m512 acc[G][R];
+// Columns [32 c0, 32 (c0 + C)) of G heads' outputs += P · the rows, keys paired: a pair's
+// two rows interleaved (a column's two values to a lane) against its two weights broadcast
+// (pb[g * kValuePairs + u]: head g's weights of keys 2u, 2u + 1).
+template <int G, int C>
+void ValueColumns(const uint32_t* pb, int64_t pairs, const uint16_t* const* rows, int hd, int c0, float* out,
+                  int64_t ahead) {
+  __m512 lo[G][C], hi[G][C];
   for (int g = 0; g < G; ++g) {
-    for (int i = 0; i < R; ++i) acc[g][i] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) lo[g][c] = hi[g][c] = _mm512_setzero_ps();
   }
-  const int chunks = hd / 32;
-  for (int c = 0; c < chunks; ++c) {
-    __m512 ke[R], ko[R];
-    for (int i = 0; i < R; ++i) {
-      const __m512i x = _mm512_loadu_si512(k + i * stride + 32 * c);
-      ke[i] = Evens(x);
-      ko[i] = Odds(x);
+  for (int64_t u = 0; u < pairs; ++u) {
+    if (ahead > 0) Fetch(rows, 2 * pairs, nullptr, 0, 2 * u + ahead, 2 * u + ahead + 2, hd);
+    const uint16_t* r0 = rows[2 * u] + 32 * c0;
+    const uint16_t* r1 = rows[2 * u + 1] + 32 * c0;
+    __m512bh vl[C], vh[C];
+    for (int c = 0; c < C; ++c) {
+      const __m512i a = _mm512_loadu_si512(r0 + 32 * c), b = _mm512_loadu_si512(r1 + 32 * c);
+      vl[c] = Pairs(_mm512_unpacklo_epi16(a, b));
+      vh[c] = Pairs(_mm512_unpackhi_epi16(a, b));
     }
     for (int g = 0; g < G; ++g) {
-      const __m512 qe = _mm512_loadu_ps(qa + (g * chunks + c) * 32),
-                   qo = _mm512_loadu_ps(qa + (g * chunks + c) * 32 + 16);
-      for (int i = 0; i < R; ++i) acc[g][i] = _mm512_fmadd_ps(qo, ko[i], _mm512_fmadd_ps(qe, ke[i], acc[g][i]));
-    }
-  }
-  for (int g = 0; g < G; ++g) {
-    __m512 v[4];  // the R rows' sums, zeros after
-    for (int i = 0; i < 4; ++i) v[i] = i < R ? acc[g][i < R ? i : 0] : _mm512_setzero_ps();
-    const __m128 s = _mm_mul_ps(Sums4(v[0], v[1], v[2], v[3]), _mm_set1_ps(scale));
-    _mm_mask_storeu_ps(out + g * out_step, static_cast<__mmask8>((1 << R) - 1), s);
-  }
-}
-
-template <int G>
-void ScoresOf(const float* qa, const RowRun* runs, int64_t n_runs, const RowRun* then, int64_t n_then, int64_t stride,
-              int hd, float scale, float* out, int64_t out_step, int64_t ahead) {
-  constexpr int R = G <= 4 ? 4 : G <= 7 ? 3 : 2;  // rows a pass: G R sums, 2 R row vectors and 2 query ones
-  int64_t j = 0;
-  for (int64_t u = 0; u < n_runs; ++u) {
-    const int64_t f = u + ahead;
-    if (f < n_runs) {
-      FetchRun(runs[f], stride, hd);
-    } else if (f - n_runs < n_then) {
-      FetchRun(then[f - n_runs], stride, hd);
-    }
-    const RowRun& run = runs[u];
-    int64_t r = 0;
-    for (; r + R <= run.n; r += R, j += R) {
-      ScoreRows<G, R>(qa, run.rows + r * stride, stride, hd, scale, out + j, out_step);
-    }
-    for (; r < run.n; ++r, ++j) ScoreRows<G, 1>(qa, run.rows + r * stride, stride, hd, scale, out + j, out_step);
-  }
-}
-
-// Columns [32 c0, 32 (c0 + C)) of G heads' outputs += p · the runs' rows.
-template <int G, int C>
-void ValueColumns(const float* p, int64_t p_step, const RowRun* runs, int64_t n_runs, int64_t stride, int hd, int c0,
-                  float* out, int64_t ahead) {
-  __m512 even[G][C], odd[G][C];
-  for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < C; ++c) even[g][c] = odd[g][c] = _mm512_setzero_ps();
-  }
-  int64_t j = 0;
-  for (int64_t u = 0; u < n_runs; ++u) {
-    if (c0 == 0 && u + ahead < n_runs) FetchRun(runs[u + ahead], stride, hd);
-    const RowRun& run = runs[u];
-    for (int64_t r = 0; r < run.n; ++r, ++j) {
-      const uint16_t* v = run.rows + r * stride + 32 * c0;
-      __m512 ve[C], vo[C];
+      const __m512bh w = Pairs(_mm512_set1_epi32(static_cast<int>(pb[g * kValuePairs + u])));
       for (int c = 0; c < C; ++c) {
-        const __m512i x = _mm512_loadu_si512(v + 32 * c);
-        ve[c] = Evens(x);
-        vo[c] = Odds(x);
-      }
-      for (int g = 0; g < G; ++g) {
-        const __m512 w = _mm512_set1_ps(p[g * p_step + j]);
-        for (int c = 0; c < C; ++c) {
-          even[g][c] = _mm512_fmadd_ps(w, ve[c], even[g][c]);
-          odd[g][c] = _mm512_fmadd_ps(w, vo[c], odd[g][c]);
-        }
+        lo[g][c] = _mm512_dpbf16_ps(lo[g][c], vl[c], w);
+        hi[g][c] = _mm512_dpbf16_ps(hi[g][c], vh[c], w);
       }
     }
   }
-  const __m512i lo = InterleaveIndex(0), hi = InterleaveIndex(8);
+  const __m512i first = ColumnIndex(0), second = ColumnIndex(16);
   for (int g = 0; g < G; ++g) {
     for (int c = 0; c < C; ++c) {
       float* o = out + g * hd + 32 * (c0 + c);
-      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_permutex2var_ps(even[g][c], lo, odd[g][c])));
+      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_permutex2var_ps(lo[g][c], first, hi[g][c])));
       _mm512_storeu_ps(o + 16,
-                       _mm512_add_ps(_mm512_loadu_ps(o + 16), _mm512_permutex2var_ps(even[g][c], hi, odd[g][c])));
+                       _mm512_add_ps(_mm512_loadu_ps(o + 16), _mm512_permutex2var_ps(lo[g][c], second, hi[g][c])));
     }
   }
 }
 
 template <int G>
-void ValuesOf(const float* p, int64_t p_step, const RowRun* runs, int64_t n_runs, int64_t stride, int hd, float* out,
-              int64_t ahead) {
-  constexpr int C = G <= 2 ? 4 : G <= 4 ? 3 : G <= 6 ? 2 : 1;  // 2 G C sums and 2 C row vectors in registers
+void ValuesOf(const uint32_t* pb, int64_t pairs, const uint16_t* const* rows, int hd, float* out, int64_t ahead) {
+  constexpr int C = G <= 2 ? 4 : G <= 6 ? 2 : 1;  // 2 G C sums and 2 C row vectors in registers
   const int chunks = hd / 32;
   int c0 = 0;
-  for (; c0 + C <= chunks; c0 += C) ValueColumns<G, C>(p, p_step, runs, n_runs, stride, hd, c0, out, ahead);
-  for (; c0 < chunks; ++c0) ValueColumns<G, 1>(p, p_step, runs, n_runs, stride, hd, c0, out, ahead);
+  for (; c0 + C <= chunks; c0 += C) ValueColumns<G, C>(pb, pairs, rows, hd, c0, out, c0 == 0 ? ahead : 0);
+  for (; c0 < chunks; ++c0) ValueColumns<G, 1>(pb, pairs, rows, hd, c0, out, c0 == 0 ? ahead : 0);
 }
 
 template <class Fn>
@@ -404,28 +425,64 @@ void WithHeads(int n_heads, const Fn& fn) {
   }
 }
 
+// n values rounded to BF16, in pairs: pair i holds values 2i, 2i + 1 (0 past the n-th).
+void ToPairs(const float* x, int64_t n, uint32_t* pairs) {
+  auto first = [](int64_t k) { return static_cast<__mmask16>(k >= 16 ? 0xFFFF : (1u << std::max<int64_t>(k, 0)) - 1); };
+  for (int64_t i = 0; i < n; i += 32) {
+    const int64_t left = n - i;
+    const __m512 a = _mm512_maskz_loadu_ps(first(left), x + i), b = _mm512_maskz_loadu_ps(first(left - 16), x + i + 16);
+    _mm512_mask_storeu_epi32(pairs + i / 2, first((left + 1) / 2), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+  }
+}
+
 }  // namespace
 
 void DecodeScores(const float* q, int n_heads, const RowRun* runs, int64_t n_runs, const RowRun* then, int64_t n_then,
                   int64_t stride, int hd, float scale, float* out, int64_t out_step, int64_t ahead) {
-  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
-  float qa[kMaxDecodeHeads * 256];  // the queries arranged: [head][hd / 32][evens, odds]
-  PS_CHECK(n_heads * hd <= kMaxDecodeHeads * 256) << n_heads << " heads of " << hd;
-  const __m512i even = EvenIndex(), odd = OddIndex();
-  for (int i = 0; i < n_heads * hd; i += 32) {
-    const __m512 a = _mm512_loadu_ps(q + i), b = _mm512_loadu_ps(q + i + 16);
-    _mm512_storeu_ps(qa + i, _mm512_permutex2var_ps(a, even, b));
-    _mm512_storeu_ps(qa + i + 16, _mm512_permutex2var_ps(a, odd, b));
+  PS_CHECK(hd % kHeadAlign == 0 && hd <= kMaxDecodeHeadSize) << "head size " << hd;
+  PS_CHECK(n_heads >= 1 && n_heads <= kMaxDecodeHeads) << n_heads << " heads";
+  uint32_t by_head[kMaxDecodeHeads * kMaxDecodeHeadSize / 2], qb[kMaxDecodeHeads * kMaxDecodeHeadSize / 2];
+  ToPairs(q, n_heads * hd, by_head);
+  for (int g = 0; g < n_heads; ++g) {  // ScoreBatch's order: a pair of every head together
+    for (int e = 0; e < hd / 2; ++e) qb[e * n_heads + g] = by_head[g * hd / 2 + e];
   }
+  static thread_local std::vector<const uint16_t*> rows, then_rows;
+  Flatten(runs, n_runs, stride, 16, std::numeric_limits<int64_t>::max(), &rows);
+  Flatten(then, n_then, stride, 1, ahead, &then_rows);  // only fetched
+  int64_t n = 0;
+  for (int64_t u = 0; u < n_runs; ++u) n += runs[u].n;
   WithHeads(n_heads, [&](auto g) {
-    ScoresOf<g.value>(qa, runs, n_runs, then, n_then, stride, hd, scale, out, out_step, ahead);
+    ScoresOf<g.value>(qb, rows.data(), n, then_rows.data(), std::ssize(then_rows), hd, scale, out, out_step, ahead);
   });
 }
 
 void DecodeValues(const float* p, int64_t p_step, int n_heads, const RowRun* runs, int64_t n_runs, int64_t stride,
                   int hd, float* out, int64_t ahead) {
-  PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
-  WithHeads(n_heads, [&](auto g) { ValuesOf<g.value>(p, p_step, runs, n_runs, stride, hd, out, ahead); });
+  PS_CHECK(hd % kHeadAlign == 0 && hd <= kMaxDecodeHeadSize) << "head size " << hd;
+  PS_CHECK(n_heads >= 1 && n_heads <= kMaxDecodeHeads) << n_heads << " heads";
+  static thread_local std::vector<const uint16_t*> rows;
+  static thread_local std::vector<uint32_t> pb(kMaxDecodeHeads * kValuePairs);
+  Flatten(runs, n_runs, stride, 2, std::numeric_limits<int64_t>::max(),
+          &rows);  // a zero row past an odd count, whose weight is 0
+  int64_t n = 0;
+  for (int64_t u = 0; u < n_runs; ++u) n += runs[u].n;
+  for (int64_t j0 = 0; j0 < n; j0 += 2 * kValuePairs) {
+    const int64_t keys = std::min(2 * kValuePairs, n - j0), pairs = (keys + 1) / 2;
+    for (int g = 0; g < n_heads; ++g) ToPairs(p + g * p_step + j0, keys, pb.data() + g * kValuePairs);
+    WithHeads(n_heads, [&](auto g) { ValuesOf<g.value>(pb.data(), pairs, rows.data() + j0, hd, out, ahead); });
+  }
+}
+
+float ExpShifted(float* x, int64_t n, float m) {
+  const __m512 vm = _mm512_set1_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const auto keep = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(keep, Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(keep, x + i), vm)));
+    _mm512_mask_storeu_ps(x + i, keep, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
 }
 
 }  // namespace ps::avx512_bf16

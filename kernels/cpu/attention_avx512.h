@@ -5,9 +5,9 @@
 // state (maximum, sum, output rescaling) is a lane and the keys are read from the paged
 // cache in place (a key's pair of values broadcast against 16 query rows). Queries and
 // the softmax weights P are rounded to BF16, as the keys and values are (as on a GPU's
-// tensor cores, and as the CUDA backend, vLLM and llama.cpp do); sums are F32. Decode's (DecodeScores, DecodeValues,
-// at the end) are F32 throughout. Call only at CpuIsa::kAvx512Bf16 and with head sizes a
-// multiple of kHeadAlign.
+// tensor cores, and as the CUDA backend, vLLM and llama.cpp do); sums are F32. Decode's
+// kernels (DecodeScores, DecodeValues, at the end) round the same two. Call only at
+// CpuIsa::kAvx512Bf16 and with head sizes a multiple of kHeadAlign.
 #pragma once
 
 #include <cstdint>
@@ -58,10 +58,12 @@ void AddValues(const uint16_t* p, int64_t nqp, const uint16_t* values, int64_t n
                float* ot);
 
 // Decode (one query row) over BF16 rows read in place, all query heads of a GQA group at
-// once, in F32: a row's 32 values at a time are widened to F32 as two vectors (its even
-// values, its odd ones: a shift and a mask, no shuffle), which meet the query's values
-// arranged the same way, or accumulate outputs arranged so (put back in order once).
-constexpr int kMaxDecodeHeads = 8;  // query heads per KV head these kernels take
+// once, on BF16 dot products: scores take 16 rows at a time transposed in registers (a
+// row to a lane) against each head's query pairs broadcast, so no lane sums are reduced;
+// outputs take the rows in pairs, a pair's two rows interleaved (a column's two values to
+// a lane) against each head's two weights broadcast.
+constexpr int kMaxDecodeHeads = 8;       // query heads per KV head these kernels take
+constexpr int kMaxDecodeHeadSize = 256;  // and values a head
 
 // `n` rows of one head, `stride` BF16 values apart from `rows` on.
 struct RowRun {
@@ -69,15 +71,19 @@ struct RowRun {
   int64_t n = 0;
 };
 
-// out[h * out_step + j] = scale * (q_h · k_j) for heads h < n_heads (q_h = q + h * hd) and
-// the runs' rows j, numbered across the runs in order. Meanwhile the rows `ahead` runs on
-// are fetched into L2 (past the last run, `then`'s).
+// out[h * out_step + j] = scale * (q_h · k_j) for heads h < n_heads (q_h = q + h * hd,
+// rounded to BF16) and the runs' rows j, numbered across the runs in order. Meanwhile the
+// rows `ahead` on are fetched into L2 (past the last run, `then`'s).
 void DecodeScores(const float* q, int n_heads, const RowRun* runs, int64_t n_runs, const RowRun* then, int64_t n_then,
                   int64_t stride, int hd, float scale, float* out, int64_t out_step, int64_t ahead);
 
-// out_h[0, hd) += sum_j p[h * p_step + j] v_j for heads h < n_heads (out_h = out + h * hd)
-// over the runs' rows j, as DecodeScores numbers them and fetches ahead.
+// out_h[0, hd) += sum_j p[h * p_step + j] v_j for heads h < n_heads (out_h = out + h * hd;
+// the weights rounded to BF16) over the runs' rows j, as DecodeScores numbers them and
+// fetches ahead.
 void DecodeValues(const float* p, int64_t p_step, int n_heads, const RowRun* runs, int64_t n_runs, int64_t stride,
                   int hd, float* out, int64_t ahead);
+
+// x[j] = exp(x[j] - m) for j < n (m at least every x[j]; -inf gives 0); returns their sum.
+float ExpShifted(float* x, int64_t n, float m);
 
 }  // namespace ps::avx512_bf16

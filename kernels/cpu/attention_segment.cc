@@ -161,7 +161,7 @@ class SegmentAttention {
         n_kvh_(seg.kv_head >= 0 ? 1 : s.n_kv_heads),
         group_simd_(avx2::Available() && s.head_dim % 8 == 0),
         bf16_tiles_(PrefillAttentionOnBf16(s, kv_.dtype)),
-        decode_bf16_(bf16_tiles_ && group_ <= avx512_bf16::kMaxDecodeHeads),
+        decode_bf16_(DecodeAttentionOnBf16(s, kv_.dtype)),
         elem_(kv_.dtype == DType::kF32    ? avx2::KvElem::kF32
               : kv_.dtype == DType::kF16  ? avx2::KvElem::kF16
               : kv_.dtype == DType::kQ8_0 ? avx2::KvElem::kQ8_0
@@ -209,6 +209,7 @@ class SegmentAttention {
   // read the attention bench's decode at 8k at 15.2 / 10.2 GB/s (SmolLM2 / Qwen shapes,
   // best of 5 alternated runs; Zen 4) instead of 11.2 / 8.5.
   static constexpr size_t kPrefetchPieces = 4;
+  static constexpr int64_t kPrefetchRows = 64;  // the same for the AVX-512 BF16 kernels, which count rows
 
   // Unnormalised output, m and l of rows [q0, q0 + nq) of kvh's heads over the visible
   // keys with ordinals [k_lo, k_hi): out rows out_stride apart, heads hd apart.
@@ -356,12 +357,12 @@ class SegmentAttention {
       const Chunk& c = pieces_[i % n];
       PrefetchRows(kv_, i < n ? kv_.k(c.j0, kvh * hd) : kv_.v(c.j0, kvh * hd), c.nb, hd);
     };
-    if (grouped) {
-      for (size_t i = 0; i < kPrefetchPieces; ++i) prefetch(i);
-    }
     // A single query row over a BF16 cache on AVX-512: the whole tile's rows in one call,
     // every head of the group at once.
     const bool runs = grouped && decode_bf16_;
+    if (grouped && !runs) {
+      for (size_t i = 0; i < kPrefetchPieces; ++i) prefetch(i);
+    }
     if (runs) {
       key_runs_.clear();
       value_runs_.clear();
@@ -370,8 +371,7 @@ class SegmentAttention {
         value_runs_.push_back({static_cast<const uint16_t*>(kv_.v(p.j0, kvh * hd)), p.nb});
       }
       avx512_bf16::DecodeScores(q_of(0), group_, key_runs_.data(), std::ssize(key_runs_), value_runs_.data(),
-                                std::ssize(value_runs_), kv_.stride, hd, s_.scale, scores, tile_scores,
-                                kPrefetchPieces);
+                                std::ssize(value_runs_), kv_.stride, hd, s_.scale, scores, tile_scores, kPrefetchRows);
     }
     int64_t col = 0;
     for (size_t i = 0; i < pieces_.size() && !runs; ++i) {
@@ -423,7 +423,7 @@ class SegmentAttention {
           continue;
         }
         const float corr = mi == neg_inf ? 0.0f : std::exp(mi - m_new);
-        const float sum = ExpShifted(row, nt, m_new);
+        const float sum = runs ? avx512_bf16::ExpShifted(row, nt, m_new) : ExpShifted(row, nt, m_new);
         l[h * nq + i] = l[h * nq + i] * corr + sum;
         if (corr != 1.0f) Scale(corr, out_of(h) + i * out_stride, hd);
         mi = m_new;
@@ -432,7 +432,7 @@ class SegmentAttention {
     // O += P V for the tile.
     if (runs) {
       avx512_bf16::DecodeValues(scores, tile_scores, group_, value_runs_.data(), std::ssize(value_runs_), kv_.stride,
-                                hd, out_of(0), kPrefetchPieces);
+                                hd, out_of(0), kPrefetchRows);
     }
     col = 0;
     for (size_t i = 0; i < pieces_.size() && !runs; ++i) {

@@ -54,22 +54,24 @@ const void* KvAt(const std::vector<uint8_t>& bytes, DType dtype, int64_t first) 
 int TestHeadDim(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 24; }
 
 // Whether nq query rows over a cache of `dtype` multiply on BF16 dot products (the BF16
-// tiles: kernels/cpu/attention_avx512.h).
-bool Bf16Tiles(DType dtype, int hd, int64_t nq) {
-  return nq > 1 && PrefillAttentionOnBf16(AttentionShape{.head_dim = hd}, dtype);
+// tiles, or for one row the decode kernels: kernels/cpu/attention_avx512.h).
+bool Bf16Tiles(const AttentionShape& s, DType dtype, int64_t nq) {
+  return nq > 1 ? PrefillAttentionOnBf16(s, dtype) : DecodeAttentionOnBf16(s, dtype);
 }
 
 // The queries rounded to what the kernel multiplies (BF16 on the BF16 tiles), as AsKv
 // rounds the cache, so that the reference sees the values the kernel reads.
-void AsQueries(DType dtype, int hd, int64_t nq, std::vector<float>* q) {
-  if (!Bf16Tiles(dtype, hd, nq)) return;
+void AsQueries(const AttentionShape& s, DType dtype, int64_t nq, std::vector<float>* q) {
+  if (!Bf16Tiles(s, dtype, nq)) return;
   for (float& x : *q) x = Bf16ToFp32(Fp32ToBf16(x));
 }
 
 // What the attention tests allow against the direct computation: F32 arithmetic agrees to
 // 1e-5; the BF16 tiles round their softmax weights to BF16 (8 significant bits: a relative
 // error of 2^-9 each; these tests measure up to 1.7e-3).
-double AttentionTolerance(DType dtype, int hd, int64_t nq) { return Bf16Tiles(dtype, hd, nq) ? 5e-3 : 1e-5; }
+double AttentionTolerance(const AttentionShape& s, DType dtype, int64_t nq) {
+  return Bf16Tiles(s, dtype, nq) ? 5e-3 : 1e-5;
+}
 
 // Attention computed directly in doubles: query row i's heads of KV head kvh see key j
 // when visible(i, kvh, j);
@@ -119,7 +121,7 @@ void CheckAttentionAgainstNaive() {
         const int64_t nkv = 50;
         auto q = Randn(nq * kQd, 1), k = Randn(nkv * kKvd, 2), v = Randn(nkv * kKvd, 3);
         const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
-        AsQueries(dtype, kHd, nq, &q);
+        AsQueries(s, dtype, nq, &q);
         std::vector<int32_t> kv_pos(nkv), q_pos(nq);
         for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>((j * 7) % nkv);  // a permutation
         for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
@@ -158,7 +160,7 @@ void CheckAttentionAgainstNaive() {
             s, q, k, v, nq, nkv, [&](int64_t i, int, int64_t j) { return kv_pos[j] <= q_pos[i]; }, &want_probs,
             &want_logits);
         const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows);
-        const double tol = AttentionTolerance(dtype, kHd, nq);
+        const double tol = AttentionTolerance(s, dtype, nq);
         EXPECT_LT(MaxRelErr(out, want), tol) << what;
         EXPECT_LT(MaxRelErr(probs, want_probs), tol) << what;
       }
@@ -190,7 +192,7 @@ TEST(Attention, ReadsExactlyTheSelection) {
             const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.2f};
             auto q = Randn(nq * kQd, 11), k = Randn(nkv * kKvd, 12), v = Randn(nkv * kKvd, 13);
             const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
-            AsQueries(dtype, kHd, nq, &q);
+            AsQueries(s, dtype, nq, &q);
             std::vector<int32_t> kv_pos(nkv), q_pos(nq);
             for (int64_t j = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(ascending ? j : (j * 7) % nkv);
             for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
@@ -248,7 +250,7 @@ TEST(Attention, ReadsExactlyTheSelection) {
                 &want_probs, &want_logits);
             const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " block_rows=", block_rows,
                                                   ascending ? " ascending" : " permuted", per_head ? " per head" : "");
-            const double tol = AttentionTolerance(dtype, kHd, nq);
+            const double tol = AttentionTolerance(s, dtype, nq);
             EXPECT_LT(MaxRelErr(out, want), tol) << what;
             EXPECT_LT(MaxRelErr(probs, want_probs), tol) << what;
             for (int64_t j = 0; j < nkv; ++j) {
@@ -318,11 +320,11 @@ void CheckWindowParts(ThreadPool& pool, DType dtype, int64_t nq, int64_t nkv, in
   constexpr int64_t kBlock = 16;
   const int kHd = dtype == DType::kQ8_0 || dtype == DType::kBF16 ? 32 : 16, kQd = kHeads * kHd, kKvd = kKvHeads * kHd;
   const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = kHd, .scale = 0.25f};
-  const double tol = AttentionTolerance(dtype, kHd, nq);
+  const double tol = AttentionTolerance(s, dtype, nq);
   const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " nq=", nq, " nkv=", nkv, " recent=", recent);
   auto q = Randn(nq * kQd, 21), k = Randn(nkv * kKvd, 22), v = Randn(nkv * kKvd, 23);
   const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
-  AsQueries(dtype, kHd, nq, &q);
+  AsQueries(s, dtype, nq, &q);
   std::vector<int32_t> kv_pos(nkv), q_pos(nq);
   std::iota(kv_pos.begin(), kv_pos.end(), 0);
   for (int64_t i = 0; i < nq; ++i) q_pos[i] = static_cast<int32_t>(nkv - nq + i);
@@ -419,11 +421,18 @@ void CheckWindowParts(ThreadPool& pool, DType dtype, int64_t nq, int64_t nkv, in
                           .out = out1.data() + 2 * kHd,
                           .out_stride = kQd},
             pool);
+  // Alone, the head's keys split among the threads unlike beside another; a single row on
+  // BF16 dot products rounds its weights against each split's own maximum, so the two
+  // agree to the BF16 tolerance there.
+  std::vector<float> got1;
+  std::vector<double> want1;
   for (int64_t i = 0; i < nq; ++i) {
     for (int e = 0; e < 2 * kHd; ++e) {
-      EXPECT_NEAR(out1[i * kQd + 2 * kHd + e], all.out[i * kQd + 2 * kHd + e], 1e-5) << what;
+      got1.push_back(out1[i * kQd + 2 * kHd + e]);
+      want1.push_back(all.out[i * kQd + 2 * kHd + e]);
     }
   }
+  EXPECT_LT(MaxRelErr(got1, want1), nq == 1 ? tol : 1e-5) << what;
   // The KV cache's layout: each head in blocks of its own (pointers head-major),
   // the same results; in the proximal window the key blocks distant to every query
   // (dropped by PoD) are never read: null here.
@@ -515,7 +524,7 @@ TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
               const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = hd, .scale = 0.125f};
               auto q = Randn(nq * qd, 21), k = Randn(nkv * kvd, 22), v = Randn(nkv * kvd, 23);
               const std::vector<uint8_t> kh = AsKv(dtype, &k), vh = AsKv(dtype, &v);
-              AsQueries(dtype, hd, nq, &q);
+              AsQueries(s, dtype, nq, &q);
               std::vector<int32_t> kv_pos(nkv), q_pos(nq);
               for (int64_t j = 0, p = 0; j < nkv; ++j) kv_pos[j] = static_cast<int32_t>(p += 1 + (j * 13) % 3);
               for (int64_t i = 0; i < nq; ++i) q_pos[i] = kv_pos[nkv - nq + i];  // the last rows are the queries
@@ -563,7 +572,7 @@ TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
                   &want_probs, &want_logits);
               const std::string what = absl::StrCat(std::string(DTypeName(dtype)), " hd=", hd, " heads=", kHeads,
                                                     " keys=", nkv, " queries=", nq, with_selection ? " selection" : "");
-              const double tol = AttentionTolerance(dtype, hd, nq);
+              const double tol = AttentionTolerance(s, dtype, nq);
               EXPECT_LT(MaxRelErr(out, want), tol) << what;
               EXPECT_LT(MaxRelErr(probs, want_probs), tol) << what;
             }

@@ -142,7 +142,8 @@ TEST(AttentionTiles, Bf16TilesEqualSumsOfTheRoundedValues) {
 }
 
 // The decode kernels (one query row over BF16 rows read in place, every head of a GQA
-// group at once) against sums in doubles: every group size they take (each its own pass
+// group at once) against sums in doubles of the same rounded values (queries and weights
+// rounded to BF16): every group size they take (each its own pass
 // shape), head sizes of one to four 32-column chunks, runs of ragged lengths (the passes'
 // tails) with rows further apart than a head, the scores' heads `out_step` apart and the
 // outputs added to what was there. Prefetching past the last run reads `then`'s rows.
@@ -179,12 +180,12 @@ TEST(AttentionTiles, DecodeKernelsEqualSumsInDoubles) {
       const std::vector<float> q = Randn(g * hd, 60);
       std::vector<float> s(g * out_step, 12345.0f);
       avx512_bf16::DecodeScores(q.data(), g, k_runs.data(), std::ssize(k_runs), v_runs.data(), std::ssize(v_runs),
-                                stride, hd, 0.3f, s.data(), out_step, /*ahead=*/2);
+                                stride, hd, 0.3f, s.data(), out_step, /*ahead=*/20);
       const std::vector<float> p = Randn(g * out_step, 61);
       const std::vector<float> o0 = Randn(g * hd, 62);
       std::vector<float> o = o0;
       avx512_bf16::DecodeValues(p.data(), out_step, g, v_runs.data(), std::ssize(v_runs), stride, hd, o.data(),
-                                /*ahead=*/2);
+                                /*ahead=*/20);
       for (int h = 0; h < g; ++h) {
         for (int64_t j = 0; j < out_step; ++j) {
           if (j >= n) {
@@ -193,7 +194,7 @@ TEST(AttentionTiles, DecodeKernelsEqualSumsInDoubles) {
           }
           double want = 0, norm = 0;
           for (int e = 0; e < hd; ++e) {
-            const double t = double{q[h * hd + e]} * Bf16ToFp32(k_rows[j][e]);
+            const double t = double{Bf16ToFp32(Fp32ToBf16(q[h * hd + e]))} * Bf16ToFp32(k_rows[j][e]);
             want += t;
             norm += std::fabs(t);
           }
@@ -202,7 +203,7 @@ TEST(AttentionTiles, DecodeKernelsEqualSumsInDoubles) {
         for (int e = 0; e < hd; ++e) {
           double want = o0[h * hd + e], norm = std::fabs(want);
           for (int64_t j = 0; j < n; ++j) {
-            const double t = double{p[h * out_step + j]} * Bf16ToFp32(v_rows[j][e]);
+            const double t = double{Bf16ToFp32(Fp32ToBf16(p[h * out_step + j]))} * Bf16ToFp32(v_rows[j][e]);
             want += t;
             norm += std::fabs(t);
           }
