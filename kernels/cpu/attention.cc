@@ -160,4 +160,29 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
   }
 }
 
+void Attentions(const AttentionShape& shape, std::span<const AttentionCall> calls, ThreadPool& pool) {
+  static thread_local std::vector<size_t> short_rows;  // calls of one row, too few keys to split
+  short_rows.clear();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (calls[i].args.n_q == 1 && calls[i].kv.n < 2 * attention_internal::kMinSplitKeys) {
+      short_rows.push_back(i);
+    } else {
+      Attention(shape, calls[i].kv, calls[i].args, pool);
+    }
+  }
+  if (short_rows.size() < 2) {
+    for (size_t i : short_rows) Attention(shape, calls[i].kv, calls[i].args, pool);
+    return;
+  }
+  // The workers' lambda names this thread's list (a thread_local named inside it is the worker's own).
+  const std::span<const size_t> rows = short_rows;
+  pool.ParallelFor(std::ssize(rows), 1, [&](int64_t c0, int64_t c1) {
+    static thread_local ThreadPool alone(1);  // runs its regions on the calling thread
+    for (int64_t c = c0; c < c1; ++c) {
+      const AttentionCall& call = calls[rows[c]];
+      Attention(shape, call.kv, call.args, alone);
+    }
+  });
+}
+
 }  // namespace ps

@@ -11,12 +11,20 @@
 // long key ranges among threads.
 #pragma once
 
+#include <span>
+
 #include "base/thread_pool.h"
 #include "kernels/types.h"
 
 namespace ps {
 
 void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& args, ThreadPool& pool);
+
+// Several sequences' attentions (a decode batch's). Single query rows over too few keys to
+// split share one parallel region, each call on one thread (a region per call would cost
+// more than its work); the others run one after another on the whole pool. The results
+// are call-by-call Attention's, bit for bit.
+void Attentions(const AttentionShape& shape, std::span<const AttentionCall> calls, ThreadPool& pool);
 
 // Whether Attention's tiles of several query rows over a cache of `kv_dtype` multiply on
 // BF16 dot products at the active CPU level (else on F32).

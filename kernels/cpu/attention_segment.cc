@@ -203,7 +203,6 @@ class SegmentAttention {
   }
 
  private:
-  static constexpr int64_t kMinSplitKeys = 256;    // keys per unit at least, when splitting
   static constexpr int64_t kDecodeKeyTile = 2048;  // keys per score tile for a single query row
   // How far ahead a single query row asks for blocks: 4 blocks of 16 rows, against 1,
   // read the attention bench's decode at 8k at 15.2 / 10.2 GB/s (SmolLM2 / Qwen shapes,

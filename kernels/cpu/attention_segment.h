@@ -12,6 +12,10 @@
 
 namespace ps::attention_internal {
 
+// A single query row splits its keys among units (flash-decoding) from twice this many
+// visible keys on, at least this many a unit; fewer keys run as one unit per KV head.
+constexpr int64_t kMinSplitKeys = 256;
+
 // Rows [j0, j0 + nb) of a view, inside one block.
 struct Chunk {
   int64_t j0 = 0, nb = 0;

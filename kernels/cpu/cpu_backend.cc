@@ -144,6 +144,10 @@ void CpuBackend::Attention(const AttentionShape& shape, const KvRows& kv, const 
   ps::Attention(shape, kv, args, pool_);
 }
 
+void CpuBackend::Attentions(const AttentionShape& shape, std::span<const AttentionCall> calls) {
+  ps::Attentions(shape, calls, pool_);
+}
+
 void CpuBackend::MergeByGate(int64_t n, int heads, int hd, float* o_p, int64_t p_stride, const float* o_d,
                              int64_t d_stride, const float* lse_p, const float* lse_d, int64_t lse_stride) {
   for (int64_t i = 0; i < n; ++i) {

@@ -37,6 +37,7 @@ class CpuBackend final : public Backend {
                 float* v, int n_heads, int n_kv_heads, int head_dim) override;
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t n) override;
   void Attention(const AttentionShape& shape, const KvRows& kv, const AttentionArgs& args) override;
+  void Attentions(const AttentionShape& shape, std::span<const AttentionCall> calls) override;
   void MergeByGate(int64_t n, int heads, int hd, float* o_p, int64_t p_stride, const float* o_d, int64_t d_stride,
                    const float* lse_p, const float* lse_d, int64_t lse_stride) override;
   void StoreKv(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v, uint8_t* const* k_dst,

@@ -578,5 +578,79 @@ TEST(Attention, TiledKernelMatchesNaiveAtAwkwardSizes) {
             }
 }
 
+// A decode batch's attentions in one call (Attentions: the short single rows share a
+// parallel region, a call to a thread) equal call-by-call Attention bit for bit: single
+// rows over few keys, over enough keys to split, a row with the last query's statistics,
+// and a segment of several rows among them; every KV type, every CPU level.
+TEST(Attention, AttentionsOfABatchEqualCallByCall) {
+  ThreadPool pool(4);
+  constexpr int kHeads = 6, kKvHeads = 2;
+  // Many short calls, so that every thread of the pool takes some.
+  std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {1, 17}, {1, 300}, {1, 511}, {1, 900}, {5, 64}};
+  for (int64_t i = 0; i < 40; ++i) shapes.push_back({1, 2 + 12 * i});
+  testing::AtEveryCpuLevel([&] {
+    for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+      const int hd = TestHeadDim(dtype), qd = kHeads * hd, kvd = kKvHeads * hd;
+      const AttentionShape s{.n_heads = kHeads, .n_kv_heads = kKvHeads, .head_dim = hd, .scale = 0.2f};
+      struct Seq {
+        std::vector<float> q, out, probs;
+        std::vector<uint8_t> k, v;
+        std::vector<const void*> kp, vp;
+        std::vector<int32_t> kv_pos, q_pos;
+      };
+      std::vector<Seq> seqs(shapes.size());
+      std::vector<AttentionCall> calls;
+      for (size_t c = 0; c < shapes.size(); ++c) {
+        const auto [nq, nkv] = shapes[c];
+        Seq& q = seqs[c];
+        q.q = Randn(nq * qd, static_cast<uint32_t>(10 + c));
+        std::vector<float> k = Randn(nkv * kvd, static_cast<uint32_t>(40 + c)), v = Randn(nkv * kvd, 70 + c);
+        q.k = AsKv(dtype, &k);
+        q.v = AsKv(dtype, &v);
+        constexpr int64_t kBlock = 16;
+        for (int64_t b = 0; b * kBlock < nkv; ++b) {
+          q.kp.push_back(KvAt(q.k, dtype, b * kBlock * kvd));
+          q.vp.push_back(KvAt(q.v, dtype, b * kBlock * kvd));
+        }
+        q.kv_pos.resize(nkv);
+        std::iota(q.kv_pos.begin(), q.kv_pos.end(), 0);
+        for (int64_t i = 0; i < nq; ++i) q.q_pos.push_back(static_cast<int32_t>(nkv - nq + i));
+        q.probs.resize(nkv);
+        calls.push_back({.kv = KvRows{.k_blocks = q.kp.data(),
+                                      .v_blocks = q.vp.data(),
+                                      .block_rows = kBlock,
+                                      .positions = q.kv_pos.data(),
+                                      .n = nkv,
+                                      .stride = kvd,
+                                      .positions_ascending = true,
+                                      .dtype = dtype},
+                         .args = AttentionArgs{.q = q.q.data(),
+                                               .q_pos = q.q_pos.data(),
+                                               .n_q = nq,
+                                               .q_stride = qd,
+                                               .out_stride = qd,
+                                               .last_query_probs = c == 2 ? q.probs.data() : nullptr}});
+      }
+      std::vector<std::vector<float>> one_by_one(shapes.size()), batched(shapes.size());
+      for (size_t c = 0; c < shapes.size(); ++c) {
+        one_by_one[c].assign(shapes[c].first * qd, 0.0f);
+        calls[c].args.out = one_by_one[c].data();
+        Attention(s, calls[c].kv, calls[c].args, pool);
+      }
+      const std::vector<float> probs_one = seqs[2].probs;
+      for (size_t c = 0; c < shapes.size(); ++c) {
+        batched[c].assign(shapes[c].first * qd, -1.0f);
+        calls[c].args.out = batched[c].data();
+      }
+      std::fill(seqs[2].probs.begin(), seqs[2].probs.end(), -1.0f);
+      Attentions(s, calls, pool);
+      for (size_t c = 0; c < shapes.size(); ++c) {
+        EXPECT_EQ(batched[c], one_by_one[c]) << DTypeName(dtype) << " call " << c;
+      }
+      EXPECT_EQ(seqs[2].probs, probs_one) << DTypeName(dtype);
+    }
+  });
+}
+
 }  // namespace
 }  // namespace ps
