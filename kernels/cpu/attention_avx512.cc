@@ -259,15 +259,18 @@ namespace {
 
 alignas(64) constexpr uint16_t kZeroRow[kMaxDecodeHeadSize] = {};
 
-// The runs' rows in order (at most `limit`), then rows of zeros up to a multiple of `pad`.
-void Flatten(const RowRun* runs, int64_t n_runs, int64_t stride, int64_t pad, int64_t limit,
-             std::vector<const uint16_t*>* rows) {
+// The runs' rows in order (at most `limit`), then rows of zeros up to a multiple of `pad`;
+// returns how many are the runs'.
+int64_t Flatten(const RowRun* runs, int64_t n_runs, int64_t stride, int64_t pad, int64_t limit,
+                std::vector<const uint16_t*>* rows) {
   rows->clear();
   for (int64_t u = 0; u < n_runs && std::ssize(*rows) < limit; ++u) {
     const int64_t n = std::min(runs[u].n, limit - std::ssize(*rows));
     for (int64_t r = 0; r < n; ++r) rows->push_back(runs[u].rows + r * stride);
   }
+  const int64_t n = std::ssize(*rows);
   while (rows->size() % pad != 0) rows->push_back(kZeroRow);
+  return n;
 }
 
 // Asks for rows [from, to) of `rows` (n of them), then of `then` (n_then), into L2.
@@ -447,10 +450,8 @@ void DecodeScores(const float* q, int n_heads, const RowRun* runs, int64_t n_run
     for (int e = 0; e < hd / 2; ++e) qb[e * n_heads + g] = by_head[g * hd / 2 + e];
   }
   static thread_local std::vector<const uint16_t*> rows, then_rows;
-  Flatten(runs, n_runs, stride, 16, std::numeric_limits<int64_t>::max(), &rows);
+  const int64_t n = Flatten(runs, n_runs, stride, 16, std::numeric_limits<int64_t>::max(), &rows);
   Flatten(then, n_then, stride, 1, ahead, &then_rows);  // only fetched
-  int64_t n = 0;
-  for (int64_t u = 0; u < n_runs; ++u) n += runs[u].n;
   WithHeads(n_heads, [&](auto g) {
     ScoresOf<g.value>(qb, rows.data(), n, then_rows.data(), std::ssize(then_rows), hd, scale, out, out_step, ahead);
   });
@@ -462,10 +463,8 @@ void DecodeValues(const float* p, int64_t p_step, int n_heads, const RowRun* run
   PS_CHECK(n_heads >= 1 && n_heads <= kMaxDecodeHeads) << n_heads << " heads";
   static thread_local std::vector<const uint16_t*> rows;
   static thread_local std::vector<uint32_t> pb(kMaxDecodeHeads * kValuePairs);
-  Flatten(runs, n_runs, stride, 2, std::numeric_limits<int64_t>::max(),
-          &rows);  // a zero row past an odd count, whose weight is 0
-  int64_t n = 0;
-  for (int64_t u = 0; u < n_runs; ++u) n += runs[u].n;
+  // A zero row past an odd count, whose weight is 0.
+  const int64_t n = Flatten(runs, n_runs, stride, 2, std::numeric_limits<int64_t>::max(), &rows);
   for (int64_t j0 = 0; j0 < n; j0 += 2 * kValuePairs) {
     const int64_t keys = std::min(2 * kValuePairs, n - j0), pairs = (keys + 1) / 2;
     for (int g = 0; g < n_heads; ++g) ToPairs(p + g * p_step + j0, keys, pb.data() + g * kValuePairs);
