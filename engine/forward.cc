@@ -190,6 +190,25 @@ absl::Status Transformer::EditRows(int layer, std::span<const SeqInput> batch, s
   return EnsureCapacity(total);  // x_ holds `total` rows already: kept
 }
 
+int64_t Transformer::KeepLogitRows(std::span<const SeqInput> batch, const std::vector<absl::Status>& status) {
+  const ModelConfig& c = model_.config();
+  logit_rows_.resize(batch.size());
+  gather_.clear();
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const Segment& s = segments_[i];
+    const int64_t count = !status[i].ok() || batch[i].no_logits ? 0 : (batch[i].all_logits ? s.n : 1);
+    logit_rows_[i] = Segment{.offset = s.offset + s.n - count, .n = count};
+    for (int64_t r = s.offset + s.n - count; r < s.offset + s.n; ++r) gather_.push_back(static_cast<int32_t>(r));
+  }
+  const auto kept = static_cast<int64_t>(gather_.size());
+  if (kept == n_rows_) return kept;  // every row gives logits: they stay where they are
+  for (size_t i = 0, next = 0; i < batch.size(); next += logit_rows_[i++].n) logit_rows_[i].offset = next;
+  backend_.GatherRows(att_.data(), gather_, c.q_dim(), q_.data());  // q_ is free once attention ran
+  backend_.GatherRows(x_.data(), gather_, c.n_embd, tmp_.data());
+  x_.swap(tmp_);
+  return kept;
+}
+
 AttentionShape Transformer::Shape() const {
   const ModelConfig& c = model_.config();
   return AttentionShape{.n_heads = c.n_heads,
@@ -322,7 +341,7 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     for (size_t i = 0; i < batch.size() && !edit; ++i) edit = !status[i].ok() && seg[i].n > 0;
     // Rows leave, revived ones come back.
     if (l > 0 && edit) PS_RETURN_IF_ERROR(EditRows(l, batch, contexts, status, reads));
-    const int64_t n_rows = n_rows_;
+    int64_t n_rows = n_rows_;
     if (n_rows == 0) break;  // every sequence failed
     for (size_t i = 0; i < batch.size(); ++i) {
       out->rows_computed[i] += seg[i].n;
@@ -361,7 +380,13 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
       for (const SeqInput& in : batch) kv.FreeLayer(in.seq_id, l);
       if (l == last_layer) break;
     }
-    backend_.MatMul(w.wo, att_.data(), n_rows, tmp_.data());
+    const float* att = att_.data();
+    if (l == n_layers - 1) {  // the rest of the layer only for the rows that give logits
+      n_rows = KeepLogitRows(batch, status);
+      if (n_rows == 0) break;
+      att = n_rows < n_rows_ ? q_.data() : att;
+    }
+    backend_.MatMul(w.wo, att, n_rows, tmp_.data());
     backend_.AddRmsNorm(tmp_.data(), x_.data(), w.ffn_norm.data(), xn_.data(), n_rows, d, c.rms_eps);
     const MatMulOutput gate_up[] = {{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}};
     backend_.MatMuls(gate_up, xn_.data(), n_rows);
@@ -396,11 +421,12 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
         if (const int32_t o = origins_[seg[i].offset + r]; o >= 0) out->kept_rows[i].push_back(o);
       }
     }
-    const int64_t count = batch[i].no_logits ? 0 : (batch[i].all_logits ? seg[i].n : 1);
+    PS_CHECK(logit_rows_.size() == batch.size()) << "the last layer did not run";
+    const int64_t count = logit_rows_[i].n;
     out->row_offset[i] = n_out;
     out->row_count[i] = count;
-    const int64_t first = seg[i].offset + seg[i].n - count;
-    backend_.RmsNorm(x_.data() + first * d, model_.output_norm.data(), xn_.data() + n_out * d, count, d, c.rms_eps);
+    backend_.RmsNorm(x_.data() + logit_rows_[i].offset * d, model_.output_norm.data(), xn_.data() + n_out * d, count, d,
+                     c.rms_eps);
     n_out += count;
   }
   out->logits.resize(static_cast<size_t>(n_out) * c.n_vocab);

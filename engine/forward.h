@@ -68,7 +68,8 @@ class Transformer {
  private:
   class Context;
   // Runs layers 0..last_layer (< n_layers: no logits; only the last row's
-  // attention at last_layer) over the given rows.
+  // attention at last_layer) over the given rows. Past the model's last layer's attention
+  // only the rows that give logits go on.
   absl::Status Run(std::span<const SeqInput> batch, std::span<const StepRows* const> rows,
                    std::span<Context* const> contexts, int last_layer, KvCache& kv, ForwardOutput* out);
   // Sequence i's attention at `layer` over its cached rows (its K/V appended): run at
@@ -82,6 +83,11 @@ class Transformer {
   // failed sequences, compacting the activations.
   absl::Status EditRows(int layer, std::span<const SeqInput> batch, std::span<Context* const> contexts,
                         std::vector<absl::Status>& status, std::vector<HostReads>& reads);
+  // After the last layer's attention: keeps the rows that give logits (each sequence's
+  // last, all of them with all_logits, none with no_logits), their attention outputs
+  // gathered into q_ and hidden states into x_ when that drops rows; sets logit_rows_.
+  // Returns how many.
+  int64_t KeepLogitRows(std::span<const SeqInput> batch, const std::vector<absl::Status>& status);
   // Room for `rows` rows in every activation buffer (growing one drops its contents).
   absl::Status EnsureCapacity(int64_t rows);
 
@@ -104,6 +110,7 @@ class Transformer {
   std::vector<float> host_stat_;
   std::vector<int32_t> tokens_, positions_, origins_, new_positions_, new_origins_, gather_;
   std::vector<Segment> segments_;
+  std::vector<Segment> logit_rows_;  // per sequence: its rows in x_ that give logits, after the last layer
   // Per sequence: the KV its attention reads, and the view's block table; the
   // attentions that run together, and the KV appends of a layer.
   std::vector<KvSelection> selections_;

@@ -127,5 +127,53 @@ TEST_F(StoriesTest, BatchingDoesNotChangeLogits) {
   }
 }
 
+// Past the last layer's attention only the rows that give logits go on: in one batch a
+// sequence asking for every row's logits, one for its last row's, one for none (a prompt
+// chunk) and one of a single token each get what they get alone, and the chunk's KV is
+// whole (its next token's logits are the whole prompt's).
+TEST_F(StoriesTest, EachSequenceOfABatchGetsTheLogitsItAsksFor) {
+  const std::vector<int32_t> a = {1, 403, 407, 261, 378}, b = {1, 432, 383, 286, 403, 407, 261, 378},
+                             c = {1, 261, 378, 432, 383, 286, 403}, d = {1};
+  auto positions = [](size_t n, int32_t first = 0) {
+    std::vector<int32_t> p(n);
+    for (size_t i = 0; i < n; ++i) p[i] = first + static_cast<int32_t>(i);
+    return p;
+  };
+  // Every row's logits of a prompt run alone.
+  auto alone = [&](const std::vector<int32_t>& prompt) {
+    Transformer tf(*model_, backend_);
+    auto kv = testing::KvFor(*model_, backend_, 512);
+    const std::vector<int32_t> pos = positions(prompt.size());
+    SeqInput in{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true};
+    ForwardOutput out;
+    EXPECT_TRUE(tf.Forward({&in, 1}, *kv, &out).ok() && out.status[0].ok());
+    return out;
+  };
+  const ForwardOutput want_a = alone(a), want_b = alone(b), want_c = alone(c), want_d = alone(d);
+  Transformer tf(*model_, backend_);
+  auto kv = testing::KvFor(*model_, backend_, 512);
+  const std::vector<int32_t> pa = positions(a.size()), pb = positions(b.size()), pc = positions(c.size() - 1),
+                             pd = positions(d.size());
+  const SeqInput batch[] = {{.seq_id = 1, .tokens = a, .positions = pa, .all_logits = true},
+                            {.seq_id = 2, .tokens = b, .positions = pb},
+                            {.seq_id = 3, .tokens = {c.data(), c.size() - 1}, .positions = pc, .no_logits = true},
+                            {.seq_id = 4, .tokens = d, .positions = pd}};
+  ForwardOutput out;
+  ASSERT_TRUE(tf.Forward(batch, *kv, &out).ok());
+  for (const absl::Status& st : out.status) ASSERT_TRUE(st.ok()) << st;
+  ASSERT_EQ(out.row_count, (std::vector<int64_t>{5, 1, 0, 1}));
+  auto expect_near = [](std::span<const float> got, std::span<const float> want, const char* what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t v = 0; v < got.size(); ++v) ASSERT_NEAR(got[v], want[v], 1e-4f) << what << " logit " << v;
+  };
+  for (int64_t r = 0; r < 5; ++r) expect_near(out.Row(0, r, 512), want_a.Row(0, r, 512), "all rows");
+  expect_near(out.Row(1, 0, 512), want_b.Row(0, static_cast<int64_t>(b.size()) - 1, 512), "last row");
+  expect_near(out.Row(3, 0, 512), want_d.Row(0, 0, 512), "one token");
+  const int32_t last = c.back(), last_pos = static_cast<int32_t>(c.size()) - 1;
+  const SeqInput next{.seq_id = 3, .tokens = {&last, 1}, .positions = {&last_pos, 1}};
+  ASSERT_TRUE(tf.Forward({&next, 1}, *kv, &out).ok() && out.status[0].ok());
+  expect_near(out.Row(0, 0, 512), want_c.Row(0, last_pos, 512), "after a chunk without logits");
+}
+
 }  // namespace
 }  // namespace ps
