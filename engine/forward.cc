@@ -330,6 +330,7 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     origins_.insert(origins_.end(), s.origin.begin(), s.origin.begin() + n);
   }
   n_rows_ = static_cast<int64_t>(tokens_.size());
+  logit_rows_.clear();  // set at the last layer
   PS_RETURN_IF_ERROR(EnsureCapacity(n_rows_));
   out->rows_computed.assign(batch.size(), 0);
   out->layer_rows.assign(batch.size() * c.n_layers, 0);
