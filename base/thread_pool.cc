@@ -14,9 +14,6 @@ inline void CpuRelax() {
 #endif
 }
 constexpr int kSpinIterations = 20000;
-// Chunks per thread: a few, so that a thread that starts late still finds work
-// and the others are not left idle behind one slow chunk.
-constexpr int64_t kChunksPerThread = 4;
 constexpr uint32_t kMaxChunks = 0xffff;
 
 constexpr uint32_t Generation(uint64_t s) { return static_cast<uint32_t>(s >> 32); }
@@ -77,11 +74,13 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn,
+                             int64_t chunks_per_thread) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t units = (n + grain - 1) / grain;
-  const auto chunks = static_cast<uint32_t>(std::min<int64_t>({units, num_threads_ * kChunksPerThread, kMaxChunks}));
+  const auto chunks = static_cast<uint32_t>(
+      std::min<int64_t>({units, num_threads_ * std::max<int64_t>(1, chunks_per_thread), kMaxChunks}));
   if (num_threads_ == 1 || chunks <= 1) {
     fn(0, n);
     return;

@@ -28,8 +28,12 @@ class ThreadPool {
 
   // Splits [0, n) into contiguous chunks aligned to `grain` and calls fn(begin, end)
   // once per chunk, on any thread of the pool; returns when all calls have returned.
+  // At most chunks_per_thread chunks per thread (fewer when the grains run out): a few
+  // let a thread that starts late still find work; more, for long regions, leave less of
+  // the last chunk's time to one thread alone.
   // fn must not call back into the pool. Call from one thread at a time.
-  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn,
+                   int64_t chunks_per_thread = 4);
 
  private:
   struct Job {

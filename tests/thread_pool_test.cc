@@ -1,6 +1,7 @@
 // The compute thread pool: coverage of every range, on pools larger than the machine.
 #include "base/thread_pool.h"
 
+#include <array>
 #include <atomic>
 #include <vector>
 
@@ -17,6 +18,29 @@ TEST(ThreadPool, ParallelForCoversRangeOnce) {
       for (int64_t i = b; i < e; ++i) ++hits[i];
     });
     for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << i;
+  }
+}
+
+// A region splits into chunks_per_thread chunks a thread (4 by default), aligned to the
+// grain and fewer when the grains run out; together they cover the range once.
+TEST(ThreadPool, ChunksPerThreadSetsTheSplit) {
+  ThreadPool pool(2);
+  for (const auto& [grain, per_thread, want] : std::vector<std::array<int64_t, 3>>{
+           {1, 4, 8}, {1, 16, 32}, {1, 0, 2}, {100, 16, 10}, {3, 16, 32}}) {
+    std::vector<std::atomic<int>> hits(1000);
+    std::atomic<int> calls{0};
+    std::atomic<bool> aligned{true};
+    pool.ParallelFor(
+        1000, grain,
+        [&](int64_t b, int64_t e) {
+          calls.fetch_add(1, std::memory_order_relaxed);
+          if (b % grain != 0) aligned.store(false, std::memory_order_relaxed);
+          for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1, std::memory_order_relaxed);
+        },
+        per_thread);
+    EXPECT_EQ(calls.load(), want) << "grain " << grain << ", " << per_thread << " a thread";
+    EXPECT_TRUE(aligned.load()) << "grain " << grain;
+    for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
   }
 }
 

@@ -371,7 +371,12 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
     grain = std::min<int64_t>(grain, std::max<size_t>(1, kGroupsBytes / PackedBytes(w.type, 8, k)));
   }
   const int64_t groups = first.back();
-  grain = whole_spans(std::min(grain, groups / (4 * pool.num_threads())));
+  // Decoded products (many rows: compute-bound) split into about 16 claims per thread,
+  // so that at the end a thread waits for at most a sixteenth of the other's share
+  // (Qwen's Q4_K_M prefill on 2 Zen 5 cores, 4 -> 16: +3-4% at 512 and 2,048 rows).
+  // Fewer rows (weights streamed from memory) keep 4: 16 ran 16 decode streams 3% slower.
+  const int64_t chunks_per_thread = decode ? 16 : 4;
+  grain = whole_spans(std::min(grain, groups / (chunks_per_thread * pool.num_threads())));
   ActBlock* xq = Grow(act_scratch, static_cast<size_t>(m * blocks));
   pool.ParallelFor(m, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) QuantizeActivations(x + r * k, k, xq + r * blocks);
@@ -456,12 +461,15 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
         }
       });
     }
-    pool.ParallelFor(groups, grain, [&](int64_t g0, int64_t g1) {
-      for (size_t p = 0; p < products.size(); ++p) {
-        const int64_t a = std::max(g0, first[p]), b = std::min(g1, first[p] + (products[p].w.rows + 7) / 8);
-        if (a < b) run(products[p], a - first[p], b - first[p], m0, m1);
-      }
-    });
+    pool.ParallelFor(
+        groups, grain,
+        [&](int64_t g0, int64_t g1) {
+          for (size_t p = 0; p < products.size(); ++p) {
+            const int64_t a = std::max(g0, first[p]), b = std::min(g1, first[p] + (products[p].w.rows + 7) / 8);
+            if (a < b) run(products[p], a - first[p], b - first[p], m0, m1);
+          }
+        },
+        chunks_per_thread);
   }
 }
 
