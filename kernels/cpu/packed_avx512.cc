@@ -23,46 +23,56 @@ namespace ps::packed_internal::avx512_vnni {
 namespace {
 
 // A decoded block of a pair: 8 steps of 64 quant bytes (as Zmm::Load returns them: the
-// first group's 8 rows x 4 quants, then the second's), dw per half (16 floats each),
-// then mw (16 floats) for the formats with a minimum.
+// first group's 8 rows x 4 quants, then the second's) as signed bytes, the offset taken
+// off; per half, -128 times each row's sum of them (16 int32: the term that the
+// activations' stored + 128 adds); dw per half (16 floats each); then mw (16 floats) for
+// the formats with a minimum.
 constexpr int64_t kQuantBytes = 8 * 64;
-constexpr int64_t BlockBytes(const Layout& l) {
-  return kQuantBytes + 64 * ((l.bits == 6 ? 2 : 1) + (l.m >= 0 ? 1 : 0));
-}
+constexpr int Halves(const Layout& l) { return l.bits == 6 ? 2 : 1; }
+constexpr int64_t BlockBytes(const Layout& l) { return kQuantBytes + 64 * (2 * Halves(l) + (l.m >= 0 ? 1 : 0)); }
 template <DType T>
 void Decode(const GroupArgs& g, uint8_t* out) {
   constexpr Layout l = LayoutFor(T);
-  constexpr int kHalves = l.bits == 6 ? 2 : 1;
+  constexpr int kHalves = Halves(l);
+  const __m512i offset = Zmm::SplatBytes(static_cast<char>(l.offset)), ones = Zmm::SplatBytes(1);
   __m512 d_super = _mm512_setzero_ps(), m_super = _mm512_setzero_ps();
   for (int64_t b = 0; b < g.blocks; ++b, out += BlockBytes(l)) {
     const uint8_t* ba = BlockAt(l, g.group, b);
     const uint8_t* bb = BlockAt(l, g.second, b);
     const __m512i planes0 = l.bits == 5 || l.bits == 6 ? Zmm::Load(ba + l.qh, bb + l.qh) : Zmm::ZeroInts();
     const __m512i planes1 = l.bits == 6 ? Zmm::Load(ba + l.qh + 32, bb + l.qh + 32) : Zmm::ZeroInts();
+    __m512i sums[kHalves];
+    for (int h = 0; h < kHalves; ++h) sums[h] = Zmm::ZeroInts();
     for (int j = 0; j < 8; ++j) {
       __m512i w = Quants<T, Zmm>(ba, bb, j, planes0, planes1);
-      if constexpr (l.is_signed) w = Xor(w, Zmm::SplatBytes(static_cast<char>(0x80)));
+      if constexpr (l.offset != 0) w = _mm512_sub_epi8(w, offset);
+      sums[j * kHalves / 8] = DotAdd(sums[j * kHalves / 8], ones, w);
       _mm512_storeu_si512(out + 64 * j, w);
+    }
+    int32_t* terms = reinterpret_cast<int32_t*>(out + kQuantBytes);
+    for (int h = 0; h < kHalves; ++h) {
+      _mm512_storeu_si512(terms + 16 * h, Sub32(Zmm::ZeroInts(), _mm512_slli_epi32(sums[h], 7)));
     }
     __m512 dw[kHalves], mw;
     BlockScales<T, Zmm>(g, b, d_super, m_super, dw, mw);
-    float* scales = reinterpret_cast<float*>(out + kQuantBytes);
+    float* scales = reinterpret_cast<float*>(out + kQuantBytes + 64 * kHalves);
     for (int h = 0; h < kHalves; ++h) _mm512_storeu_ps(scales + 16 * h, dw[h]);
     if constexpr (l.m >= 0) _mm512_storeu_ps(scales + 16 * kHalves, mw);
   }
 }
 
 // Kernel's arithmetic on A decoded pairs (A = 2: 32 of y's columns, the pairs one after the
-// other): the same integer sums (started at the offset term instead of having it taken
-// off at the end) and the same float operations, so the same results. 6 rows and two
-// pairs: 12 sums and 12 accumulators in registers (with 7 rows GCC keeps 6 of the
-// accumulators on the stack: Q4_1 at 512 rows ran at 830-1,090 GOP/s, against 980-1,230
-// with 6, on 2 Zen 5 cores).
+// other): the same integer sums and the same float operations, so the same results. The
+// sums take the activations' quants unsigned (stored + 128) against the signed weights,
+// started at the decoded block's -128 times the weights' sum: a load, where a sum started
+// at the activations' offset term took a broadcast of a computed value per row (one Zen 5
+// thread: Q5_0 +2%, Q6_K +3%). 6 rows and two pairs: 12 sums and 12 accumulators in
+// registers (with 7 rows GCC keeps 6 of the accumulators on the stack: Q4_1 at 512 rows
+// ran at 830-1,090 GOP/s, against 980-1,230 with 6, on 2 Zen 5 cores).
 template <DType T, int A, int R>
 void DecodedKernel(const uint8_t* pairs, int64_t blocks, const ActBlock* const* x, float* y, int64_t y_stride) {
   constexpr Layout l = LayoutFor(T);
-  constexpr int kHalves = l.bits == 6 ? 2 : 1;
-  constexpr int32_t kOffset = l.is_signed ? 128 : l.offset;  // as Kernel's
+  constexpr int kHalves = Halves(l);
   const int64_t pair_bytes = blocks * BlockBytes(l);
   __m512 acc[A][R];
   for (int a = 0; a < A; ++a) {
@@ -72,22 +82,20 @@ void DecodedKernel(const uint8_t* pairs, int64_t blocks, const ActBlock* const* 
     const uint8_t* blk = pairs + b * BlockBytes(l);
     for (int h = 0; h < kHalves; ++h) {
       __m512i s32[A][R];
-      for (int i = 0; i < R; ++i) {
-        const ActBlock& xb = x[i][b];
-        const int32_t sum = kHalves == 2 ? (h == 0 ? xb.sum_lo : xb.sum_hi) : xb.sum_lo + xb.sum_hi;
-        const __m512i start = _mm512_set1_epi32(-kOffset * sum);
-        for (int a = 0; a < A; ++a) s32[a][i] = start;
+      for (int a = 0; a < A; ++a) {
+        const __m512i start = _mm512_loadu_si512(blk + a * pair_bytes + kQuantBytes + 64 * h);
+        for (int i = 0; i < R; ++i) s32[a][i] = start;
       }
       for (int j = h * 8 / kHalves; j < (h + 1) * 8 / kHalves; ++j) {
         __m512i w[A];
         for (int a = 0; a < A; ++a) w[a] = _mm512_loadu_si512(blk + a * pair_bytes + 64 * j);
         for (int i = 0; i < R; ++i) {
           const __m512i xs = ActStep<Zmm>(x, nullptr, i, b, j);
-          for (int a = 0; a < A; ++a) s32[a][i] = DotAdd(s32[a][i], w[a], xs);
+          for (int a = 0; a < A; ++a) s32[a][i] = DotAdd(s32[a][i], xs, w[a]);
         }
       }
       for (int a = 0; a < A; ++a) {
-        const float* scales = reinterpret_cast<const float*>(blk + a * pair_bytes + kQuantBytes);
+        const float* scales = reinterpret_cast<const float*>(blk + a * pair_bytes + kQuantBytes + 64 * kHalves);
         const __m512 dw = _mm512_loadu_ps(scales + 16 * h);
         for (int i = 0; i < R; ++i) {
           acc[a][i] = MulAdd(ToFloats(s32[a][i]), Mul(dw, _mm512_set1_ps(x[i][b].d)), acc[a][i]);
@@ -141,6 +149,14 @@ void DecodePair(const GroupArgs& g, uint8_t* out) {
     case DType::kQ5_K: return Decode<DType::kQ5_K>(g, out);
     case DType::kQ6_K: return Decode<DType::kQ6_K>(g, out);
     default: PS_CHECK(false) << "no packed kernel for " << DTypeName(g.type);
+  }
+}
+
+void FlipQuants(ActBlock* x, int64_t blocks) {
+  const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < blocks; ++b) {
+    auto* qs = reinterpret_cast<__m256i*>(x[b].qs);
+    _mm256_storeu_si256(qs, _mm256_xor_si256(_mm256_loadu_si256(qs), top));
   }
 }
 
