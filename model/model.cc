@@ -164,7 +164,8 @@ std::vector<MatrixView*> Model::Matrices() {
 }
 
 uint8_t* Model::AllocateWeightLayout(size_t bytes) {
-  return weight_layouts_.emplace_back(std::make_unique_for_overwrite<uint8_t[]>(bytes)).get();
+  LargeBuffer b = AllocateLargeBuffer(bytes);
+  return b == nullptr ? nullptr : weight_layouts_.emplace_back(std::move(b)).get();
 }
 
 void Model::ReleaseFilePages(const MatrixView& w) const {
@@ -172,16 +173,24 @@ void Model::ReleaseFilePages(const MatrixView& w) const {
 }
 
 absl::StatusOr<size_t> PrepareWeights(Model& model, Backend& backend) {
+  // Every layout in one buffer (on huge pages where offered: base/large_buffer.h), each at
+  // a multiple of 64 bytes.
+  auto layout_bytes = [&](const MatrixView& w) {
+    return w.packed == nullptr ? (backend.PackedWeightBytes(w) + 63) / 64 * 64 : 0;
+  };
   size_t packed = 0;
+  for (MatrixView* w : model.Matrices()) packed += layout_bytes(*w);
+  uint8_t* dst = nullptr;
+  if (packed > 0 && (dst = model.AllocateWeightLayout(packed)) == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", packed, " bytes for the repacked weights"));
+  }
   backend.UseWeightsOf(model.id());
   backend.PrepareWeights(model.tok_embd);
   for (MatrixView* w : model.Matrices()) {
-    const size_t bytes = backend.PackedWeightBytes(*w);
-    if (bytes > 0 && w->packed == nullptr) {
-      uint8_t* dst = model.AllocateWeightLayout(bytes);
+    if (const size_t bytes = layout_bytes(*w); bytes > 0) {
       backend.PackWeights(*w, dst);
       w->packed = dst;
-      packed += bytes;
+      dst += bytes;
     }
     backend.PrepareWeights(*w);
   }

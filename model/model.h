@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/large_buffer.h"
 #include "base/mapped_file.h"
 #include "kernels/types.h"
 #include "model/gguf.h"
@@ -80,7 +81,8 @@ class Model {
   // Every weight matrix of the forward pass (output, then each layer's q, k, v, o, gate,
   // up, down); tok_embd, read only by row lookups, is not among them.
   std::vector<MatrixView*> Matrices();
-  // Storage of `bytes` for a backend's layout of the weights, freed with the model.
+  // Storage of `bytes` for a backend's layout of the weights, freed with the model; null
+  // when the memory is not there.
   uint8_t* AllocateWeightLayout(size_t bytes);
   // Lets the pages of w's mapped file go once another layout serves w (they come back
   // if read); nothing for weights not mapped from a file.
@@ -92,7 +94,7 @@ class Model {
   std::shared_ptr<void> keep_alive_;
   const GgufFile* gguf_ = nullptr;  // the file the weights are mapped from, if any
   uint64_t id_ = 0;
-  std::vector<std::unique_ptr<uint8_t[]>> weight_layouts_;
+  std::vector<LargeBuffer> weight_layouts_;
 };
 
 // Readies the weights for `backend` once, at start-up: each matrix the backend keeps in

@@ -4,9 +4,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
+#include <string>
 
 #include "base/fault.h"
 #include "base/flags.h"
+#include "base/large_buffer.h"
 #include "base/mapped_file.h"
 #include "base/status.h"
 #include "gtest/gtest.h"
@@ -96,6 +99,38 @@ TEST(ReadTextCorpus, JoinsAFoldersFilesInNameOrder) {
   std::filesystem::create_directories(dir);
   EXPECT_FALSE(ps::ReadTextCorpus(dir).ok()) << "an empty folder is an error";
   std::filesystem::remove_all(dir);
+}
+
+// The VmFlags of the mapping holding p in /proc/self/smaps ("" when not found).
+std::string VmFlagsOf(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find('-') < line.find(' ')) {
+      inside = lo <= addr && addr < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+TEST(LargeBuffer, AlignedWritableAndAdvisedHugeFromTwoMiB) {
+  for (size_t bytes : {size_t{1}, size_t{100}, kHugePageBytes - 1, kHugePageBytes, 3 * kHugePageBytes + 5}) {
+    LargeBuffer b = AllocateLargeBuffer(bytes);
+    ASSERT_NE(b, nullptr) << bytes;
+    const auto addr = reinterpret_cast<uintptr_t>(b.get());
+    EXPECT_EQ(addr % (bytes >= kHugePageBytes ? kHugePageBytes : 64), 0u) << bytes;
+    for (size_t i = 0; i < bytes; ++i) b[i] = static_cast<uint8_t>(i * 7);
+    for (size_t i = 0; i < bytes; i += 4093) ASSERT_EQ(b[i], static_cast<uint8_t>(i * 7)) << bytes;
+    // Where the kernel has transparent huge pages, the range carries the advice ("hg").
+    if (bytes >= kHugePageBytes && std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
+      EXPECT_NE(VmFlagsOf(b.get()).find(" hg"), std::string::npos) << bytes << ": " << VmFlagsOf(b.get());
+      EXPECT_NE(VmFlagsOf(b.get() + bytes - 1).find(" hg"), std::string::npos) << bytes;
+    }
+  }
 }
 
 TEST(Status, MacrosPropagate) {
