@@ -424,7 +424,7 @@ int main(int argc, char** argv) {
               c.name.c_str(), synthetic.empty() ? model_path.c_str() : "in memory", note.c_str(),
               static_cast<long long>(threads), activations.c_str(), kv_dtype.c_str(), DescribeCpuKernels().c_str());
   if (*packed > 0) {
-    std::printf("weights repacked for the int8 kernels: %.0f MiB in %.2f s\n", *packed / 1048576.0,
+    std::printf("weights repacked for the CPU kernels (int8 or BF16): %.0f MiB in %.2f s\n", *packed / 1048576.0,
                 Seconds(w0, Clock::now()));
   }
   bench::MachinePeak ceiling;
@@ -436,7 +436,7 @@ int main(int argc, char** argv) {
     std::printf(", streaming read %.1f GB/s\n", ceiling.read_bytes_per_s / 1e9);
   }
   // Prefill arithmetic as a share of the ceilings: the matrices' products run on the
-  // int8 peak when the weights are packed, on the BF16 one for BF16 weights on a CPU with
+  // int8 peak when quantised weights are packed, on the BF16 one for BF16 weights on a CPU with
   // BF16 dot products, on the FP32 one otherwise; attention on the BF16 one where its
   // tiles take BF16 dot products, on FP32 otherwise.
   auto prefill_share = [&](int64_t n, double seconds) {
@@ -445,8 +445,9 @@ int main(int argc, char** argv) {
       std::printf("ours prefill_%lld %.1f TFLOP/s, %.1f%% of the H100 SXM's %.0f\n", static_cast<long long>(n),
                   (mm + att) / seconds / 1e12, 100 * (mm + att) / seconds / kPeakBf16Flops, kPeakBf16Flops / 1e12);
     } else if (ceiling.fp32_flops > 0) {
-      const bool int8_mm = *packed > 0 && ceiling.int8_ops > 0;
-      const bool bf16_mm = !int8_mm && (*model)->layers[0].wq.type == DType::kBF16 && ceiling.bf16_flops > 0;
+      const bool bf16_weights = (*model)->layers[0].wq.type == DType::kBF16;  // packed for BF16 products
+      const bool int8_mm = *packed > 0 && !bf16_weights && ceiling.int8_ops > 0;
+      const bool bf16_mm = !int8_mm && bf16_weights && ceiling.bf16_flops > 0;
       const double mm_peak = int8_mm ? ceiling.int8_ops : bf16_mm ? ceiling.bf16_flops : ceiling.fp32_flops;
       // Time the peak rates would take; achieved share = that / measured.
       const AttentionShape shape{.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim};

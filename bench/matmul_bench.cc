@@ -1,7 +1,9 @@
 // MatMul paths against batch rows, on matrices of a real model: F32 activations by
 // GEMV (weights decoded in registers) and by GEMM (dequantised tiles + sgemm), and int8
 // activations by the packed kernels (kernels/cpu/packed.h; weights packed once, as
-// PrepareWeights does) and, for a few rows, by per-row dot products on the GGUF layout.
+// PrepareWeights does) and, for a few rows, by per-row dot products on the GGUF layout;
+// BF16 weights (a Hugging Face folder) in place and packed for oneDNN's BF16 kernels.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -12,6 +14,7 @@
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/packed.h"
+#include "kernels/cpu/sgemm.h"
 #include "model/model.h"
 
 namespace {
@@ -36,7 +39,7 @@ int main(int argc, char** argv) {
   std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   int64_t threads = 2;
   std::vector<int64_t> rows_list = {1, 2, 4, 16, 64, 512};
-  FlagParser flags("ps_bench_matmul", "MatMul paths (F32 GEMV / GEMM, int8 packed) against batch rows.");
+  FlagParser flags("ps_bench_matmul", "MatMul paths (F32 GEMV / GEMM, BF16 or int8 packed) against batch rows.");
   flags.AddString("model", &model_path, "model file");
   flags.AddInt("threads", &threads, "compute threads");
   flags.AddIntList("rows", &rows_list, "activation rows (batch sizes)");
@@ -60,7 +63,10 @@ int main(int argc, char** argv) {
               static_cast<long long>(threads));
   for (const auto& [name, w] : matrices) {
     std::vector<uint8_t> packed;
-    if (Packable(w->type)) {
+    if (PacksBf16(*w)) {
+      packed.resize(PackedBf16Bytes(w->rows, w->cols));
+      PackBf16Weights(*w, packed.data(), pool);
+    } else if (Packable(w->type)) {
       packed.resize(PackedBytes(w->type, w->rows, w->cols));
       PackMatrix(*w, packed.data(), pool);
     }
@@ -83,10 +89,57 @@ int main(int argc, char** argv) {
       if (m <= 4) {
         column("int8-gguf", [&] { MatMulWithPath(*w, x.data(), m, y.data(), pool, MatMulPath::kGemv, true); });
       }
-      if (pw.packed != nullptr) column("int8-packed", [&] { MatMul(pw, x.data(), m, y.data(), pool, true); });
+      if (pw.packed != nullptr && PacksBf16(pw)) {
+        column("bf16-packed", [&] { MatMul(pw, x.data(), m, y.data(), pool); });
+      } else if (pw.packed != nullptr) {
+        column("int8-packed", [&] { MatMul(pw, x.data(), m, y.data(), pool, true); });
+      }
       std::printf("\n");
       std::fflush(stdout);
     }
+  }
+  // A decode step's products: every matrix of the model once, in the forward pass's order, its
+  // weights streamed from memory (the model is larger than the caches), as they are and packed.
+  std::vector<MatrixView*> all = (*model)->Matrices();
+  std::rotate(all.begin(), all.begin() + 1, all.end());  // the output matrix last
+  std::vector<std::vector<uint8_t>> layouts(all.size());
+  std::vector<MatrixView> packed_all;
+  size_t bytes = 0;
+  int64_t params = 0, max_dim = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const MatrixView& w = *all[i];
+    bytes += w.row_bytes() * static_cast<size_t>(w.rows);
+    params += w.rows * w.cols;
+    max_dim = std::max({max_dim, w.rows, w.cols});
+    packed_all.push_back(w);
+    if (PacksBf16(w)) {
+      layouts[i].resize(PackedBf16Bytes(w.rows, w.cols));
+      PackBf16Weights(w, layouts[i].data(), pool);
+    } else if (Packable(w.type)) {
+      layouts[i].resize(PackedBytes(w.type, w.rows, w.cols));
+      PackMatrix(w, layouts[i].data(), pool);
+    }
+    packed_all.back().packed = layouts[i].empty() ? nullptr : layouts[i].data();
+  }
+  const bool int8 = !PacksBf16(*all[0]);
+  std::printf(
+      "\nall %zu matrices once (%.0f MB as stored), ms a pass, GFLOP/s (int8: GOP/s) and GB/s of the stored weights:\n",
+      all.size(), bytes / 1e6);
+  for (int64_t m : rows_list) {
+    if (m > 16) continue;
+    std::vector<float> x(m * max_dim, 0.5f), y(m * max_dim);
+    std::printf("m=%3lld", static_cast<long long>(m));
+    auto pass = [&](const char* label, bool use_packed) {
+      const double ms = Millis(2.0 * m * params, [&] {
+        for (size_t i = 0; i < all.size(); ++i) {
+          MatMul(use_packed ? packed_all[i] : *all[i], x.data(), m, y.data(), pool, int8);
+        }
+      });
+      std::printf("  %s %7.2f ms %6.1f %5.1f GB/s", label, ms, 2.0 * m * params / ms / 1e6, bytes / ms / 1e6);
+    };
+    pass("as stored", false);
+    if (!layouts[0].empty()) pass("packed", true);
+    std::printf("\n");
   }
   return 0;
 }

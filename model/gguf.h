@@ -70,11 +70,8 @@ class GgufFile {
   const std::vector<GgufTensor>& tensors() const { return tensors_; }
   const GgufTensor* FindTensor(const std::string& name) const;
   const std::string& source() const { return source_; }
-  // Drops the file's pages under [p, p + bytes) from memory (MappedFile::ReleasePages);
-  // nothing for a file parsed from memory.
-  void ReleasePages(const uint8_t* p, size_t bytes) const {
-    if (file_ != nullptr) file_->ReleasePages(p, bytes);
-  }
+  // The mapped file; null for a file parsed from memory.
+  const MappedFile* mapping() const { return file_.get(); }
 
   const GgufValue* Find(const std::string& key) const;
   // Typed look-ups; a present key of the wrong type is an error, an absent one nullopt.

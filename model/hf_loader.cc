@@ -91,7 +91,9 @@ absl::StatusOr<std::unique_ptr<Model>> LoadHfModel(const std::string& dir) {
     }
     owned->files.push_back(std::move(st));
   }
-  return Model::Build(std::move(config), tensors, std::move(tokenizer), owned);
+  std::vector<const MappedFile*> mapped;
+  for (const auto& f : owned->files) mapped.push_back(f->mapping());
+  return Model::Build(std::move(config), tensors, std::move(tokenizer), owned, std::move(mapped));
 }
 
 }  // namespace ps

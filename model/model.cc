@@ -98,7 +98,8 @@ absl::Status ValidateConfig(const ModelConfig& c) {
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Build(ModelConfig config, const TensorMap& t,
                                                     std::unique_ptr<Tokenizer> tokenizer,
-                                                    std::shared_ptr<void> keep_alive) {
+                                                    std::shared_ptr<void> keep_alive,
+                                                    std::vector<const MappedFile*> mapped) {
   PS_RETURN_IF_ERROR(ValidateConfig(config));
   auto m = std::unique_ptr<Model>(new Model());
   static std::atomic<uint64_t> last_id{0};
@@ -136,6 +137,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(ModelConfig config, const Te
   m->config_ = std::move(config);
   m->tokenizer_ = std::move(tokenizer);
   m->keep_alive_ = std::move(keep_alive);
+  m->mapped_ = std::move(mapped);
   return m;
 }
 
@@ -149,9 +151,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
     tensors[t.name] = TensorRef{.type = t.type, .dims = t.dims, .data = t.data, .nbytes = t.nbytes};
   }
   std::shared_ptr<GgufFile> shared(std::move(file));
-  auto model = Build(std::move(config), tensors, std::move(tokenizer), shared);
+  std::vector<const MappedFile*> mapped;
+  if (shared->mapping() != nullptr) mapped.push_back(shared->mapping());
+  auto model = Build(std::move(config), tensors, std::move(tokenizer), shared, std::move(mapped));
   if (!model.ok()) return absl::Status(model.status().code(), absl::StrCat(path, ": ", model.status().message()));
-  (*model)->gguf_ = shared.get();
   return model;
 }
 
@@ -169,7 +172,7 @@ uint8_t* Model::AllocateWeightLayout(size_t bytes) {
 }
 
 void Model::ReleaseFilePages(const MatrixView& w) const {
-  if (gguf_ != nullptr) gguf_->ReleasePages(w.data, w.row_bytes() * static_cast<size_t>(w.rows));
+  for (const MappedFile* f : mapped_) f->ReleasePages(w.data, w.row_bytes() * static_cast<size_t>(w.rows));
 }
 
 absl::StatusOr<size_t> PrepareWeights(Model& model, Backend& backend) {
@@ -186,17 +189,17 @@ absl::StatusOr<size_t> PrepareWeights(Model& model, Backend& backend) {
   }
   backend.UseWeightsOf(model.id());
   backend.PrepareWeights(model.tok_embd);
+  // Each matrix's file pages go as soon as it is repacked, so that the two copies never
+  // all stand together. A tied output matrix is the embedding table too: the look-ups read a
+  // few of its rows in place, which come back from the file as they are read.
   for (MatrixView* w : model.Matrices()) {
     if (const size_t bytes = layout_bytes(*w); bytes > 0) {
       backend.PackWeights(*w, dst);
       w->packed = dst;
       dst += bytes;
+      model.ReleaseFilePages(*w);
     }
     backend.PrepareWeights(*w);
-  }
-  // Only now: a tied output matrix is the embedding table, whose rows stay read in place.
-  for (MatrixView* w : model.Matrices()) {
-    if (w->packed != nullptr && w->data != model.tok_embd.data) model.ReleaseFilePages(*w);
   }
   PS_RETURN_IF_ERROR(backend.Synchronize());
   return packed;

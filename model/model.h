@@ -63,9 +63,12 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& path);
   // Builds a model over tensors that the caller keeps alive through `keep_alive`
   // (used by the loaders and by tests that construct models in memory).
+  // `mapped`: the files (kept alive too) the tensors are mapped from, whose pages
+  // ReleaseFilePages lets go.
   static absl::StatusOr<std::unique_ptr<Model>> Build(ModelConfig config, const TensorMap& tensors,
                                                       std::unique_ptr<Tokenizer> tokenizer,
-                                                      std::shared_ptr<void> keep_alive);
+                                                      std::shared_ptr<void> keep_alive,
+                                                      std::vector<const MappedFile*> mapped = {});
 
   const ModelConfig& config() const { return config_; }
   // Unique among the models of this process, never reused (Backend::UseWeightsOf).
@@ -92,7 +95,7 @@ class Model {
   ModelConfig config_;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::shared_ptr<void> keep_alive_;
-  const GgufFile* gguf_ = nullptr;  // the file the weights are mapped from, if any
+  std::vector<const MappedFile*> mapped_;  // the files the weights are mapped from
   uint64_t id_ = 0;
   std::vector<LargeBuffer> weight_layouts_;
 };

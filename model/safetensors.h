@@ -27,6 +27,8 @@ class SafetensorsFile {
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Parse(const uint8_t* data, size_t size,
                                                                 const std::string& source);
   const std::map<std::string, SafetensorsTensor>& tensors() const { return tensors_; }
+  // The mapped file; null for a file parsed from memory.
+  const MappedFile* mapping() const { return file_.get(); }
 
  private:
   std::unique_ptr<MappedFile> file_;

@@ -238,7 +238,7 @@ absl::Status RunServer(ServerOptions o) {
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
     if (*packed > 0) {
-      spdlog::info("weights repacked for the int8 kernels in {:.1f} s ({:.0f} MiB)", seconds, *packed / 1048576.0);
+      spdlog::info("weights repacked for the CPU kernels (int8 or BF16) in {:.1f} s ({:.0f} MiB)", seconds, *packed / 1048576.0);
     }
     if (device_memory) {
       spdlog::info("weights on the device in {:.1f} s; {:.0f} MiB of device memory free", seconds, *free / 1048576.0);

@@ -12,6 +12,7 @@
 #include "kernels/cpu/packed.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/shared_math.h"
 
@@ -78,10 +79,17 @@ void CpuBackend::ReduceRowRuns(const float* x, int64_t width, std::span<const in
 }
 
 size_t CpuBackend::PackedWeightBytes(const MatrixView& w) const {
+  if (PacksBf16(w)) return PackedBf16Bytes(w.rows, w.cols);
   return options_.int8_activations && Packable(w.type) ? PackedBytes(w.type, w.rows, w.cols) : 0;
 }
 
-void CpuBackend::PackWeights(const MatrixView& w, uint8_t* dst) { PackMatrix(w, dst, pool_); }
+void CpuBackend::PackWeights(const MatrixView& w, uint8_t* dst) {
+  if (PacksBf16(w)) {
+    PackBf16Weights(w, dst, pool_);
+  } else {
+    PackMatrix(w, dst, pool_);
+  }
+}
 
 void CpuBackend::MatMul(const MatrixView& w, const float* x, int64_t m, float* y) {
   ps::MatMul(w, x, m, y, pool_, options_.int8_activations);

@@ -74,6 +74,41 @@ void Gemv(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
 
 constexpr int64_t kSmallBatchRows = 64;
 
+// Each thread's rows of a product on packed BF16 weights, from which the rows are split
+// between the threads (each multiplies all of the weights; its share of y is then dense, as
+// oneDNN's blocked-weight kernels want). Fewer rows split the weights' 64-column blocks, each
+// thread's share of y written to scratch first.
+constexpr int64_t kPackedBf16RowsPerThread = 32;
+
+void PackedBf16Gemm(const MatrixView& w, const uint16_t* xb, int64_t m, float* y, ThreadPool& pool) {
+  const int64_t n = w.rows, k = w.cols;
+  const auto* packed = reinterpret_cast<const uint16_t*>(w.packed);
+  if (m <= kSmallGemmBf16Rows) {
+    pool.ParallelFor((n + kPackedBf16Columns - 1) / kPackedBf16Columns, 1, [&](int64_t b0, int64_t b1) {
+      SmallGemmBf16(m, b0 * kPackedBf16Columns, std::min(n, b1 * kPackedBf16Columns), k, xb, packed,
+                    y + b0 * kPackedBf16Columns, n);
+    });
+    return;
+  }
+  if (m >= kPackedBf16RowsPerThread * pool.num_threads()) {
+    const int64_t share = (m + pool.num_threads() - 1) / pool.num_threads();
+    pool.ParallelFor(
+        m, share, [&](int64_t i0, int64_t i1) { GemmBf16Packed(i1 - i0, 0, n, k, xb + i0 * k, packed, y + i0 * n); },
+        /*chunks_per_thread=*/1);
+    return;
+  }
+  pool.ParallelFor((n + kPackedBf16Columns - 1) / kPackedBf16Columns, 1,
+                   [&](int64_t b0, int64_t b1) {
+                     const int64_t n0 = b0 * kPackedBf16Columns, n1 = std::min(n, b1 * kPackedBf16Columns),
+                                   width = n1 - n0;
+                     static thread_local std::vector<float> c_storage;
+                     float* c = Scratch(c_storage, static_cast<size_t>(m * width));
+                     GemmBf16Packed(m, n0, n1, k, xb, packed, c);
+                     for (int64_t i = 0; i < m; ++i) std::copy(c + i * width, c + (i + 1) * width, y + i * n + n0);
+                   },
+                   /*chunks_per_thread=*/1);
+}
+
 void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
   const int64_t k = w.cols;
   if (w.type == DType::kF32) {
@@ -102,10 +137,8 @@ void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& 
   const int64_t share = (w.rows + pool.num_threads() - 1) / pool.num_threads();
   // BF16 products take each thread's share in one call (no panels to keep in L2).
   const int64_t grain = bf16_products ? (share + 15) / 16 * 16 : std::min(panel, (share + 15) / 16 * 16);
-  if (bf16_products && m <= kSmallGemmBf16Rows) {  // few rows: tiles of 4 x 4 rows in registers
-    pool.ParallelFor(w.rows, 16, [&](int64_t r0, int64_t r1) {
-      SmallGemmBf16(m, r1 - r0, k, xb, reinterpret_cast<const uint16_t*>(w.Row(r0)), k, y + r0, w.rows);
-    });
+  if (bf16_products && w.packed != nullptr) {
+    PackedBf16Gemm(w, xb, m, y, pool);
     return;
   }
   pool.ParallelFor(w.rows, grain, [&](int64_t r0, int64_t r1) {
@@ -133,12 +166,27 @@ void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, Th
                     bool int8_activations) {
   PS_CHECK(w.data != nullptr && w.rows > 0 && w.cols > 0) << "empty matrix";
   if (m <= 0) return;
-  if (path == MatMulPath::kAuto) path = m <= GemvMaxRows(w.type) ? MatMulPath::kGemv : MatMulPath::kGemm;
+  if (path == MatMulPath::kAuto) {
+    path = m <= GemvMaxRows(w.type) && !PacksBf16(w) ? MatMulPath::kGemv : MatMulPath::kGemm;
+  }
   if (path == MatMulPath::kGemv) {
     Gemv(w, x, m, y, pool, int8_activations);
   } else {
     Gemm(w, x, m, y, pool);
   }
+}
+
+bool PacksBf16(const MatrixView& w) { return w.type == DType::kBF16 && ActiveCpuIsa() >= CpuIsa::kAvx512Bf16; }
+
+void PackBf16Weights(const MatrixView& w, uint8_t* dst, ThreadPool& pool) {
+  PS_CHECK(PacksBf16(w)) << "only BF16 weights on AVX-512 BF16 are packed for BF16 products";
+  // Each block of rows is packed on its own, at its place in the layout.
+  const int64_t block_bytes = static_cast<int64_t>(PackedBf16Bytes(kPackedBf16Columns, w.cols));
+  pool.ParallelFor((w.rows + kPackedBf16Columns - 1) / kPackedBf16Columns, 1, [&](int64_t b0, int64_t b1) {
+    const int64_t n0 = b0 * kPackedBf16Columns, n1 = std::min(w.rows, b1 * kPackedBf16Columns);
+    PackBf16(reinterpret_cast<const uint16_t*>(w.Row(n0)), n1 - n0, w.cols, w.cols,
+             reinterpret_cast<uint16_t*>(dst + b0 * block_bytes));
+  });
 }
 
 namespace {

@@ -27,6 +27,12 @@ void MatMul(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool
 // parallel region (PackedMatMuls), the others one after another.
 void MatMuls(std::span<const MatMulOutput> outs, const float* x, int64_t m, ThreadPool& pool, bool int8_activations);
 
+// BF16 weights on a CPU with BF16 dot products are packed once for oneDNN's kernels
+// (sgemm.h's PackBf16): PackedBf16Bytes(w.rows, w.cols) bytes at dst, which MatMul then reads
+// through w.packed at every row count (w.data stays valid).
+bool PacksBf16(const MatrixView& w);
+void PackBf16Weights(const MatrixView& w, uint8_t* dst, ThreadPool& pool);
+
 // The same with an explicit choice of path (tests and benchmarks compare them).
 enum class MatMulPath { kAuto, kGemv, kGemm };
 void MatMulWithPath(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool, MatMulPath path,

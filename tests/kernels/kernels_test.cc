@@ -9,11 +9,11 @@
 
 #include "base/fp16.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/bf16_rows.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/sgemm.h"
 #include "kernels/cpu/vec.h"
 #include "tests/kernels/compare.h"
 #include "tests/kernels/cpu_levels.h"
@@ -25,13 +25,15 @@ namespace {
 using testing::MaxRelErr;
 using testing::Randn;
 
-// On a CPU with BF16 dot products, BF16 weights from kGemvMaxRows + 1 rows up multiply on them
-// (our 4 x 4 tiles up to kSmallGemmBf16Rows rows, oneDNN's BF16 matmul above) with the
-// activations rounded to BF16: the result is the exact product of the rounded
-// activations, not of the F32 ones, at ragged row counts and a row length that is not
-// a multiple of the tiles' 32. First in this file: oneDNN keeps the instruction level of
-// its first product, and the tests below start at scalar (ctest runs each test in a
-// process of its own; run whole, the binary passes in this order).
+// On a CPU with BF16 dot products, BF16 weights multiply on them (oneDNN's BF16 matmul) with
+// the activations rounded to BF16: the result is the exact product of the rounded
+// activations, not of the F32 ones, at ragged row counts and a row length that is not a
+// multiple of 32. As the weights are (from kGemvMaxRows + 1 rows up), and packed once
+// (PackBf16Weights: 301 weight rows are four 64-column blocks and a ragged one) at every row
+// count: one row, rows that split the weights' blocks between the threads, rows that the
+// threads split between them (from 64 on two threads). First in this file: oneDNN keeps the
+// instruction level of its first product, and the tests below start at scalar (ctest runs
+// each test in a process of its own; run whole, the binary passes in this order).
 TEST(MatMul, Bf16WeightsTakeBf16DotProducts) {
   const std::vector<CpuIsa> levels = SupportedCpuIsas();
   if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
@@ -41,12 +43,23 @@ TEST(MatMul, Bf16WeightsTakeBf16DotProducts) {
   ThreadPool pool(2);
   const int64_t rows = 301;
   for (const int64_t cols : {int64_t{96}, int64_t{100}}) {
-    for (const int64_t m : {kGemvMaxRows + 1, int64_t{5}, kSmallGemmBf16Rows, int64_t{33}}) {
-      const auto wf = Randn(rows * cols, 11), x = Randn(m * cols, 12);
-      std::vector<uint16_t> w16(wf.size());
-      for (size_t i = 0; i < wf.size(); ++i) w16[i] = Fp32ToBf16(wf[i]);
-      const MatrixView w{
-          .type = DType::kBF16, .data = reinterpret_cast<const uint8_t*>(w16.data()), .rows = rows, .cols = cols};
+    const auto wf = Randn(rows * cols, 11);
+    std::vector<uint16_t> w16(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) w16[i] = Fp32ToBf16(wf[i]);
+    const MatrixView plain{
+        .type = DType::kBF16, .data = reinterpret_cast<const uint8_t*>(w16.data()), .rows = rows, .cols = cols};
+    ASSERT_TRUE(PacksBf16(plain));
+    // Packed over NaNs (the padding must come out zero), from rows that are then zeroed: the
+    // products read only the packed layout.
+    std::vector<uint16_t> packed(PackedBf16Bytes(rows, cols) / sizeof(uint16_t), 0xFFFF), zeroed = w16;
+    MatrixView with_packed = plain;
+    with_packed.data = reinterpret_cast<const uint8_t*>(zeroed.data());
+    PackBf16Weights(with_packed, reinterpret_cast<uint8_t*>(packed.data()), pool);
+    std::fill(zeroed.begin(), zeroed.end(), uint16_t{0});
+    with_packed.packed = reinterpret_cast<const uint8_t*>(packed.data());
+    for (const int64_t m :
+         {int64_t{1}, kGemvMaxRows + 1, int64_t{5}, int64_t{16}, int64_t{33}, int64_t{64}, int64_t{67}}) {
+      const auto x = Randn(m * cols, 12);
       std::vector<double> exact(m * rows, 0.0), rounded(m * rows, 0.0);
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t r = 0; r < rows; ++r) {
@@ -57,10 +70,15 @@ TEST(MatMul, Bf16WeightsTakeBf16DotProducts) {
           }
         }
       }
-      std::vector<float> y(m * rows);
-      MatMul(w, x.data(), m, y.data(), pool, /*int8_activations=*/false);
-      EXPECT_LT(MaxRelErr(y, rounded), 1e-5) << m << " rows of " << cols;
-      EXPECT_GT(MaxRelErr(y, exact), 1e-4) << m << " rows of " << cols;  // BF16's rounding of the activations shows
+      for (const MatrixView* w : {&plain, static_cast<const MatrixView*>(&with_packed)}) {
+        if (w == &plain && m <= kGemvMaxRows) continue;  // F32 dot products on the BF16 rows
+        std::vector<float> y(m * rows);
+        MatMul(*w, x.data(), m, y.data(), pool, /*int8_activations=*/false);
+        const char* which = w == &plain ? " (in place)" : " (packed)";
+        EXPECT_LT(MaxRelErr(y, rounded), 1e-5) << m << " rows of " << cols << which;
+        // BF16's rounding of the activations shows
+        EXPECT_GT(MaxRelErr(y, exact), 1e-4) << m << " rows of " << cols << which;
+      }
     }
   }
 }

@@ -50,7 +50,8 @@ void WriteSafetensors(const std::string& path, const std::map<std::string, HfTen
     }
     header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {begin, data.size()}}};
   }
-  const std::string h = header.dump();
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // the data 8-byte aligned, as safetensors writes it
   const uint64_t len = h.size();
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(&len), 8);
@@ -211,6 +212,66 @@ TEST_F(HfLoaderTest, LoadsAndMatchesGgufLayout) {
   const auto a = Logits(**hf, prompt), b = Logits(**gguf, prompt);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-4f * (1 + std::fabs(b[i])));
+}
+
+// Resident kB of this process's mappings of `path` (/proc/self/smaps).
+int64_t MappedRssKb(const std::string& path) {
+  std::ifstream smaps("/proc/self/smaps");
+  int64_t kb = 0;
+  bool in = false;
+  for (std::string line; std::getline(smaps, line);) {
+    const std::string first = line.substr(0, line.find(' '));
+    if (first.empty()) continue;
+    if (first.back() != ':') {  // a mapping's first line: its addresses ... its file
+      in = line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+    } else if (in && first == "Rss:") {
+      kb += std::stoll(line.substr(first.size()));
+    }
+  }
+  return kb;
+}
+
+// On a CPU with BF16 dot products, start-up repacks the BF16 matrices for oneDNN's kernels
+// (the F16 and F32 ones stay as they are) and lets their pages of the mapped file go: here
+// the tied output matrix, which is the BF16 embedding table (16 KiB: its whole pages). The
+// logits stay those of the weights read in place, and the embedding's look-ups still read
+// the file.
+TEST_F(HfLoaderTest, Bf16MatricesAreRepackedAndTheirFilePagesLetGo) {
+  const std::vector<CpuIsa> levels = SupportedCpuIsas();
+  if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16 dot products";
+  }
+  ScopedCpuIsa level(CpuIsa::kAvx512Bf16);
+  hf_.erase("lm_head.weight");
+  const std::string file = fs::canonical(dir_ / "model.safetensors").string();
+  WriteSafetensors(file, hf_);
+  auto m = Model::Load(dir_.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ((*m)->output.data, (*m)->tok_embd.data);
+  const std::vector<int32_t> prompt = {5, 258, 100, 7, 259, 42, 3, 200, 17, 9};
+  const std::vector<float> in_place = Logits(**m, prompt);  // reads every page
+  const int64_t before = MappedRssKb(file);
+
+  ThreadPool pool(2);
+  CpuBackend backend(pool);
+  const absl::StatusOr<size_t> packed = PrepareWeights(**m, backend);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_GT(*packed, 0u);
+  EXPECT_NE((*m)->output.packed, nullptr);
+  for (const LayerWeights& l : (*m)->layers) {
+    EXPECT_NE(l.wk.packed, nullptr);      // BF16
+    EXPECT_NE(l.w_down.packed, nullptr);  // BF16
+    EXPECT_EQ(l.wq.packed, nullptr);      // F16
+    EXPECT_EQ(l.wv.packed, nullptr);      // F32
+  }
+  const int64_t page_kb = ::sysconf(_SC_PAGESIZE) / 1024;
+  EXPECT_LE(MappedRssKb(file), before - 3 * page_kb) << "resident before: " << before << " kB";
+
+  const std::vector<float> repacked = Logits(**m, prompt);
+  ASSERT_EQ(repacked.size(), in_place.size());
+  for (size_t i = 0; i < repacked.size(); ++i) {
+    EXPECT_NEAR(repacked[i], in_place[i], 1e-4f * (1 + std::fabs(in_place[i]))) << i;
+  }
 }
 
 TEST_F(HfLoaderTest, BrokenFoldersGiveErrors) {
