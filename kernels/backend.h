@@ -63,7 +63,11 @@ class Backend {
   // weights are dropped (kernels/weight_mirrors.h).
   virtual void UseWeightsOf(uint64_t /*model_id*/) {}
   // Bytes of w in the layout this backend's products read it in, when that is not w's own
-  // (the CPU's int8 kernels: kernels/cpu/packed.h); 0 when w is used as it is.
+  // (the CPU's int8 and BF16 kernels: kernels/cpu/packed.h, sgemm.h); 0 when w is used as it
+  // is. A layout keeps the rows in groups of at most kPackedRowGroup: the layout of w's first
+  // r rows (r a multiple of it) is the first PackedWeightBytes(those rows) bytes of w's, so
+  // that w can be packed a part at a time.
+  static constexpr int64_t kPackedRowGroup = 64;
   virtual size_t PackedWeightBytes(const MatrixView& /*w*/) const { return 0; }
   // Writes that layout of w to dst (PackedWeightBytes(w) bytes); MatMul then reads it
   // through w.packed.

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 
@@ -189,15 +190,23 @@ absl::StatusOr<size_t> PrepareWeights(Model& model, Backend& backend) {
   }
   backend.UseWeightsOf(model.id());
   backend.PrepareWeights(model.tok_embd);
-  // Each matrix's file pages go as soon as it is repacked, so that the two copies never
-  // all stand together. A tied output matrix is the embedding table too: the look-ups read a
-  // few of its rows in place, which come back from the file as they are read.
+  // Packed a part of a matrix at a time, each part's file pages let go once it is packed: the
+  // two copies never stand together beyond a part. A tied output matrix is the embedding
+  // table too: the look-ups read a few of its rows in place, which come back from the file as
+  // they are read.
+  constexpr int64_t kPartRows = 16 * Backend::kPackedRowGroup;
   for (MatrixView* w : model.Matrices()) {
     if (const size_t bytes = layout_bytes(*w); bytes > 0) {
-      backend.PackWeights(*w, dst);
+      for (int64_t r0 = 0; r0 < w->rows; r0 += kPartRows) {
+        MatrixView first = *w, part = *w;
+        first.rows = r0;
+        part.data = w->Row(r0);
+        part.rows = std::min(kPartRows, w->rows - r0);
+        backend.PackWeights(part, dst + (r0 > 0 ? backend.PackedWeightBytes(first) : 0));
+        model.ReleaseFilePages(part);
+      }
       w->packed = dst;
       dst += bytes;
-      model.ReleaseFilePages(*w);
     }
     backend.PrepareWeights(*w);
   }

@@ -78,6 +78,10 @@ void CpuBackend::ReduceRowRuns(const float* x, int64_t width, std::span<const in
   });
 }
 
+// Both layouts keep rows in groups that a part of kPackedRowGroup rows is whole groups of:
+// int8's of 8 (packed.h), BF16's of kPackedBf16Columns.
+static_assert(Backend::kPackedRowGroup % 8 == 0 && Backend::kPackedRowGroup % kPackedBf16Columns == 0);
+
 size_t CpuBackend::PackedWeightBytes(const MatrixView& w) const {
   if (PacksBf16(w)) return PackedBf16Bytes(w.rows, w.cols);
   return options_.int8_activations && Packable(w.type) ? PackedBytes(w.type, w.rows, w.cols) : 0;
