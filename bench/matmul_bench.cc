@@ -11,10 +11,9 @@
 #include <vector>
 
 #include "base/flags.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/cpu/packed.h"
-#include "kernels/cpu/sgemm.h"
 #include "model/model.h"
 
 namespace {
@@ -61,15 +60,15 @@ int main(int argc, char** argv) {
       {"ffn_down.0", &l0.w_down}, {"ffn_down.1", &l1.w_down}, {"output", &(*model)->output}};
   std::printf("CPU level %s, %lld threads; GFLOP/s (int8: GOP/s)\n", DescribeCpuIsa().c_str(),
               static_cast<long long>(threads));
+  // The layout start-up packs w in (PrepareWeights through the CPU backend), if any.
+  CpuBackend backend(pool);
+  auto pack = [&](const MatrixView& w) {
+    std::vector<uint8_t> layout(backend.PackedWeightBytes(w));
+    if (!layout.empty()) backend.PackWeights(w, layout.data());
+    return layout;
+  };
   for (const auto& [name, w] : matrices) {
-    std::vector<uint8_t> packed;
-    if (PacksBf16(*w)) {
-      packed.resize(PackedBf16Bytes(w->rows, w->cols));
-      PackBf16Weights(*w, packed.data(), pool);
-    } else if (Packable(w->type)) {
-      packed.resize(PackedBytes(w->type, w->rows, w->cols));
-      PackMatrix(*w, packed.data(), pool);
-    }
+    const std::vector<uint8_t> packed = pack(*w);
     MatrixView pw = *w;
     pw.packed = packed.empty() ? nullptr : packed.data();
     for (int64_t m : rows_list) {
@@ -112,13 +111,7 @@ int main(int argc, char** argv) {
     params += w.rows * w.cols;
     max_dim = std::max({max_dim, w.rows, w.cols});
     packed_all.push_back(w);
-    if (PacksBf16(w)) {
-      layouts[i].resize(PackedBf16Bytes(w.rows, w.cols));
-      PackBf16Weights(w, layouts[i].data(), pool);
-    } else if (Packable(w.type)) {
-      layouts[i].resize(PackedBytes(w.type, w.rows, w.cols));
-      PackMatrix(w, layouts[i].data(), pool);
-    }
+    layouts[i] = pack(w);
     packed_all.back().packed = layouts[i].empty() ? nullptr : layouts[i].data();
   }
   const bool int8 = !PacksBf16(*all[0]);

@@ -103,9 +103,8 @@ class Model {
 // Readies the weights for `backend` once, at start-up: each matrix the backend keeps in
 // a layout of its own (the CPU's int8 and BF16 kernels: kernels/cpu/packed.h, sgemm.h) is
 // repacked into storage owned by the model, a part at a time, each part's pages of the
-// file let go once it is packed; a GPU's
-// copies are made and waited for, so that start-up holds the weights before sizing the
-// KV tiers. Returns the bytes repacked.
+// file let go once it is packed; a GPU's copies are made and waited for, so that start-up
+// holds the weights before sizing the KV tiers. Returns the bytes repacked.
 absl::StatusOr<size_t> PrepareWeights(Model& model, Backend& backend);
 
 // Reads the model configuration from GGUF metadata (and the rope_freqs tensor).

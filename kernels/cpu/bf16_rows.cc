@@ -19,7 +19,7 @@ namespace {
 
 #define PS_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
-// PackBf16's layout: blocks of 64 columns of W, each its k values in pairs (k padded to 32):
+// PackBf16's layout: blocks of 64 columns of W, each its k values in pairs (k padded):
 // pair p of the block's columns is 64 x 2 values at p * 128.
 constexpr int64_t kBlockColumns = kPackedBf16Columns, kPairValues = 2 * kBlockColumns;
 
@@ -97,7 +97,8 @@ void SmallGemmBf16(int64_t m, int64_t n0, int64_t n1, int64_t k, const uint16_t*
   PS_CHECK(ActiveCpuIsa() >= CpuIsa::kAvx512Bf16) << "BF16 products need AVX-512 BF16";
   PS_CHECK(m > 0 && m <= kSmallGemmBf16Rows && n0 % kBlockColumns == 0 && n1 > n0)
       << m << " rows, columns [" << n0 << ", " << n1 << ")";
-  const int64_t block_values = (k + 31) / 32 * 32 * kBlockColumns, whole = k / 2;
+  const int64_t block_values = static_cast<int64_t>(PackedBf16Bytes(kBlockColumns, k) / sizeof(uint16_t));
+  const int64_t whole = k / 2;
   // Rows in groups of at most 6, as even as they come (16 rows are 5 + 5 + 6), each group
   // over a slice of kSlicePairs pairs of the block in turn, the slice read from L1.
   const int64_t groups = (m + kMaxTileRows - 1) / kMaxTileRows;

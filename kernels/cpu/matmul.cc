@@ -83,8 +83,9 @@ constexpr int64_t kPackedBf16RowsPerThread = 32;
 void PackedBf16Gemm(const MatrixView& w, const uint16_t* xb, int64_t m, float* y, ThreadPool& pool) {
   const int64_t n = w.rows, k = w.cols;
   const auto* packed = reinterpret_cast<const uint16_t*>(w.packed);
+  const int64_t blocks = (n + kPackedBf16Columns - 1) / kPackedBf16Columns;
   if (m <= kSmallGemmBf16Rows) {
-    pool.ParallelFor((n + kPackedBf16Columns - 1) / kPackedBf16Columns, 1, [&](int64_t b0, int64_t b1) {
+    pool.ParallelFor(blocks, 1, [&](int64_t b0, int64_t b1) {
       SmallGemmBf16(m, b0 * kPackedBf16Columns, std::min(n, b1 * kPackedBf16Columns), k, xb, packed,
                     y + b0 * kPackedBf16Columns, n);
     });
@@ -97,16 +98,16 @@ void PackedBf16Gemm(const MatrixView& w, const uint16_t* xb, int64_t m, float* y
         /*chunks_per_thread=*/1);
     return;
   }
-  pool.ParallelFor((n + kPackedBf16Columns - 1) / kPackedBf16Columns, 1,
-                   [&](int64_t b0, int64_t b1) {
-                     const int64_t n0 = b0 * kPackedBf16Columns, n1 = std::min(n, b1 * kPackedBf16Columns),
-                                   width = n1 - n0;
-                     static thread_local std::vector<float> c_storage;
-                     float* c = Scratch(c_storage, static_cast<size_t>(m * width));
-                     GemmBf16Packed(m, n0, n1, k, xb, packed, c);
-                     for (int64_t i = 0; i < m; ++i) std::copy(c + i * width, c + (i + 1) * width, y + i * n + n0);
-                   },
-                   /*chunks_per_thread=*/1);
+  pool.ParallelFor(
+      blocks, 1,
+      [&](int64_t b0, int64_t b1) {
+        const int64_t n0 = b0 * kPackedBf16Columns, n1 = std::min(n, b1 * kPackedBf16Columns), width = n1 - n0;
+        static thread_local std::vector<float> c_storage;
+        float* c = Scratch(c_storage, static_cast<size_t>(m * width));
+        GemmBf16Packed(m, n0, n1, k, xb, packed, c);
+        for (int64_t i = 0; i < m; ++i) std::copy(c + i * width, c + (i + 1) * width, y + i * n + n0);
+      },
+      /*chunks_per_thread=*/1);
 }
 
 void Gemm(const MatrixView& w, const float* x, int64_t m, float* y, ThreadPool& pool) {
