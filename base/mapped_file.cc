@@ -32,13 +32,17 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
   const size_t size = static_cast<size_t>(st.st_size);
   const uint8_t* data = nullptr;
   if (size > 0) {
-    // MAP_POPULATE: fault the weights in now rather than during the first request.
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    // Pages are mapped as they are touched, not all at once (MAP_POPULATE): a loader that
+    // repacks the weights reads each part once and lets it go (ReleasePages), so the whole
+    // file is never resident beside the packed copy. WILLNEED starts reading it into the
+    // page cache now, so those touches (and a first request's) are minor faults.
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
       return absl::InternalError(absl::StrCat("mmap ", path, ": ", std::strerror(err)));
     }
+    ::madvise(p, size, MADV_WILLNEED);  // advice only: without it the faults read the file
     data = static_cast<const uint8_t*>(p);
   }
   ::close(fd);

@@ -262,7 +262,7 @@ int main(int argc, char** argv) {
                    "for the same file and threads in the same run, with the ratios.");
   flags.AddString("model", &model_path, "model file");
   flags.AddString("text", &text_path, "folder or file of text used as the prompt");
-  flags.AddIntList("prefill", &prefill_list, "prompt lengths");
+  flags.AddIntList("prefill", &prefill_list, "prompt lengths (0: none)");
   flags.AddIntList("decode-depth", &depth_list, "context depths at which one sequence's decode is measured");
   flags.AddInt("decode", &decode, "decode steps");
   flags.AddInt("streams", &streams, "decode streams batched together (0 = skip)");
@@ -326,8 +326,10 @@ int main(int argc, char** argv) {
     all_ids.resize(static_cast<size_t>(c.n_ctx));
     for (size_t i = 0; i < all_ids.size(); ++i) all_ids[i] = static_cast<int32_t>((i * 7919 + 11) % c.n_vocab);
   }
-  const int64_t longest = std::max(*std::max_element(prefill_list.begin(), prefill_list.end()),
-                                   *std::max_element(depth_list.begin(), depth_list.end()) + decode);
+  std::erase_if(prefill_list, [](int64_t n) { return n <= 0; });
+  const int64_t longest =
+      std::max(prefill_list.empty() ? 0 : *std::max_element(prefill_list.begin(), prefill_list.end()),
+               *std::max_element(depth_list.begin(), depth_list.end()) + decode);
   if (static_cast<int64_t>(all_ids.size()) < longest || longest > c.n_ctx) {
     return Fail("text too short or prompt longer than the context");
   }
@@ -537,8 +539,8 @@ int main(int argc, char** argv) {
     // Its defaults otherwise (F16 KV cache, flash attention where it chooses): llama.cpp as
     // a user runs it. Prompts of the same lengths; generation from depth 0 or the same depths.
     const std::string common = absl::StrCat("-m ", model_path, " -t ", threads, " -r ", std::max<int64_t>(repeats, 2));
-    std::map<std::string, double> theirs =
-        LlamaBench(absl::StrCat(common, " -n 0 -p ", absl::StrJoin(prefill_list, ",")));
+    std::map<std::string, double> theirs;
+    if (!prefill_list.empty()) theirs = LlamaBench(absl::StrCat(common, " -n 0 -p ", absl::StrJoin(prefill_list, ",")));
     std::map<std::string, double> gen =
         LlamaBench(absl::StrCat(common, " -p 0 -n ", decode, " -d ", absl::StrJoin(depth_list, ",")));
     theirs.insert(gen.begin(), gen.end());

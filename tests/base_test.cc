@@ -101,8 +101,9 @@ TEST(ReadTextCorpus, JoinsAFoldersFilesInNameOrder) {
   std::filesystem::remove_all(dir);
 }
 
-// The VmFlags of the mapping holding p in /proc/self/smaps ("" when not found).
-std::string VmFlagsOf(const void* p) {
+// The line starting with `field` ("VmFlags:", "Rss:") of the mapping holding p in
+// /proc/self/smaps ("" when not found).
+std::string SmapsLine(const void* p, const std::string& field) {
   std::ifstream smaps("/proc/self/smaps");
   const auto addr = reinterpret_cast<uintptr_t>(p);
   bool inside = false;
@@ -110,11 +111,47 @@ std::string VmFlagsOf(const void* p) {
     unsigned long lo = 0, hi = 0;
     if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find('-') < line.find(' ')) {
       inside = lo <= addr && addr < hi;
-    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+    } else if (inside && line.rfind(field, 0) == 0) {
       return line;
     }
   }
   return "";
+}
+std::string VmFlagsOf(const void* p) { return SmapsLine(p, "VmFlags:"); }
+// Resident kB of the mapping holding p (-1 when not found).
+int64_t RssKbOf(const void* p) {
+  const std::string line = SmapsLine(p, "Rss:");
+  return line.empty() ? -1 : std::stoll(line.substr(4));
+}
+
+// A mapped file's pages become resident as they are read, not at Open (a loader that
+// repacks the weights never holds the whole file beside the packed copy), and go again
+// when released; what is read is the file.
+TEST(MappedFile, PagesResidentOnlyOnceReadAndGoneWhenReleased) {
+  const std::string path = ::testing::TempDir() + "/mapped_file_test.bin";
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE)), bytes = 256 * page;
+  {
+    std::ofstream out(path, std::ios::binary);
+    for (size_t i = 0; i < bytes; ++i) out.put(static_cast<char>(i * 13 + i / page));
+  }
+  absl::StatusOr<std::unique_ptr<MappedFile>> f = MappedFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ((*f)->size(), bytes);
+  const uint8_t* d = (*f)->data();
+  const int64_t kb = static_cast<int64_t>(bytes / 1024);
+  EXPECT_EQ(RssKbOf(d), 0) << "nothing read yet";
+  int64_t sum = 0;
+  for (size_t i = 0; i < bytes / 2; i += 7) {
+    ASSERT_EQ(d[i], static_cast<uint8_t>(i * 13 + i / page)) << i;
+    sum += d[i];
+  }
+  EXPECT_GT(sum, 0);
+  EXPECT_GE(RssKbOf(d), kb / 2) << "the first half read";
+  (*f)->ReleasePages(d, bytes);
+  EXPECT_EQ(RssKbOf(d), 0) << "all released";
+  EXPECT_EQ(d[bytes - 1], static_cast<uint8_t>((bytes - 1) * 13 + (bytes - 1) / page)) << "read again from the file";
+  f->reset();
+  std::filesystem::remove(path);
 }
 
 TEST(LargeBuffer, AlignedWritableAndAdvisedHugeFromTwoMiB) {
