@@ -208,7 +208,12 @@ constexpr size_t kBroadcastBytes = 1 << 20;
 constexpr int kTileRows = 8;
 // From this many activation rows on, VNNI products decode their pairs of groups once per
 // chunk (avx512_vnni::DecodePair): decoding costs about what one tile's unpacking does.
+// Q6_K, whose unpacking costs the most, from two tiles of rows on: Qwen2.5-0.5B's Q6_K
+// down projections at 16 rows (2 Zen 5 threads, ps_bench_matmul) 685 -> 914-926 GOP/s,
+// where its Q5_0 and Q8_0 matrices ran slower decoded (1,021-1,129 -> 895-909; 795-850 ->
+// 609-618).
 constexpr int64_t kDecodeRows = 32;
+constexpr int64_t kDecodeRowsQ6K = kTileRows + 1;
 
 }  // namespace
 
@@ -357,7 +362,9 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
   // multiple of the groups a call takes, so that a call's groups are one matrix's and next
   // to each other (and a decoded chunk holds no lone pair: Q6_K's chunks of 6 groups gave
   // every third call one pair, at half the rate).
-  const bool decode = vnni && m >= kDecodeRows;
+  const bool all_q6k =
+      std::all_of(products.begin(), products.end(), [](const PackedProduct& p) { return p.w.type == DType::kQ6_K; });
+  const bool decode = vnni && m >= (all_q6k ? kDecodeRowsQ6K : kDecodeRows);
   const int64_t span = decode ? 4 : vnni && m > kTileRows ? 2 : 1;
   auto whole_spans = [span](int64_t n) { return std::max<int64_t>(span, (n + span - 1) / span * span); };
   // The products' groups in one index space: matrix p's group g is first[p] + g (past

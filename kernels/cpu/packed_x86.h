@@ -13,9 +13,9 @@
 //   made unsigned (+128, one xor for all rows) and 128 times the activations' sum taken
 //   off again, as the offset of the formats that have one. One group in a 32-byte vector
 //   (Ymm), or two side by side in a 64-byte one (Zmm; packed.cc takes it for products of
-//   9 to 31 rows, and from 32 the decoded kernel of packed_avx512.cc): each activation
-//   broadcast then serves 16 rows, and 8 rows' sums give vpdpbusd's latency room (on
-//   Zen 4, 8 chains of 256-bit sums barely cover it).
+//   9 to 31 rows, and from 32 (Q6_K: from 9) the decoded kernel of packed_avx512.cc): each
+//   activation broadcast then serves 16 rows, and 8 rows' sums give vpdpbusd's latency room
+//   (on Zen 4, 8 chains of 256-bit sums barely cover it).
 // Both sum the same integers exactly, so both agree bit for bit with GroupDotScalar, whose
 // arithmetic per row and block this is, operation for operation. Everything is in an
 // unnamed namespace: each including file gets its own copy, built for its own instructions.

@@ -69,8 +69,8 @@ TEST_P(PackedTypes, EveryLevelComputesTheInt8Product) {
     for (int64_t blocks : {1, 3}) {
       const int64_t cols = Cols(blocks);
       Matrix w(type, rows, cols, 7 * rows + blocks);
-      // From 9 rows VNNI takes two groups a call; from 32 it decodes them first and takes
-      // up to 4 groups and 6 rows a call (38: 6 calls of 6 rows, then 2).
+      // From 9 rows VNNI takes two groups a call; from 32 (Q6_K: from 9) it decodes them
+      // first and takes up to 4 groups and 6 rows a call (38: 6 calls of 6 rows, then 2).
       for (int64_t m : {1, 2, 3, 4, 5, 7, 17, 38}) {
         const std::vector<float> x = testing::Randn(m * cols, static_cast<uint32_t>(m * 1000 + rows));
         // The double-precision product of the dequantised weights and activations.
