@@ -37,8 +37,8 @@ constexpr int64_t kFetchAhead = kSlicePairs * kPairValues * sizeof(uint16_t);
 // Whether those fetches go into L1 or only into L2: into L1 where it holds more than a slice
 // (Zen 5: 48 KiB); where a slice fills it (Zen 4: 32 KiB), the fetched lines would evict the
 // slice's own, which the next groups read again, so they stop in L2. Zen 4, two threads, the
-// 0.5B model's pass over all matrices at 16 rows (ps_bench_matmul, alternated, 6 runs each):
-// median 56.2 ms into L1, 49.8 into L2; Zen 5 ran 10-20% slower into L2.
+// 0.5B model's pass over all matrices (ps_bench_matmul, alternated, 6 runs each), median into
+// L1 / into L2: 8 rows 44.3 / 34.8 ms, 16 rows 53.3 / 50.6. Zen 5 ran 10-20% slower into L2.
 bool FetchIntoL1() {
   static const bool into_l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE) > kFetchAhead;
   return into_l1;
