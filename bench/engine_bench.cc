@@ -264,7 +264,7 @@ int main(int argc, char** argv) {
   flags.AddString("text", &text_path, "folder or file of text used as the prompt");
   flags.AddIntList("prefill", &prefill_list, "prompt lengths (0: none)");
   flags.AddIntList("decode-depth", &depth_list, "context depths at which one sequence's decode is measured");
-  flags.AddInt("decode", &decode, "decode steps");
+  flags.AddInt("decode", &decode, "decode steps (0: no decode figures)");
   flags.AddInt("streams", &streams, "decode streams batched together (0 = skip)");
   flags.AddInt("threads", &threads, "compute threads");
   flags.AddInt("repeats", &repeats, "best of this many runs");
@@ -327,9 +327,13 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < all_ids.size(); ++i) all_ids[i] = static_cast<int32_t>((i * 7919 + 11) % c.n_vocab);
   }
   std::erase_if(prefill_list, [](int64_t n) { return n <= 0; });
+  if (decode <= 0) {  // no decode steps: no decode figures
+    depth_list.clear();
+    streams = 0;
+  }
   const int64_t longest =
       std::max(prefill_list.empty() ? 0 : *std::max_element(prefill_list.begin(), prefill_list.end()),
-               *std::max_element(depth_list.begin(), depth_list.end()) + decode);
+               depth_list.empty() ? 0 : *std::max_element(depth_list.begin(), depth_list.end()) + decode);
   if (static_cast<int64_t>(all_ids.size()) < longest || longest > c.n_ctx) {
     return Fail("text too short or prompt longer than the context");
   }
@@ -430,13 +434,22 @@ int main(int argc, char** argv) {
                 Seconds(w0, Clock::now()));
   }
   bench::MachinePeak ceiling;
-  if (peak && !gpu) {
-    ceiling = bench::MeasureMachinePeak(static_cast<int>(threads));
-    std::printf("machine (%lld threads, %s): FP32 FMA %.1f GFLOP/s, int8 dot products %.1f GOP/s",
-                static_cast<long long>(threads), ceiling.isa.c_str(), ceiling.fp32_flops / 1e9, ceiling.int8_ops / 1e9);
+  auto print_ceiling = [&](const char* which) {
+    std::printf("machine (%lld threads, %s), %s: FP32 FMA %.1f GFLOP/s, int8 dot products %.1f GOP/s",
+                static_cast<long long>(threads), ceiling.isa.c_str(), which, ceiling.fp32_flops / 1e9,
+                ceiling.int8_ops / 1e9);
     if (ceiling.bf16_flops > 0) std::printf(", BF16 dot products %.1f GFLOP/s", ceiling.bf16_flops / 1e9);
     std::printf(", streaming read %.1f GB/s\n", ceiling.read_bytes_per_s / 1e9);
+  };
+  const bool measure_peak = peak && !gpu;
+  if (measure_peak) {
+    ceiling = bench::MeasureMachinePeak(static_cast<int>(threads));
+    print_ceiling("first reading");
   }
+  // Read again after each figure: its shares are of the highest reading so far.
+  auto read_ceiling_again = [&] {
+    if (measure_peak) ceiling = bench::Higher(ceiling, bench::MeasureMachinePeak(static_cast<int>(threads)));
+  };
   // Prefill arithmetic as a share of the ceilings: the matrices' products run on the
   // int8 peak when quantised weights are packed, on the BF16 one for BF16 weights on a CPU with
   // BF16 dot products, on the FP32 one otherwise; attention on the BF16 one where its
@@ -503,6 +516,7 @@ int main(int argc, char** argv) {
     const absl::StatusOr<double> full = prefill_seconds(nullptr);
     if (!full.ok()) return Fail(std::string(full.status().message()));
     report("prefill_" + std::to_string(n) + "_tok_per_s", n / *full);
+    read_ceiling_again();
     prefill_share(n, *full);
     for (const auto& [name, params] : pruned) {
       const absl::StatusOr<double> t = prefill_seconds(&params);
@@ -520,6 +534,7 @@ int main(int argc, char** argv) {
     if (!v.ok()) return Fail(std::string(v.status().message()));
     const std::string key = depth == 0 ? "decode_tok_per_s" : "decode_at_" + std::to_string(depth) + "_tok_per_s";
     report(key, *v);
+    read_ceiling_again();
     decode_share(key, d, 1, *v);
   }
   if (streams > 0) {
@@ -528,12 +543,14 @@ int main(int argc, char** argv) {
     if (!v.ok()) return Fail(std::string(v.status().message()));
     const std::string key = "decode_" + std::to_string(streams) + "_streams_tok_per_s";
     report(key, *v);
+    read_ceiling_again();
     decode_share(key, 4, static_cast<int>(streams), *v);
     if (ours.count("decode_tok_per_s")) {
       std::printf("ours %lld_streams/1_stream %.2fx\n", static_cast<long long>(streams), *v / ours["decode_tok_per_s"]);
     }
   }
   std::printf("ours peak_rss_mib %.1f\n", PeakRssMiB());
+  if (measure_peak) print_ceiling("the highest readings of the run (the shares above: of the highest then)");
 
   if (llamacpp) {
     // Its defaults otherwise (F16 KV cache, flash attention where it chooses): llama.cpp as
@@ -541,9 +558,11 @@ int main(int argc, char** argv) {
     const std::string common = absl::StrCat("-m ", model_path, " -t ", threads, " -r ", std::max<int64_t>(repeats, 2));
     std::map<std::string, double> theirs;
     if (!prefill_list.empty()) theirs = LlamaBench(absl::StrCat(common, " -n 0 -p ", absl::StrJoin(prefill_list, ",")));
-    std::map<std::string, double> gen =
-        LlamaBench(absl::StrCat(common, " -p 0 -n ", decode, " -d ", absl::StrJoin(depth_list, ",")));
-    theirs.insert(gen.begin(), gen.end());
+    if (!depth_list.empty()) {
+      std::map<std::string, double> gen =
+          LlamaBench(absl::StrCat(common, " -p 0 -n ", decode, " -d ", absl::StrJoin(depth_list, ",")));
+      theirs.insert(gen.begin(), gen.end());
+    }
     if (theirs.empty()) std::printf("llama-bench gave no figures (bench/llamacpp.sh; see its output above)\n");
     PrintPeer("llamacpp", theirs, ours);
   }

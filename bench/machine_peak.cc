@@ -216,4 +216,13 @@ MachinePeak MeasureMachinePeak(int threads) {
   return p;
 }
 
+MachinePeak Higher(const MachinePeak& a, const MachinePeak& b) {
+  MachinePeak h = a;
+  h.fp32_flops = std::max(a.fp32_flops, b.fp32_flops);
+  h.int8_ops = std::max(a.int8_ops, b.int8_ops);
+  h.bf16_flops = std::max(a.bf16_flops, b.bf16_flops);
+  h.read_bytes_per_s = std::max(a.read_bytes_per_s, b.read_bytes_per_s);
+  return h;
+}
+
 }  // namespace ps::bench

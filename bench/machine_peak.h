@@ -18,4 +18,10 @@ struct MachinePeak {
 
 MachinePeak MeasureMachinePeak(int threads);
 
+// Each ceiling the higher of two readings. A shared machine's readings swing (a neighbour
+// busy on the memory or the cores for a while: 30-50% on the VMs this is measured on),
+// and a low reading would overstate every share taken of it: benchmarks read the
+// ceilings again after each figure and keep the highest.
+MachinePeak Higher(const MachinePeak& a, const MachinePeak& b);
+
 }  // namespace ps::bench

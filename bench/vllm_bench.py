@@ -91,6 +91,8 @@ def main():
 
     for n in args.prefill:
         print(f"vllm prefill_{n}_tok_per_s {n / seconds([ids[:n]], 1):.1f}", flush=True)
+    if args.decode < 2:  # a decode rate is timed from the second token on
+        return
     short = [ids[:4]]
     one = seconds(short, 1)
     print(f"vllm decode_tok_per_s {(args.decode - 1) / (seconds(short, args.decode) - one):.1f}", flush=True)

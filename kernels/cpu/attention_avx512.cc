@@ -131,6 +131,41 @@ void ValuesOf(const uint16_t* p, int64_t nqp, const uint16_t* values, int64_t nt
   for (; d0 + 2 <= hd; d0 += 2) ValueColumns<2, QV>(p, nqp, values, pairs, hd, d0, corr, ot);
 }
 
+// t[e] lane r = 32-bit word e of a[r] (e, r < 16): a 16 x 16 transpose in four rounds of
+// two-vector shuffles (a is overwritten).
+inline void Transpose16(__m512i a[16], __m512i t[16]) {
+  __m512i b[16];
+  for (int r = 0; r < 16; r += 2) {  // b[r] 128-bit lane L: words 4L, 4L + 1 of rows r, r + 1; b[r + 1]: 4L + 2, 4L + 3
+    b[r] = _mm512_unpacklo_epi32(a[r], a[r + 1]);
+    b[r + 1] = _mm512_unpackhi_epi32(a[r], a[r + 1]);
+  }
+  for (int q = 0; q < 16; q += 4) {  // a[q + c] lane L: word 4L + c of rows q..q + 3
+    a[q] = _mm512_unpacklo_epi64(b[q], b[q + 2]);
+    a[q + 1] = _mm512_unpackhi_epi64(b[q], b[q + 2]);
+    a[q + 2] = _mm512_unpacklo_epi64(b[q + 1], b[q + 3]);
+    a[q + 3] = _mm512_unpackhi_epi64(b[q + 1], b[q + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // b[c]: words c, 8 + c of rows 0-3, then of rows 4-7; b[4 + c]: 4 + c, 12 + c
+    b[c] = _mm512_shuffle_i32x4(a[c], a[4 + c], 0x88);
+    b[4 + c] = _mm512_shuffle_i32x4(a[c], a[4 + c], 0xDD);
+    b[8 + c] = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0x88);
+    b[12 + c] = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0xDD);
+  }
+  for (int c = 0; c < 4; ++c) {
+    t[c] = _mm512_shuffle_i32x4(b[c], b[8 + c], 0x88);
+    t[8 + c] = _mm512_shuffle_i32x4(b[c], b[8 + c], 0xDD);
+    t[4 + c] = _mm512_shuffle_i32x4(b[4 + c], b[12 + c], 0x88);
+    t[12 + c] = _mm512_shuffle_i32x4(b[4 + c], b[12 + c], 0xDD);
+  }
+}
+
+// The same, of the 16 32-bit words of each row from `at` (BF16 values) on.
+inline void Transpose16(const uint16_t* const* rows, int at, __m512i t[16]) {
+  __m512i a[16];
+  for (int r = 0; r < 16; ++r) a[r] = _mm512_loadu_si512(rows[r] + at);
+  Transpose16(a, t);
+}
+
 template <class Fn>
 void WithRowVectors(int64_t nqp, const Fn& fn) {
   PS_CHECK(nqp % kRowAlign == 0 && nqp > 0 && nqp <= kMaxTileRows) << nqp << " query rows";
@@ -147,14 +182,32 @@ void WithRowVectors(int64_t nqp, const Fn& fn) {
 void PackQueries(const float* q, int64_t q_stride, int64_t nq, int hd, uint16_t* qt) {
   PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
   const int64_t nqp = PaddedRows(nq);
-  auto* lanes = reinterpret_cast<uint32_t*>(qt);  // [hd / 2][nqp]
-  for (int64_t i = 0; i < nqp; ++i) {
+  auto* lanes = reinterpret_cast<__m512i*>(qt);  // [hd / 2][nqp / 16]
+  for (int64_t i0 = 0; i0 < nqp; i0 += 16) {
     for (int e = 0; e < hd; e += 32) {
-      const __m512 a = i < nq ? _mm512_loadu_ps(q + i * q_stride + e) : _mm512_setzero_ps();
-      const __m512 b = i < nq ? _mm512_loadu_ps(q + i * q_stride + e + 16) : _mm512_setzero_ps();
-      alignas(64) uint32_t pairs[16];  // values e + 2p, e + 2p + 1 rounded
-      _mm512_store_si512(pairs, (__m512i)_mm512_cvtne2ps_pbh(b, a));
-      for (int p = 0; p < 16; ++p) lanes[(e / 2 + p) * nqp + i] = pairs[p];
+      __m512i pairs[16], t[16];  // pairs[r]: row i0 + r's values e + 2p, e + 2p + 1 rounded, p < 16
+      for (int r = 0; r < 16; ++r) {
+        const float* row = q + (i0 + r) * q_stride + e;
+        const bool real = i0 + r < nq;
+        const __m512 a = real ? _mm512_loadu_ps(row) : _mm512_setzero_ps();
+        const __m512 b = real ? _mm512_loadu_ps(row + 16) : _mm512_setzero_ps();
+        pairs[r] = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+      }
+      Transpose16(pairs, t);
+      for (int p = 0; p < 16; ++p) _mm512_storeu_si512(lanes + ((e / 2 + p) * nqp + i0) / 16, t[p]);
+    }
+  }
+}
+
+void UnpackOutputs(const float* ot, int64_t nqp, int64_t nq, int hd, float* out, int64_t out_stride) {
+  PS_CHECK(hd % kHeadAlign == 0 && nqp % kRowAlign == 0 && nq <= nqp) << "head size " << hd << ", " << nqp << " rows";
+  for (int64_t i0 = 0; i0 < nq; i0 += 16) {
+    const int rows = static_cast<int>(std::min<int64_t>(16, nq - i0));
+    for (int d0 = 0; d0 < hd; d0 += 16) {
+      __m512i cols[16], t[16];  // cols[c]: output column d0 + c of rows i0..i0 + 15
+      for (int c = 0; c < 16; ++c) cols[c] = _mm512_loadu_si512(ot + (d0 + c) * nqp + i0);
+      Transpose16(cols, t);
+      for (int r = 0; r < rows; ++r) _mm512_storeu_si512(out + (i0 + r) * out_stride + d0, t[r]);
     }
   }
 }
@@ -280,35 +333,6 @@ void Fetch(const uint16_t* const* rows, int64_t n, const uint16_t* const* then, 
     const uint16_t* r = j < n ? rows[j] : j - n < n_then ? then[j - n] : nullptr;
     if (r == nullptr) return;
     for (int b = 0; b < 2 * hd; b += 64) _mm_prefetch(reinterpret_cast<const char*>(r) + b, _MM_HINT_T1);
-  }
-}
-
-// t[e] lane r = 32-bit word e (values 2e, 2e + 1) of row r's 16 from `at` on (e, r < 16):
-// a 16 x 16 transpose in four rounds of two-vector shuffles.
-inline void Transpose16(const uint16_t* const* rows, int at, __m512i t[16]) {
-  __m512i a[16], b[16];
-  for (int r = 0; r < 16; ++r) a[r] = _mm512_loadu_si512(rows[r] + at);
-  for (int r = 0; r < 16; r += 2) {  // b[r] 128-bit lane L: words 4L, 4L + 1 of rows r, r + 1; b[r + 1]: 4L + 2, 4L + 3
-    b[r] = _mm512_unpacklo_epi32(a[r], a[r + 1]);
-    b[r + 1] = _mm512_unpackhi_epi32(a[r], a[r + 1]);
-  }
-  for (int q = 0; q < 16; q += 4) {  // a[q + c] lane L: word 4L + c of rows q..q + 3
-    a[q] = _mm512_unpacklo_epi64(b[q], b[q + 2]);
-    a[q + 1] = _mm512_unpackhi_epi64(b[q], b[q + 2]);
-    a[q + 2] = _mm512_unpacklo_epi64(b[q + 1], b[q + 3]);
-    a[q + 3] = _mm512_unpackhi_epi64(b[q + 1], b[q + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {  // b[c]: words c, 8 + c of rows 0-3, then of rows 4-7; b[4 + c]: 4 + c, 12 + c
-    b[c] = _mm512_shuffle_i32x4(a[c], a[4 + c], 0x88);
-    b[4 + c] = _mm512_shuffle_i32x4(a[c], a[4 + c], 0xDD);
-    b[8 + c] = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0x88);
-    b[12 + c] = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0xDD);
-  }
-  for (int c = 0; c < 4; ++c) {
-    t[c] = _mm512_shuffle_i32x4(b[c], b[8 + c], 0x88);
-    t[8 + c] = _mm512_shuffle_i32x4(b[c], b[8 + c], 0xDD);
-    t[4 + c] = _mm512_shuffle_i32x4(b[4 + c], b[12 + c], 0x88);
-    t[12 + c] = _mm512_shuffle_i32x4(b[4 + c], b[12 + c], 0xDD);
   }
 }
 

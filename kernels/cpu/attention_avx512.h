@@ -28,6 +28,10 @@ constexpr int64_t PaddedRows(int64_t nq) { return (nq + kRowAlign - 1) / kRowAli
 // nqp = PaddedRows(nq) zero. hd * nqp values.
 void PackQueries(const float* q, int64_t q_stride, int64_t nq, int hd, uint16_t* qt);
 
+// out[i * out_stride + d] = ot[d * nqp + i] for rows i < nq <= nqp (a multiple of
+// kRowAlign) and d < hd: AddValues's transposed outputs back to rows.
+void UnpackOutputs(const float* ot, int64_t nqp, int64_t nq, int hd, float* out, int64_t out_stride);
+
 // Packs nt value rows (rows[r]: hd BF16 values) into `values` (PaddedKeys(nt) * hd values),
 // keys paired: lane d of pair u holds value d of keys 2u and 2u + 1 (zeros past the last).
 void PackValues(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* values);

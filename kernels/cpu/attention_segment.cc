@@ -343,9 +343,8 @@ class SegmentAttention {
       for (int64_t i = 0; i < nq; ++i) {
         m[h * nq + i] = u.m[h * u.nqp + i];
         l[h * nq + i] = u.l[h * u.nqp + i];
-        float* o = out + i * out_stride + h * hd_;
-        for (int d = 0; d < hd_; ++d) o[d] = ot[d * u.nqp + i];
       }
+      avx512_bf16::UnpackOutputs(ot, u.nqp, nq, hd_, out + h * hd_, out_stride);
     }
   }
 

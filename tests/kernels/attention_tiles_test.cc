@@ -24,7 +24,8 @@ using testing::Randn;
 // read from anywhere in memory, ragged key counts (the weights' and packed values' zero
 // padding) and query rows (every vector count, padded rows), head sizes of one and several
 // value passes; each window part's mask against WindowSees; the softmax step from rows that
-// saw nothing, rows whose maximum grows and rows whose maximum stays.
+// saw nothing, rows whose maximum grows and rows whose maximum stays; the outputs back to
+// rows.
 TEST(AttentionTiles, Bf16TilesEqualSumsOfTheRoundedValues) {
   const std::vector<CpuIsa> levels = SupportedCpuIsas();
   if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
@@ -136,6 +137,16 @@ TEST(AttentionTiles, Bf16TilesEqualSumsOfTheRoundedValues) {
               norm += std::fabs(t);
             }
             ASSERT_NEAR(ot[e * nqp + i], want, 1e-6 * (1 + norm)) << what << " output " << i << "," << e;
+          }
+        }
+        // Back to rows, out_stride apart: rows past nq and the columns between rows untouched.
+        const int64_t out_stride = hd + 5;
+        std::vector<float> rows(nqp * out_stride, 7.0f);
+        avx512_bf16::UnpackOutputs(ot.data(), nqp, nq, hd, rows.data(), out_stride);
+        for (int64_t i = 0; i < nqp; ++i) {
+          for (int64_t e = 0; e < out_stride; ++e) {
+            ASSERT_EQ(rows[i * out_stride + e], i < nq && e < hd ? ot[e * nqp + i] : 7.0f)
+                << what << " unpacked " << i << "," << e;
           }
         }
       }
