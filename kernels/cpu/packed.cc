@@ -387,8 +387,11 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
   ActBlock* xq = Grow(act_scratch, static_cast<size_t>(m * blocks));
   pool.ParallelFor(m, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      QuantizeActivations(x + r * k, k, xq + r * blocks);
-      if (decode) packed_internal::avx512_vnni::FlipQuants(xq + r * blocks, blocks);
+      if (decode) {
+        packed_internal::avx512_vnni::QuantizeUnsigned(x + r * k, k, xq + r * blocks);
+      } else {
+        QuantizeActivations(x + r * k, k, xq + r * blocks);
+      }
     }
   });
   // AVX2's kernel reads the activations from broadcast copies, made a pass of rows at a time.

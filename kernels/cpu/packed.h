@@ -99,9 +99,11 @@ size_t DecodedBlockBytes(DType type);
 void DecodePair(const GroupArgs& g, uint8_t* out);  // g.second is needed (it may be g.group)
 // GroupDot of `count` (1 or 2) decoded pairs one after the other at `pairs` (y's 16 count
 // columns) against 1..kDecodedRows activation rows whose quants are stored unsigned
-// (FlipQuants: q + 128).
+// (QuantizeUnsigned).
 constexpr int kDecodedRows = 6;
-void FlipQuants(ActBlock* x, int64_t blocks);  // q <-> q + 128 (as bytes: the top bit flipped)
+// QuantizeActivations's blocks, each quant stored as q + 128 (unsigned; its other fields
+// as QuantizeActivations gives them).
+void QuantizeUnsigned(const float* x, int64_t n, ActBlock* out);
 void DecodedDot(DType type, const uint8_t* pairs, int count, int64_t blocks, const ActBlock* const* x, int rows,
                 float* y, int64_t y_stride);
 }  // namespace avx512_vnni

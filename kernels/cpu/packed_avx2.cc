@@ -35,16 +35,7 @@ void Quantize(const float* x, int64_t n, ActBlock* out) {
     const float max = ps::avx2::LoadAbsMax32(x, v);
     __m256i q[4];
     const __m256i bytes = ps::avx2::QuantizeBytes32(v, max != 0 ? 127.0f / max : 0.0f, q);
-    ActBlock& a = out[b];
-    // The quants plus 128 (unsigned) summed 8 at a time by vpsadbw: 64-bit lanes of quants
-    // 0-7, 8-15, 16-23 and 24-31.
-    const __m256i sums = _mm256_sad_epu8(_mm256_xor_si256(bytes, flip), _mm256_setzero_si256());
-    const __m128i lo = _mm256_castsi256_si128(sums), hi = _mm256_extracti128_si256(sums, 1);
-    a.sum_lo = _mm_cvtsi128_si32(lo) + _mm_extract_epi32(lo, 2) - 128 * 16;
-    a.sum_hi = _mm_cvtsi128_si32(hi) + _mm_extract_epi32(hi, 2) - 128 * 16;
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.qs), bytes);
-    a.d = _cvtsh_ss(_cvtss_sh(max / 127.0f, _MM_FROUND_TO_NEAREST_INT));  // as Fp16ToFp32(Fp32ToFp16(...))
-    a.s = a.d * static_cast<float>(a.sum_lo + a.sum_hi);
+    FinishActBlock(_mm256_xor_si256(bytes, flip), bytes, max, out[b]);
   }
 }
 

@@ -152,11 +152,17 @@ void DecodePair(const GroupArgs& g, uint8_t* out) {
   }
 }
 
-void FlipQuants(ActBlock* x, int64_t blocks) {
+void QuantizeUnsigned(const float* x, int64_t n, ActBlock* out) {
   const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t b = 0; b < blocks; ++b) {
-    auto* qs = reinterpret_cast<__m256i*>(x[b].qs);
-    _mm256_storeu_si256(qs, _mm256_xor_si256(_mm256_loadu_si256(qs), top));
+  for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const float max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const __m512 id = _mm512_set1_ps(max != 0 ? 127.0f / max : 0.0f);
+    // Rounded to nearest even as avx2::Quantize's; within +-127, so saturation never acts.
+    const __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)));
+    const __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, id)));
+    const __m256i plus128 = _mm256_xor_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(q0), q1, 1), top);
+    FinishActBlock(plus128, plus128, max, out[b]);
   }
 }
 

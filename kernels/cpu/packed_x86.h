@@ -38,6 +38,20 @@ constexpr bool kVnni = true;
 constexpr bool kVnni = false;
 #endif
 
+// The rest of an activation block (QuantizeActivations) once its quants are found: from
+// them plus 128 (`plus128`, as bytes) the halves' sums, d (max / 127 rounded through fp16)
+// and s; the quants stored as `stored` (plus128 itself, or the signed ones).
+inline void FinishActBlock(__m256i plus128, __m256i stored, float max, ActBlock& a) {
+  // Summed 8 at a time by vpsadbw: 64-bit lanes of quants 0-7, 8-15, 16-23 and 24-31.
+  const __m256i sums = _mm256_sad_epu8(plus128, _mm256_setzero_si256());
+  const __m128i lo = _mm256_castsi256_si128(sums), hi = _mm256_extracti128_si256(sums, 1);
+  a.sum_lo = _mm_cvtsi128_si32(lo) + _mm_extract_epi32(lo, 2) - 128 * 16;
+  a.sum_hi = _mm_cvtsi128_si32(hi) + _mm_extract_epi32(hi, 2) - 128 * 16;
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.qs), stored);
+  a.d = _cvtsh_ss(_cvtss_sh(max / 127.0f, _MM_FROUND_TO_NEAREST_INT));  // as Fp16ToFp32(Fp32ToFp16(...))
+  a.s = a.d * static_cast<float>(a.sum_lo + a.sum_hi);
+}
+
 // The two widths of a pass, I (integer lanes) and F (float lanes), one lane per weight
 // row: Ymm, one group (8 rows); Zmm (VNNI builds), two groups side by side (16 rows),
 // whose loads take the first group's 8 rows at `a` and the second's at `b`.

@@ -204,7 +204,8 @@ TEST(Packed, OnlyBlockFormatsWithALayoutArePackable) {
 }
 
 TEST(Packed, ActivationQuantisationIsTheSameAtEveryLevel) {
-  const std::vector<float> x = testing::Randn(32 * 9, 3);
+  std::vector<float> x = testing::Randn(32 * 9, 3);
+  std::fill(x.begin() + 64, x.begin() + 96, 0.0f);  // a block of zeros: scale 0
   std::vector<ActBlock> scalar(9);
   {
     ScopedCpuIsa level(CpuIsa::kScalar);
@@ -226,6 +227,14 @@ TEST(Packed, ActivationQuantisationIsTheSameAtEveryLevel) {
     std::vector<ActBlock> got(9);
     QuantizeActivations(x.data(), 32 * 9, got.data());
     EXPECT_EQ(0, std::memcmp(got.data(), scalar.data(), 9 * sizeof(ActBlock))) << CpuIsaName(isa);
+    if (isa < CpuIsa::kAvx512Bf16) continue;
+    // The decoded kernel's form: the same blocks with every quant stored plus 128.
+    std::vector<ActBlock> want = scalar;
+    for (ActBlock& a : want) {
+      for (int8_t& q : a.qs) q = static_cast<int8_t>(static_cast<uint8_t>(q) ^ 0x80);
+    }
+    packed_internal::avx512_vnni::QuantizeUnsigned(x.data(), 32 * 9, got.data());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), 9 * sizeof(ActBlock))) << CpuIsaName(isa) << " unsigned";
   }
 }
 
