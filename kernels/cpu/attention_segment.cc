@@ -170,13 +170,17 @@ class SegmentAttention {
   // Query tiles run from the last (the most keys under the causal mask) to the first,
   // so the largest units are claimed first. A single query row (decode) over many keys
   // splits the keys among the threads instead (flash-decoding), every KV head in each
-  // unit, merged at the end: 2 Zen 5 threads at 8k keys, 4 units ran 3-5% slower than 2.
+  // unit, merged at the end: four units a thread, claimed as the threads come free, so
+  // that a thread slowed for a while (a VM's core shared with a neighbour) does not hold
+  // the other idle: on 2 Zen 4 threads (KVM), Qwen2.5-0.5B's decode at 8,192 keys went
+  // 50.3-51.0 -> 53.5-54.4 tok/s (three alternated runs), SmolLM2's at 8,000 stayed within
+  // the noise. (On a Zen 5, earlier, 4 units had run 3-5% slower than 2.)
   void Run(ThreadPool& pool) {
     const int64_t n_q = seg_.q_end - seg_.q_begin;
     if (n_q == 1) {
       const int32_t q = a_.q_pos[seg_.q_begin];
       const int64_t keys = VisibleChunks(kv_, seg_.chunks, q, q, a_.window, &visible_);
-      const int64_t splits = std::clamp<int64_t>(keys / kMinSplitKeys, 1, pool.num_threads());
+      const int64_t splits = std::clamp<int64_t>(keys / kMinSplitKeys, 1, 4 * pool.num_threads());
       if (splits > 1) return RunSplit(pool, keys, splits);
     }
     const int64_t n_tiles = (n_q + kQueryTile - 1) / kQueryTile;
