@@ -170,7 +170,7 @@ class SegmentAttention {
   // Query tiles run from the last (the most keys under the causal mask) to the first,
   // so the largest units are claimed first. A single query row (decode) over many keys
   // splits the keys among the threads instead (flash-decoding), every KV head in each
-  // unit, merged at the end: four units a thread, claimed as the threads come free, so
+  // unit, merged at the end: kSplitsPerThread units a thread, claimed as threads come free, so
   // that a thread slowed for a while (a VM's core shared with a neighbour) does not hold
   // the other idle: on 2 Zen 4 threads (KVM), Qwen2.5-0.5B's decode at 8,192 keys went
   // 50.3-51.0 -> 53.5-54.4 tok/s (three alternated runs), SmolLM2's at 8,000 stayed within
@@ -180,7 +180,7 @@ class SegmentAttention {
     if (n_q == 1) {
       const int32_t q = a_.q_pos[seg_.q_begin];
       const int64_t keys = VisibleChunks(kv_, seg_.chunks, q, q, a_.window, &visible_);
-      const int64_t splits = std::clamp<int64_t>(keys / kMinSplitKeys, 1, 4 * pool.num_threads());
+      const int64_t splits = std::clamp<int64_t>(keys / kMinSplitKeys, 1, kSplitsPerThread * pool.num_threads());
       if (splits > 1) return RunSplit(pool, keys, splits);
     }
     const int64_t n_tiles = (n_q + kQueryTile - 1) / kQueryTile;
@@ -208,6 +208,7 @@ class SegmentAttention {
 
  private:
   static constexpr int64_t kDecodeKeyTile = 2048;  // keys per score tile for a single query row
+  static constexpr int64_t kSplitsPerThread = 4;   // a single query row's key ranges per thread (Run)
   // How far ahead a single query row asks for blocks: 4 blocks of 16 rows, against 1,
   // read the attention bench's decode at 8k at 15.2 / 10.2 GB/s (SmolLM2 / Qwen shapes,
   // best of 5 alternated runs; Zen 4) instead of 11.2 / 8.5.

@@ -2,7 +2,7 @@
 // vpdpbusd on 256-bit vectors (one group) or 512-bit ones (two at once, with g.second) in
 // place of AVX2's vpmaddubsw/vpmaddwd pairs; bit for bit the same sums. Compiled with AVX-512 flags;
 // called only at CpuIsa::kAvx512Bf16 (which has VNNI) or above. The activations' blocks
-// are AVX2's.
+// are AVX2's (the decoded kernel's, stored unsigned, quantised here: QuantizeUnsigned).
 //
 // Also the decoded kernel (packed.h's DecodePair / DecodedDot), for products of many rows.
 // On Zen 5 (full-width 512-bit pipes) vpdpbusd issues twice a cycle; with 12 independent
