@@ -204,9 +204,17 @@ int main(int argc, char** argv) {
       return Fail(absl::StrCat(label, ": ", st.message()));
   }
 
-  // The table from every row of the results file (printed, and written where asked).
+  // The table from every row of the results file (printed, and written where asked): the
+  // strategies asked for, then every other one the file has rows of, so that a run of a few
+  // strategies does not leave the others out of the summary and of auto's table.
   auto report = [&](const std::vector<ResultRow>& all, const std::string& model, const std::string& where) {
-    const std::vector<LengthSummary> summary = Summarize(all, model, strategies);
+    std::vector<std::string> labels = strategies;
+    for (const ResultRow& r : all) {
+      if (r.model == model && std::find(labels.begin(), labels.end(), r.strategy) == labels.end()) {
+        labels.push_back(r.strategy);
+      }
+    }
+    const std::vector<LengthSummary> summary = Summarize(all, model, labels);
     std::printf("%s%s; results: %s\n%s", model.c_str(), where.c_str(), csv_path.c_str(),
                 FormatTable(summary, tasks).c_str());
     auto write = [](const std::string& path, const std::string& text) {
@@ -364,13 +372,26 @@ int main(int argc, char** argv) {
   for (int64_t length64 : lengths) {
     const int length = static_cast<int>(length64);
     made.clear();
+    // auto's table (written from these rows when the server started) has to have timed
+    // strategies at this length, or every auto request would run full.
+    const bool skip_auto = std::find(strategies.begin(), strategies.end(), "auto") != strategies.end() &&
+                           !AutoCanPick(*rows, model, length);
+    if (skip_auto) {
+      std::fprintf(stderr,
+                   "pruneserve-eval: leaving out auto at %d tokens: the results have no timing of full and another "
+                   "strategy there yet, so the server's auto table cannot pick; run the timing phase first, then "
+                   "again with auto (scripts/eval.sh gives the server the new table)\n",
+                   length);
+    }
+    auto run_label = [&](const EvalPrompt* p, const std::string& label, const std::string& phase, int repeat) {
+      return p != nullptr && ((skip_auto && label == "auto") || run(*p, label, phase, repeat, &failed));
+    };
     const int n = prompts_at.contains(length) ? prompts_at[length] : DefaultPrompts(length);
     if (std::find(phases.begin(), phases.end(), "accuracy") != phases.end()) {
       for (int i = 0; i < n && go_on; ++i) {
         for (const std::string& task : tasks) {
           const EvalPrompt* p = go_on ? prompt(task, length, i) : nullptr;
-          for (const std::string& label : strategies)
-            go_on = go_on && p != nullptr && run(*p, label, "accuracy", 0, &failed);
+          for (const std::string& label : strategies) go_on = go_on && run_label(p, label, "accuracy", 0);
         }
       }
     }
@@ -378,8 +399,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < timing_prompts && go_on; ++i) {
         const EvalPrompt* p = prompt("niah_single", length, i);
         for (int rep = 0; rep < repeats && go_on; ++rep) {
-          for (const std::string& label : strategies)
-            go_on = go_on && p != nullptr && run(*p, label, "timing", rep, &failed);
+          for (const std::string& label : strategies) go_on = go_on && run_label(p, label, "timing", rep);
         }
       }
     }

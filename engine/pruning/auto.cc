@@ -55,7 +55,9 @@ std::string AutoChoice(const AutoTable& table, int64_t prompt_tokens, float min_
   std::string best = "full";
   double best_speedup = min_speedup;
   for (const AutoTable::Entry& e : at->strategies) {
-    if (e.name == "full" || e.name == "auto" || e.score < full->lo || e.speedup < best_speedup) continue;
+    if (e.name == "full" || e.name == "auto" || e.score < full->lo || !e.loses.empty() || e.speedup < best_speedup) {
+      continue;
+    }
     if (!usable(e.name)) continue;
     best = e.name;
     best_speedup = e.speedup;

@@ -133,7 +133,8 @@ absl::StatusOr<AutoTable> AutoTableFromJson(std::string_view json) {
                                      .lo = s.at("lo").get<double>(),
                                      .hi = s.at("hi").get<double>(),
                                      .speedup = s.at("speedup").get<double>(),
-                                     .n = s.value("n", 0)});
+                                     .n = s.value("n", 0),
+                                     .loses = s.value("loses", std::vector<std::string>{})});
       }
       t.lengths.push_back(std::move(length));
     }

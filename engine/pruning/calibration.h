@@ -35,7 +35,8 @@ struct AutoTable {
   struct Entry {
     std::string name;
     double score = 0, lo = 0, hi = 0, speedup = 0;
-    int n = 0;  // prompts scored
+    int n = 0;                       // prompts scored
+    std::vector<std::string> loses;  // tasks whose score fell below full's interval for that task
   };
   struct Length {
     int length = 0;                 // the prompt length asked for

@@ -374,7 +374,8 @@ TEST(PruningParams, EveryMessageFieldIsReadAndWrittenBack) {
 }
 
 // auto's pick: at the longest measured length whose shortest prompt is not above the
-// prompt, the fastest strategy (at least min_speedup) whose score is inside full's interval.
+// prompt, the fastest strategy (at least min_speedup) whose score is inside full's interval
+// and which lost no task.
 TEST(Auto, PicksTheFastestStrategyInsideFullsInterval) {
   const AutoTable table{
       .lengths = {{.length = 4096,
@@ -399,11 +400,18 @@ TEST(Auto, PicksTheFastestStrategyInsideFullsInterval) {
   EXPECT_EQ(AutoChoice(table, 40000, 1.1f, [](const std::string& s) { return s != "gemfilter"; }), "lazyllm")
       << "a strategy the server cannot serve is passed over";
   EXPECT_EQ(AutoChoice(AutoTable{}, 40000, 1.1f, all), "full");
+  AutoTable lost = table;
+  lost.lengths[1].strategies[2].loses = {"niah_multikey"};
+  EXPECT_EQ(AutoChoice(lost, 40000, 1.1f, all), "lazyllm") << "gemfilter's pooled score is inside, but it lost a task";
   const absl::StatusOr<AutoTable> parsed = AutoTableFromJson(
       R"({"model": "m", "lengths": [{"length": 4096, "strategies": [{"name": "full", "score": 0.9, "lo": 0.8,)"
-      R"( "hi": 0.97, "speedup": 1.0, "n": 140}]}]})");
+      R"( "hi": 0.97, "speedup": 1.0, "n": 140}, {"name": "gemfilter", "score": 0.9, "lo": 0.8, "hi": 0.97,)"
+      R"( "speedup": 2.0, "n": 140, "loses": ["qa", "vt"]}]}]})");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->lengths[0].strategies[0].n, 140);
+  EXPECT_TRUE(parsed->lengths[0].strategies[0].loses.empty()) << "without loses: none";
+  EXPECT_THAT(parsed->lengths[0].strategies[1].loses, ::testing::ElementsAre("qa", "vt"));
+  EXPECT_EQ(AutoChoice(*parsed, 5000, 1.1f, all), "full") << "the file's loses honoured";
   EXPECT_EQ(parsed->lengths[0].from_tokens, 4096) << "without from_tokens: the length";
   EXPECT_FALSE(AutoTableFromJson(R"({"lengths": [{"length": 4, "from_tokens": 3, "strategies": []},)"
                                  R"( {"length": 8, "from_tokens": 3, "strategies": []}]})")

@@ -10,6 +10,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "engine/pruning/auto.h"
+#include "engine/pruning/calibration.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/eval/results.h"
@@ -191,6 +193,11 @@ TEST(EvalResults, RowsRoundTripAndResumeByKey) {
   EXPECT_DOUBLE_EQ(got.computed_pct, 87.5);
   EXPECT_EQ(got.Key(), r.Key());
   EXPECT_NE((*rows)[1].Key(), r.Key()) << "the phase is part of the key";
+  ResultRow elsewhere = r;
+  elsewhere.cpu = "Intel Xeon";
+  EXPECT_EQ(elsewhere.Key(), r.Key()) << "an accuracy row counts on any CPU";
+  elsewhere.phase = "timing";
+  EXPECT_NE(elsewhere.Key(), (*rows)[1].Key()) << "a timing row is the CPU's own";
   EXPECT_TRUE(ReadResults(path + ".none")->empty());
   std::filesystem::remove(path);
 }
@@ -237,6 +244,78 @@ TEST(EvalSummary, CellsSpeedupsAndTheAutoTable) {
   EXPECT_EQ(s[0].shortest_prompt, 4000) << "the first accuracy row's";
   EXPECT_THAT(json, HasSubstr("\"from_tokens\": 4000"));
   EXPECT_THAT(json, ::testing::Not(HasSubstr("snapkv"))) << "no rows, no entry";
+  EXPECT_TRUE(lazy.loses.empty()) << "0.75 is inside full's interval for niah_single (4 of 4: Wilson's lo 0.51)";
+  EXPECT_EQ(lazy.timing_cpu, "cpu");
+}
+
+// A strategy that loses one task is marked there (the table, the CSV's reader and auto's
+// table), even when its pooled score is inside full's interval; timing rows from a second
+// CPU give a strategy's speedup only against full's rows on that CPU.
+TEST(EvalSummary, LostTasksAndSpeedupsOnOneCpu) {
+  std::vector<ResultRow> rows;
+  auto add = [&](const std::string& strategy, const std::string& task, const std::string& phase, double score,
+                 const std::string& cpu, double ttft) {
+    rows.push_back({.model = "m",
+                    .cpu = cpu,
+                    .task = task,
+                    .length = 8192,
+                    .index = static_cast<int>(rows.size()),
+                    .strategy = strategy,
+                    .phase = phase,
+                    .prompt_tokens = 8000,
+                    .score = score,
+                    .ttft_s = ttft,
+                    .total_s = ttft + 1,
+                    .decode_tok_s = 10,
+                    .computed_pct = 100,
+                    .chosen = strategy});
+  };
+  for (int i = 0; i < 10; ++i) {
+    add("full", "qa", "accuracy", 0.6, "", 0);
+    add("full", "vt", "accuracy", i < 5 ? 1 : 0, "", 0);
+    add("gemfilter", "qa", "accuracy", 0.1, "", 0);  // below full's qa interval (a point: 0.6)
+    add("gemfilter", "vt", "accuracy", 1, "", 0);    // above full's vt: the pooled score is 0.55
+    add("auto", "qa", "accuracy", 0.6, "", 0);
+    add("auto", "vt", "accuracy", i < 5 ? 1 : 0, "", 0);
+  }
+  for (double t : {10.0, 12.0}) add("full", "niah_single", "timing", 0, "xeon", t);
+  for (double t : {5.0, 5.0, 5.5, 5.5, 6.0, 6.0}) add("gemfilter", "niah_single", "timing", 0, "xeon", t);
+  for (double t : {20.0, 21.0, 22.0}) add("full", "niah_single", "timing", 0, "zen4", t);
+  for (double t : {8.0, 11.0, 12.0}) add("auto", "niah_single", "timing", 0, "zen4", t);
+  add("auto", "niah_single", "timing", 0, "zen5", 1.0);  // no full there: never compared
+  const std::vector<LengthSummary> s = Summarize(rows, "m", {"full", "gemfilter", "auto"});
+  ASSERT_EQ(s.size(), 1u);
+  const StrategySummary& full = s[0].strategies[0];
+  const StrategySummary& gem = s[0].strategies[1];
+  const StrategySummary& aut = s[0].strategies[2];
+  EXPECT_GE(gem.all.score, full.all.interval.lo) << "pooled, gemfilter looks as good as full";
+  EXPECT_THAT(gem.loses, ::testing::ElementsAre("qa"));
+  EXPECT_TRUE(aut.loses.empty());
+  EXPECT_TRUE(full.loses.empty());
+  EXPECT_EQ(full.timing_cpu, "xeon") << "where most strategies were timed, though full has more rows on zen4";
+  EXPECT_DOUBLE_EQ(full.ttft_s, 11.0);
+  EXPECT_DOUBLE_EQ(gem.speedup, 2.0) << "11 / 5.5 on the xeon";
+  EXPECT_EQ(aut.timing_cpu, "zen4");
+  EXPECT_EQ(aut.timed, 3);
+  EXPECT_DOUBLE_EQ(aut.ttft_s, 11.0);
+  EXPECT_DOUBLE_EQ(aut.speedup, 21.0 / 11.0) << "against full's zen4 median, not its xeon one";
+  EXPECT_EQ(gem.timed, 6);
+  EXPECT_THAT(s[0].cpus, ::testing::ElementsAre("xeon", "zen4", "zen5"));
+  const std::string table = FormatTable(s, {"qa", "vt"});
+  EXPECT_THAT(table, HasSubstr("qa 0.10!, vt 1.00"));
+  EXPECT_THAT(table, HasSubstr("timed on zen4"));
+  const absl::StatusOr<AutoTable> parsed = AutoTableFromJson(AutoTableJson("m", s));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->lengths.size(), 1u);
+  const std::vector<AutoTable::Entry>& entries = parsed->lengths[0].strategies;
+  ASSERT_EQ(entries.size(), 2u) << "full and gemfilter; never auto itself";
+  EXPECT_THAT(entries[1].loses, ::testing::ElementsAre("qa"));
+  EXPECT_EQ(AutoChoice(*parsed, 8192, 1.1f, [](const std::string&) { return true; }), "full")
+      << "gemfilter is twice as fast but lost qa";
+  EXPECT_TRUE(AutoCanPick(rows, "m", 8192));
+  EXPECT_FALSE(AutoCanPick(rows, "m", 4096)) << "no rows at all there";
+  std::erase_if(rows, [](const ResultRow& r) { return r.phase == "timing" && r.strategy == "gemfilter"; });
+  EXPECT_FALSE(AutoCanPick(rows, "m", 8192)) << "full and auto timed, nothing else: auto's table has no speedups";
 }
 
 }  // namespace

@@ -86,12 +86,18 @@ TEST(Eval, SmokeOnStoriesAndResume) {
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(Lines(csv), lines);
   EXPECT_EQ(Lines(dir + "/log2"), 0) << "no request was made";
-  // The table from the file alone, with no server.
+  // The table from the file alone, with no server; the strategies asked for first, then the
+  // file's others, so that auto's table written from a run of two still has them all.
+  const std::string auto_of_two = dir + "/auto2.json";
   const CommandResult table = RunCommand(std::string(PS_BINARY_DIR) + "/pruneserve-eval --table-only --csv " + csv +
-                                         " --strategies full,snapkv --addr 127.0.0.1:1");
+                                         " --strategies snapkv,full --addr 127.0.0.1:1 --auto-table " + auto_of_two);
   ASSERT_EQ(table.exit_code, 0) << table.output;
   EXPECT_THAT(table.output, ::testing::HasSubstr("length 1024 (timing on: "));
   EXPECT_THAT(table.output, ::testing::ContainsRegex("snapkv +[0-9.]+ \\[[0-9.]+,[0-9.]+\\] n=7"));
+  EXPECT_LT(table.output.find("\nsnapkv "), table.output.find("\nlazyllm ")) << "the asked-for order first";
+  std::ifstream auto_two_in(auto_of_two);
+  const std::string json_of_two((std::istreambuf_iterator<char>(auto_two_in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(json_of_two, ::testing::HasSubstr("\"name\": \"lazyllm\"")) << "the file's other strategies too";
   std::filesystem::remove_all(dir);
 }
 

@@ -69,7 +69,8 @@ std::vector<std::string> SplitCsv(const std::string& line) {
 }  // namespace
 
 std::string ResultRow::Key() const {
-  return absl::StrCat(model, "|", task, "|", length, "|", index, "|", strategy, "|", phase, "|", repeat);
+  return absl::StrCat(model, "|", task, "|", length, "|", index, "|", strategy, "|", phase, "|", repeat,
+                      phase == "timing" ? absl::StrCat("|", cpu) : "");
 }
 
 std::string CsvHeader() {

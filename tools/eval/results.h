@@ -26,6 +26,9 @@ struct ResultRow {
   std::string chosen;  // the strategy that ran (differs from `strategy` for auto)
   std::string answer;
 
+  // What a rerun skips: a prompt under a strategy in a phase and repeat; timing rows on
+  // each CPU apart (a speedup compares one machine's times, so another machine times
+  // its own), accuracy rows on any (scores agree bit for bit across the CPU levels).
   std::string Key() const;
 };
 

@@ -23,6 +23,11 @@ Cell Pool(const std::vector<double>& scores) {
   return c;
 }
 
+// One strategy's timing rows at a length, by CPU.
+struct Timing {
+  std::vector<double> ttft, e2e, rate;
+};
+
 }  // namespace
 
 std::vector<LengthSummary> Summarize(const std::vector<ResultRow>& rows, const std::string& model,
@@ -34,11 +39,13 @@ std::vector<LengthSummary> Summarize(const std::vector<ResultRow>& rows, const s
   std::vector<LengthSummary> out;
   for (int length : lengths) {
     LengthSummary ls{.length = length};
-    std::set<std::string> cpus;
+    std::map<std::string, int> rows_on;                  // timing rows by CPU
+    std::vector<std::map<std::string, Timing>> timings;  // per strategy, by CPU
     for (const std::string& label : strategies) {
       StrategySummary s{.strategy = label};
       std::map<std::string, std::vector<double>> by_task;
-      std::vector<double> all, ttft, e2e, rate;
+      std::vector<double> all;
+      std::map<std::string, Timing>& timing = timings.emplace_back();
       double computed = 0;
       int accuracy_rows = 0;
       for (const ResultRow& r : rows) {
@@ -52,30 +59,69 @@ std::vector<LengthSummary> Summarize(const std::vector<ResultRow>& rows, const s
           ++s.chosen[r.chosen];
           if (ls.shortest_prompt == 0 || r.prompt_tokens < ls.shortest_prompt) ls.shortest_prompt = r.prompt_tokens;
         } else if (r.phase == "timing") {
-          ttft.push_back(r.ttft_s);
-          e2e.push_back(r.total_s);
-          rate.push_back(r.decode_tok_s);
-          cpus.insert(r.cpu);
+          Timing& t = timing[r.cpu];
+          t.ttft.push_back(r.ttft_s);
+          t.e2e.push_back(r.total_s);
+          t.rate.push_back(r.decode_tok_s);
+          ++rows_on[r.cpu];
         }
       }
       for (const auto& [task, scores] : by_task) s.tasks[task] = Pool(scores);
       s.all = Pool(all);
-      s.timed = static_cast<int>(ttft.size());
-      s.ttft_s = Median(ttft);
-      s.e2e_s = Median(e2e);
-      s.decode_tok_s = Median(rate);
       s.computed_pct = accuracy_rows > 0 ? computed / accuracy_rows : std::nan("");
       ls.strategies.push_back(std::move(s));
     }
-    const auto full = std::find_if(ls.strategies.begin(), ls.strategies.end(),
-                                   [](const StrategySummary& s) { return s.strategy == "full"; });
-    for (StrategySummary& s : ls.strategies) {
-      s.speedup = full != ls.strategies.end() && s.ttft_s > 0 ? full->ttft_s / s.ttft_s : std::nan("");
+    const auto full_at = std::find(strategies.begin(), strategies.end(), "full");
+    const std::map<std::string, Timing>* full_timing =
+        full_at != strategies.end() && !timings[full_at - strategies.begin()].empty()
+            ? &timings[full_at - strategies.begin()]
+            : nullptr;
+    const StrategySummary* full = full_at != strategies.end() ? &ls.strategies[full_at - strategies.begin()] : nullptr;
+    for (size_t i = 0; i < ls.strategies.size(); ++i) {
+      StrategySummary& s = ls.strategies[i];
+      if (full != nullptr && &s != full) {
+        for (const auto& [task, c] : s.tasks) {
+          const auto f = full->tasks.find(task);
+          if (f != full->tasks.end() && c.score < f->second.interval.lo) s.loses.push_back(task);
+        }
+      }
+      // The CPU with the most of this strategy's timing rows where full has some too (any
+      // CPU where full has none at all); full's own: the CPU with the most timing rows of
+      // all strategies, the one the others were mostly timed on. Ties: the first by name.
+      const Timing* mine = nullptr;
+      std::pair<size_t, int> best;
+      for (const auto& [cpu, t] : timings[i]) {
+        if (full_timing != nullptr && !full_timing->contains(cpu)) continue;
+        const std::pair<size_t, int> rank =
+            &s == full ? std::pair<size_t, int>(rows_on[cpu], 0) : std::pair<size_t, int>(t.ttft.size(), rows_on[cpu]);
+        if (mine == nullptr || rank > best) {
+          mine = &t;
+          best = rank;
+          s.timing_cpu = cpu;
+        }
+      }
+      s.timed = mine != nullptr ? static_cast<int>(mine->ttft.size()) : 0;
+      s.ttft_s = mine != nullptr ? Median(mine->ttft) : std::nan("");
+      s.e2e_s = mine != nullptr ? Median(mine->e2e) : std::nan("");
+      s.decode_tok_s = mine != nullptr ? Median(mine->rate) : std::nan("");
+      const double full_ttft =
+          full_timing != nullptr && mine != nullptr ? Median(full_timing->at(s.timing_cpu).ttft) : std::nan("");
+      s.speedup = s.ttft_s > 0 ? full_ttft / s.ttft_s : std::nan("");
     }
-    ls.cpus.assign(cpus.begin(), cpus.end());
+    for (const auto& [cpu, n] : rows_on) ls.cpus.push_back(cpu);
     out.push_back(std::move(ls));
   }
   return out;
+}
+
+bool AutoCanPick(const std::vector<ResultRow>& rows, const std::string& model, int length) {
+  bool full = false, other = false;
+  for (const ResultRow& r : rows) {
+    if (r.model != model || r.length != length || r.phase != "timing") continue;
+    full = full || r.strategy == "full";
+    other = other || (r.strategy != "full" && r.strategy != "auto" && r.strategy.find(':') == std::string::npos);
+  }
+  return full && other;
 }
 
 std::string FormatTable(const std::vector<LengthSummary>& summary, const std::vector<std::string>& tasks) {
@@ -86,7 +132,7 @@ std::string FormatTable(const std::vector<LengthSummary>& summary, const std::ve
   };
   for (const LengthSummary& ls : summary) {
     absl::StrAppend(&out, "\nlength ", ls.length, " (timing on: ", ls.cpus.empty() ? "-" : absl::StrJoin(ls.cpus, "; "),
-                    ")\n");
+                    "; a task score marked ! is below full's interval for that task)\n");
     absl::StrAppend(&out,
                     absl::StrFormat("%-22s %-28s %8s %8s %8s %8s %9s %10s  %s\n", "strategy", "all tasks", "ttft_s",
                                     "speedup", "e2e64_s", "tok/s", "computed", "kv_device", "per task"));
@@ -94,7 +140,8 @@ std::string FormatTable(const std::vector<LengthSummary>& summary, const std::ve
       std::vector<std::string> per_task;
       for (const std::string& t : tasks) {
         if (auto it = s.tasks.find(t); it != s.tasks.end()) {
-          per_task.push_back(absl::StrFormat("%s %.2f", t, it->second.score));
+          const bool lost = std::find(s.loses.begin(), s.loses.end(), t) != s.loses.end();
+          per_task.push_back(absl::StrFormat("%s %.2f%s", t, it->second.score, lost ? "!" : ""));
         }
       }
       auto num = [](double v, int decimals) {
@@ -104,6 +151,7 @@ std::string FormatTable(const std::vector<LengthSummary>& summary, const std::ve
                                             num(s.ttft_s, 2), std::isnan(s.speedup) ? "-" : num(s.speedup, 2) + "x",
                                             num(s.e2e_s, 2), num(s.decode_tok_s, 1), num(s.computed_pct, 1),
                                             s.kv_device_blocks, absl::StrJoin(per_task, ", ")));
+      if (ls.cpus.size() > 1 && !s.timing_cpu.empty()) absl::StrAppend(&out, "    timed on ", s.timing_cpu, "\n");
     }
   }
   return out;
@@ -141,7 +189,8 @@ std::string AutoTableJson(const std::string& model, const std::vector<LengthSumm
                                  {"lo", s.all.interval.lo},
                                  {"hi", s.all.interval.hi},
                                  {"n", s.all.n},
-                                 {"speedup", std::isnan(s.speedup) ? 0.0 : s.speedup}});
+                                 {"speedup", std::isnan(s.speedup) ? 0.0 : s.speedup},
+                                 {"loses", s.loses}});
     }
     j["lengths"].push_back(std::move(l));
   }
