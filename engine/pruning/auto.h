@@ -2,12 +2,11 @@
 // answer at the prompt's length. The table is the evaluation's (pruneserve-eval
 // --auto-table; engine/pruning/calibration.h's AutoTable, which the server attaches
 // to the model's calibration): at the longest measured length whose shortest prompt
-// (from_tokens) is not above the prompt's,
-// the strategy with the highest TTFT speedup (at least min_speedup) whose pooled
-// accuracy is inside `full`'s 95% interval there (score >= full's lower bound) and
-// which lost no task there (`loses`: a task's score below full's interval for that
-// task, the evaluation table's marked cells); `full` when none is, or the prompt is
-// shorter than every measured length. The chosen
+// (from_tokens) is not above the prompt's, the strategy with the highest TTFT speedup
+// (at least min_speedup) whose pooled accuracy is inside `full`'s 95% interval there
+// (score >= full's lower bound) and which lost no task there (`loses`: a task's score
+// below full's interval for that task, the evaluation table's marked cells); `full`
+// when none is, or the prompt is shorter than every measured length. The chosen
 // strategy runs with the server's defaults for it (its calibration and --strategy-arg
 // included; the registry's when auto is made outside StrategyDefaults) and reports its
 // name (Usage.strategy). The prompt is taken in one step.
