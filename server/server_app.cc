@@ -48,6 +48,16 @@ absl::Status Error(const std::string& message) { return absl::InvalidArgumentErr
 }  // namespace
 
 absl::Status RunServer(ServerOptions o) {
+  // SIGINT/SIGTERM are taken by sigwait in this thread; blocked before any thread starts, as
+  // every thread inherits the mask: gRPC starts its own as soon as credentials are made, and a
+  // thread that left SIGTERM unblocked could take it and die of it (exit -15 once in CI).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a write to a client that went away fails instead
+
   if (o.model.empty()) return Error("--model is required (see --help)");
   if (o.port < 0 || o.port > 65535 || o.metrics_port < -1 || o.metrics_port > 65535 || o.http_port < -1 ||
       o.http_port > 65535) {
@@ -112,14 +122,6 @@ absl::Status RunServer(ServerOptions o) {
   if (!o.inject_faults.empty()) {
     spdlog::warn("fault injection armed (testing only): {}", absl::StrJoin(o.inject_faults, ", "));
   }
-
-  // SIGINT/SIGTERM are taken by sigwait in this thread; block them before any thread starts.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);  // a write to a client that went away fails instead
 
   // The backend before anything listens: a --device that cannot run is one line and a non-zero exit.
   ThreadPool pool(static_cast<int>(o.threads));
