@@ -67,6 +67,7 @@ class PrometheusTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.server = Server(ARGS.server, ARGS.model, "--threads", "2")
+        cls.addClassCleanup(cls.server.close)  # kills it if setUpClass fails past here
         metrics_target = cls.server.metrics_url.split("//")[1].split("/")[0]
         config = os.path.join(cls.tmp.name, "prometheus.yml")
         with open(config, "w") as f:

@@ -43,6 +43,7 @@ class LoadtestServerTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.server = Server(ARGS.server, ARGS.model, "--threads", "2")
+        cls.addClassCleanup(cls.server.close)  # kills it if setUpClass fails past here
         cls.tmp = tempfile.TemporaryDirectory()
 
     @classmethod

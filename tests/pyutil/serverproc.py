@@ -1,6 +1,7 @@
 """A pruneserve process on loopback for the Python integration tests: free ports
 (--port-file), waits for the model to load, scrapes /metrics, and stops with
-SIGTERM, asserting a clean exit. Polls with deadlines; never sleeps to synchronise."""
+SIGTERM, asserting a clean exit. close() (a test's cleanup) kills one a failed assertion left
+running. Polls with deadlines; never sleeps to synchronise."""
 import os
 import signal
 import subprocess
@@ -36,7 +37,9 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         if not wait_for(lambda: os.path.exists(port_file) or self.proc.poll() is not None, 30) or \
                 not os.path.exists(port_file):
-            raise RuntimeError(f"the server wrote no port file:\n{self.read_log()}")
+            log = self.read_log()
+            self.close()
+            raise RuntimeError(f"the server wrote no port file:\n{log}")
         with open(port_file) as f:
             ports = dict(line.strip().split("=") for line in f)
         self.grpc_addr = f"127.0.0.1:{ports['grpc']}"
@@ -79,6 +82,13 @@ class Server:
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout=60)
         log = self.read_log()
+        self.close()
+        return code, log
+
+    def close(self):
+        """Kills the process if it still runs and removes its files; safe to call again."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
         self.log.close()
         self.tmp.cleanup()
-        return code, log

@@ -28,6 +28,7 @@ class ServerCase(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.server = Server(ARGS.server, ARGS.model, "--threads", "2", http=True)
+        cls.addClassCleanup(cls.server.close)  # kills it if setUpClass fails past here
         cls.server.wait_serving_http()
         cls.client = openai.OpenAI(base_url=cls.server.http_url + "/v1", api_key="unused", max_retries=0,
                                    timeout=120)

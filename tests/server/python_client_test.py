@@ -28,6 +28,7 @@ class PythonClientTest(unittest.TestCase):
         from pruneserve.v1 import generation_pb2 as pb
         from pruneserve.v1 import generation_pb2_grpc as pb_grpc
         cls.server = Server(ARGS.server, ARGS.model)
+        cls.addClassCleanup(cls.server.close)  # kills it if setUpClass fails past here
         cls.metrics_url = cls.server.metrics_url
         cls.channel = grpc.insecure_channel(cls.server.grpc_addr)
         grpc.channel_ready_future(cls.channel).result(timeout=30)

@@ -92,6 +92,7 @@ class TlsAndTokenTest(unittest.TestCase):
         cls.server = Server(ARGS.server, ARGS.model, "--threads", "1", "--tls-cert", PKI["server.crt"],
                             "--tls-key", PKI["server.key"], "--api-key-file", PKI["keys"], http=True,
                             ssl_context=cls.ctx)
+        cls.addClassCleanup(cls.server.close)  # kills it if setUpClass fails past here
         cls.channel = grpc_channel(cls.server.grpc_addr)
         cls.stub = pb_grpc.GenerationStub(cls.channel)
         wait_loaded(cls.stub, token(KEY))
@@ -193,6 +194,7 @@ class MutualTlsTest(unittest.TestCase):
         cls.server = Server(ARGS.server, ARGS.model, "--threads", "1", "--tls-cert", PKI["server.crt"],
                             "--tls-key", PKI["server.key"], "--tls-client-ca", PKI["ca.crt"], http=True,
                             ssl_context=cls.ctx)
+        cls.addClassCleanup(cls.server.close)  # kills it if setUpClass fails past here
         cls.server.wait_serving_http()
 
     @classmethod
@@ -231,6 +233,7 @@ class LimitsTest(unittest.TestCase):
                             # Room for a reading client's 300 tokens while a write waits for the CPU (a
                             # test beside this one can hold it), none for a client that does not read.
                             "--max-stream-backlog", "200", http=True)
+        cls.addClassCleanup(cls.server.close)  # kills it if setUpClass fails past here
         cls.channel = grpc.insecure_channel(cls.server.grpc_addr)
         cls.stub = pb_grpc.GenerationStub(cls.channel)
         wait_loaded(cls.stub)

@@ -31,6 +31,7 @@ class ShutdownUnderLoadTest(unittest.TestCase):
         after the SIGTERM are refused: server_test covers them.)"""
         server = Server(ARGS.server, ARGS.model, "--threads", "2", "--drain-timeout", str(drain_timeout),
                         "--gather-first", "64")
+        self.addCleanup(server.close)
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
         result_file = os.path.join(tmp.name, "load.json")
@@ -39,6 +40,7 @@ class ShutdownUnderLoadTest(unittest.TestCase):
              "--num-requests", "64", "--max-concurrency", "64", "--input-len", "64", "--output-len", str(output_len),
              "--strategy-mix", "full=0.5,lazyllm=0.25,gemfilter=0.25", "--progress", "off",
              "--result-file", result_file], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(stop_if_running, load)
         self.assertTrue(wait_for(lambda: server.metric("pruneserve_num_requests_running") >= 32, 60),
                         server.read_log())
         t0 = time.monotonic()
@@ -71,6 +73,7 @@ class ShutdownUnderLoadTest(unittest.TestCase):
         and metrics included, blocks both; the main thread waits in sigwait, which unblocks them
         for it while it waits."""
         server = Server(ARGS.server, ARGS.model, "--threads", "2", http=True)
+        self.addCleanup(server.close)
         wait_loaded(pb_grpc.GenerationStub(grpc.insecure_channel(server.grpc_addr)))
         stop_bits = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGINT - 1))
         tasks = [t for t in os.listdir(f"/proc/{server.proc.pid}/task") if t != str(server.proc.pid)]
@@ -85,6 +88,7 @@ class ShutdownUnderLoadTest(unittest.TestCase):
 
     def test_sigkill_loses_only_the_streams_in_flight(self):
         server = Server(ARGS.server, ARGS.model, "--threads", "2")
+        self.addCleanup(server.close)
         port = server.grpc_addr.rsplit(":", 1)[1]
         channel = grpc.insecure_channel(server.grpc_addr)
         stub = pb_grpc.GenerationStub(channel)
@@ -117,29 +121,33 @@ class ShutdownUnderLoadTest(unittest.TestCase):
             t.join(timeout=60)
         self.assertEqual(codes, [grpc.StatusCode.UNAVAILABLE] * len(prompts))  # the in-flight ones, lost
         channel.close()
-        server.log.close()
-        server.tmp.cleanup()
+        server.close()
 
         restarted = Server(ARGS.server, ARGS.model, "--threads", "2", "--port", port)
-        try:
-            channel = grpc.insecure_channel(restarted.grpc_addr)
-            stub = pb_grpc.GenerationStub(channel)
-            wait_loaded(stub)
-            short = [pb.GenerateRequest(text=p, sampling=pb.SamplingParams(temperature=0.0),
-                                        stopping=pb.StoppingCriteria(max_new_tokens=16, ignore_eos=True))
-                     for p in prompts]
-            for r in short:  # served again, with the tokens a fresh server gives
-                events = list(stub.Generate(r, timeout=60, wait_for_ready=True))
-                self.assertTrue(events[-1].HasField("finished"))
-                tokens = [t for e in events if e.HasField("chunk") for t in e.chunk.token_ids]
-                self.assertEqual(len(tokens), 16)
-                self.assertEqual(tokens, offline(r.text, 16))
-            channel.close()
-        finally:
-            code, log = restarted.stop()
+        self.addCleanup(restarted.close)
+        channel = grpc.insecure_channel(restarted.grpc_addr)
+        stub = pb_grpc.GenerationStub(channel)
+        wait_loaded(stub)
+        short = [pb.GenerateRequest(text=p, sampling=pb.SamplingParams(temperature=0.0),
+                                    stopping=pb.StoppingCriteria(max_new_tokens=16, ignore_eos=True))
+                 for p in prompts]
+        for r in short:  # served again, with the tokens a fresh server gives
+            events = list(stub.Generate(r, timeout=60, wait_for_ready=True))
+            self.assertTrue(events[-1].HasField("finished"))
+            tokens = [t for e in events if e.HasField("chunk") for t in e.chunk.token_ids]
+            self.assertEqual(len(tokens), 16)
+            self.assertEqual(tokens, offline(r.text, 16))
+        channel.close()
+        code, log = restarted.stop()
         self.assertEqual(code, 0, log)
 
 
+
+
+def stop_if_running(proc):
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def offline(prompt, n):
