@@ -23,6 +23,13 @@ def wait_for(cond, timeout, step=0.01):
     return cond()
 
 
+def kill_if_running(proc):
+    """SIGKILL for a child process that still runs, and its exit collected."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 class Server:
     def __init__(self, binary, model, *args, http=False, ssl_context=None):
         """ssl_context: the HTTP front serves HTTPS (the server was given --tls-cert); used to reach /health."""
@@ -87,8 +94,6 @@ class Server:
 
     def close(self):
         """Kills the process if it still runs and removes its files; safe to call again."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+        kill_if_running(self.proc)
         self.log.close()
         self.tmp.cleanup()

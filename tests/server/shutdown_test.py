@@ -18,7 +18,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
 from grpcstubs import run_tests, wait_loaded  # noqa: E402
-from serverproc import Server, wait_for  # noqa: E402
+from serverproc import Server, kill_if_running, wait_for  # noqa: E402
 
 ARGS = None
 UNAVAILABLE = "14"  # grpc::StatusCode::UNAVAILABLE in the load generator's failures
@@ -40,7 +40,7 @@ class ShutdownUnderLoadTest(unittest.TestCase):
              "--num-requests", "64", "--max-concurrency", "64", "--input-len", "64", "--output-len", str(output_len),
              "--strategy-mix", "full=0.5,lazyllm=0.25,gemfilter=0.25", "--progress", "off",
              "--result-file", result_file], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.addCleanup(stop_if_running, load)
+        self.addCleanup(kill_if_running, load)
         self.assertTrue(wait_for(lambda: server.metric("pruneserve_num_requests_running") >= 32, 60),
                         server.read_log())
         t0 = time.monotonic()
@@ -142,12 +142,6 @@ class ShutdownUnderLoadTest(unittest.TestCase):
         self.assertEqual(code, 0, log)
 
 
-
-
-def stop_if_running(proc):
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
 
 
 def offline(prompt, n):
