@@ -142,8 +142,6 @@ class ShutdownUnderLoadTest(unittest.TestCase):
         self.assertEqual(code, 0, log)
 
 
-
-
 def offline(prompt, n):
     out = subprocess.run([ARGS.run, "--model", ARGS.model, "--prompt", prompt, "--max-new-tokens", str(n),
                           "--ignore-eos", "--print-ids", "--threads", "1"],
