@@ -316,13 +316,17 @@ alignas(64) constexpr uint16_t kZeroRow[kMaxDecodeHeadSize] = {};
 // returns how many are the runs'.
 int64_t Flatten(const RowRun* runs, int64_t n_runs, int64_t stride, int64_t pad, int64_t limit,
                 std::vector<const uint16_t*>* rows) {
-  rows->clear();
-  for (int64_t u = 0; u < n_runs && std::ssize(*rows) < limit; ++u) {
-    const int64_t n = std::min(runs[u].n, limit - std::ssize(*rows));
-    for (int64_t r = 0; r < n; ++r) rows->push_back(runs[u].rows + r * stride);
+  int64_t n = 0;
+  for (int64_t u = 0; u < n_runs; ++u) n += runs[u].n;
+  n = std::min(n, limit);
+  rows->resize((n + pad - 1) / pad * pad);  // then filled through a plain pointer: push_back's
+  const uint16_t** out = rows->data();     // stores to a thread_local cost 5% of the decode
+  for (int64_t u = 0, j = 0; j < n; ++u) {
+    const int64_t take = std::min(runs[u].n, n - j);
+    for (int64_t r = 0; r < take; ++r) out[j + r] = runs[u].rows + r * stride;
+    j += take;
   }
-  const int64_t n = std::ssize(*rows);
-  while (rows->size() % pad != 0) rows->push_back(kZeroRow);
+  std::fill(out + n, out + rows->size(), kZeroRow);
   return n;
 }
 
@@ -334,6 +338,14 @@ void Fetch(const uint16_t* const* rows, int64_t n, const uint16_t* const* then, 
     if (r == nullptr) return;
     for (int b = 0; b < 2 * hd; b += 64) _mm_prefetch(reinterpret_cast<const char*>(r) + b, _MM_HINT_T1);
   }
+}
+
+// acc + the BF16 pairs of x against *q's pair broadcast, the broadcast read by the product
+// itself ({1to16}): GCC's intrinsic spends a shuffle on every vpbroadcastd, and Scores's
+// 6 dot products a row for SmolLM2's 3 heads then went 3.9 -> 3.1-3.3 ns a row (Zen 4, L2).
+inline __m512 DotBroadcast(__m512 acc, __m512i x, const uint32_t* q) {
+  asm("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*q));
+  return acc;
 }
 
 // Scores of 16 rows (the first n real) against G heads' BF16 query pairs qb ([hd / 2][G]:
@@ -350,10 +362,7 @@ void ScoreBatch(const uint32_t* qb, const uint16_t* const* rows, int hd, __m512 
     const uint32_t* qc = qb + 16 * c * G;
 #pragma GCC unroll 16
     for (int e = 0; e < 16; ++e) {
-      for (int g = 0; g < G; ++g) {
-        acc[e % 2][g] =
-            _mm512_dpbf16_ps(acc[e % 2][g], Pairs(t[e]), Pairs(_mm512_set1_epi32(static_cast<int>(qc[e * G + g]))));
-      }
+      for (int g = 0; g < G; ++g) acc[e % 2][g] = DotBroadcast(acc[e % 2][g], t[e], qc + e * G + g);
     }
   }
   const auto keep = static_cast<__mmask16>((1u << n) - 1);

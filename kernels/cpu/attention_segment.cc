@@ -211,9 +211,11 @@ class SegmentAttention {
   static constexpr int64_t kSplitsPerThread = 4;   // a single query row's key ranges per thread (Run)
   // How far ahead a single query row asks for blocks: 4 blocks of 16 rows, against 1,
   // read the attention bench's decode at 8k at 15.2 / 10.2 GB/s (SmolLM2 / Qwen shapes,
-  // best of 5 alternated runs; Zen 4) instead of 11.2 / 8.5.
+  // best of 5 alternated runs; Zen 4; the bench's rows then off their cache lines) instead of 11.2 / 8.5.
   static constexpr size_t kPrefetchPieces = 4;
-  static constexpr int64_t kPrefetchRows = 64;  // the same for the AVX-512 BF16 kernels, which count rows
+  // The same for the AVX-512 BF16 kernels, which count rows: 32, 64, 128 and 256 within the
+  // noise of each other on lined-up rows (Zen 4, 2026-11-30), 0 a third slower.
+  static constexpr int64_t kPrefetchRows = 64;
 
   // Unnormalised output, m and l of rows [q0, q0 + nq) of kvh's heads over the visible
   // keys with ordinals [k_lo, k_hi): out rows out_stride apart, heads hd apart. A single
@@ -410,10 +412,15 @@ class SegmentAttention {
     }
     // Mask; P = exp(S - m_new); rescale the rows' sums and outputs.
     int32_t k_lo = std::numeric_limits<int32_t>::max(), k_hi = std::numeric_limits<int32_t>::min();
-    for (const Chunk& p : pieces_) {
-      const auto [lo, hi] = std::minmax_element(kv_.positions + p.j0, kv_.positions + p.j0 + p.nb);
-      k_lo = std::min(k_lo, *lo);
-      k_hi = std::max(k_hi, *hi);
+    if (kv_.positions_ascending) {  // the first piece's first and the last's last (a decode tile: 2,048 keys)
+      k_lo = kv_.positions[pieces_.front().j0];
+      k_hi = kv_.positions[pieces_.back().j0 + pieces_.back().nb - 1];
+    } else {
+      for (const Chunk& p : pieces_) {
+        const auto [lo, hi] = std::minmax_element(kv_.positions + p.j0, kv_.positions + p.j0 + p.nb);
+        k_lo = std::min(k_lo, *lo);
+        k_hi = std::max(k_hi, *hi);
+      }
     }
     const bool unmasked = a_.window.SeesAll(k_lo, k_hi, min_pos, max_pos);  // every key of the tile to every row
     for (int h = 0; h < group_; ++h) {
