@@ -179,7 +179,8 @@ int main(int argc, char** argv) {
   for (int64_t depth : depths) {
     for (int64_t batch : batches) {
       std::vector<PagedKv> kvs;
-      for (int64_t b = 0; b < batch; ++b) kvs.emplace_back(**backend, s, *dtype, depth, static_cast<int>(block_tokens), g);
+      for (int64_t b = 0; b < batch; ++b)
+        kvs.emplace_back(**backend, s, *dtype, depth, static_cast<int>(block_tokens), g);
       std::vector<float> q(batch * qd), out(batch * qd);
       for (float& x : q) x = nd(g);
       const int32_t pos = static_cast<int32_t>(depth - 1);

@@ -320,7 +320,7 @@ int64_t Flatten(const RowRun* runs, int64_t n_runs, int64_t stride, int64_t pad,
   for (int64_t u = 0; u < n_runs; ++u) n += runs[u].n;
   n = std::min(n, limit);
   rows->resize((n + pad - 1) / pad * pad);  // then filled through a plain pointer: push_back's
-  const uint16_t** out = rows->data();     // stores to a thread_local cost 5% of the decode
+  const uint16_t** out = rows->data();      // stores to a thread_local cost 5% of the decode
   for (int64_t u = 0, j = 0; j < n; ++u) {
     const int64_t take = std::min(runs[u].n, n - j);
     for (int64_t r = 0; r < take; ++r) out[j + r] = runs[u].rows + r * stride;
