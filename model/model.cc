@@ -80,8 +80,7 @@ absl::Status ValidateConfig(const ModelConfig& c) {
     return bad("sizes must be positive");
   }
   if (c.n_heads % c.n_kv_heads != 0) return bad("head_count must be a multiple of head_count_kv");
-  if (c.n_layers > 1024 || c.n_embd > (1 << 20) || c.n_ff > (1 << 22) ||
-      c.head_dim > 1024) {  // forward.cc's kMaxRopeDims
+  if (c.n_layers > 1024 || c.n_embd > (1 << 20) || c.n_ff > (1 << 22) || c.head_dim > kMaxHeadDim) {
     return bad("implausibly large sizes");
   }
   if (c.rope.n_dims <= 0 || c.rope.n_dims > c.head_dim || c.rope.n_dims % 2 != 0) {

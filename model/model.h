@@ -114,6 +114,9 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text);
 // Checks that a configuration's sizes are positive, consistent and plausible (the
 // loaders' results go through it before any buffer is sized from them).
 absl::Status ValidateConfig(const ModelConfig& config);
+// The largest head_dim ValidateConfig accepts (the CPU backend's rope keeps a head's
+// angles on the stack: kernels/cpu/cpu_backend.cc's kMaxRopeDims).
+inline constexpr int kMaxHeadDim = 1024;
 
 // LLaMA-3 rope scaling: per-pair divisors of the rotation frequencies.
 std::vector<float> Llama3FreqFactors(int n_dims, float base, float factor, float low_freq_factor,

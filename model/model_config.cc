@@ -140,6 +140,11 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& json_text) {
       if (rt == "linear") {
         c.rope.freq_scale = 1.0f / factor;
       } else if (rt == "llama3") {
+        // The factors are sized from head_dim before ValidateConfig sees it.
+        if (c.rope.n_dims <= 0 || c.rope.n_dims > kMaxHeadDim) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("config.json: head_dim ", c.rope.n_dims, " is outside 1..", kMaxHeadDim));
+        }
         c.rope.freq_factors =
             Llama3FreqFactors(c.rope.n_dims, c.rope.freq_base, factor, rs.value("low_freq_factor", 1.0f),
                               rs.value("high_freq_factor", 4.0f), rs.value("original_max_position_embeddings", 8192));

@@ -305,6 +305,23 @@ TEST(HfConfig, WrongTypesAndZeroSizesAreErrors) {
   EXPECT_EQ(ValidateConfig(*zero_heads).message(), "model config: sizes must be positive");
 }
 
+// Found by fuzz_hf_config: llama3 rope scaling sized its factors from a negative
+// head_dim (a negative hidden_size over the heads) before ValidateConfig ran, and
+// std::vector threw length_error out of the parser.
+TEST(HfConfig, Llama3ScalingWithABadHeadDimIsAnError) {
+  const std::string scaling = R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})";
+  for (const char* sizes : {R"("hidden_size": -64, "num_attention_heads": 8)",
+                            R"("hidden_size": 64, "num_attention_heads": 8, "head_dim": 4096)"}) {
+    const absl::StatusOr<ModelConfig> c = ConfigFromHfJson(
+        std::string(
+            R"({"model_type": "llama", "vocab_size": 512, "num_hidden_layers": 2, "intermediate_size": 172, )") +
+        sizes + ", " + scaling + "}");
+    ASSERT_FALSE(c.ok()) << sizes;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << sizes;
+    EXPECT_NE(c.status().message().find("head_dim"), std::string::npos) << c.status();
+  }
+}
+
 // transformers 5 writes rope_theta and the scaling inside rope_parameters
 // (SmolLM2's 100000; LLaMA-3.1's llama3 scaling); older files at the top level.
 TEST(HfConfig, RopeParametersOfTransformers5) {
