@@ -1,7 +1,10 @@
 // Attention kernel benchmark on a model's shape, over a paged KV laid out as the
-// engine's cache lays it out (a page of `--kv-block-size` tokens is 2 * n_kv_heads
-// blocks for every layer, so one head's successive blocks lie n_layers pages of
-// blocks apart): decode (one query row, or a batch of streams) at given depths, as
+// engine's cache lays it out after a chunked prefill (a page of `--kv-block-size` tokens
+// is 2 * n_kv_heads blocks; a prefill chunk takes each layer's pages in one run of block
+// ids, one head's K blocks of the chunk next to each other, then the next head's, then
+// the V blocks: memory/kv_cache_manager.cc's Append; `--prefill-chunk` as many tokens as
+// a page: every head's successive blocks n_layers pages of blocks apart, as in a cache
+// grown a token at a time): decode (one query row, or a batch of streams) at given depths, as
 // GB/s of KV read and a share of the machine's streaming-read bandwidth; prefill
 // (causal, every query row) at given lengths, as GFLOP/s and a share of the FP32
 // FMA peak. Each line names the KV type.
@@ -48,7 +51,8 @@ struct PagedKv {
   std::vector<int32_t> positions;
   std::vector<ps::KvRows> layers;
 
-  PagedKv(ps::Backend& backend, const Shape& s, ps::DType dtype, int64_t n, int block_tokens, std::mt19937& g) {
+  PagedKv(ps::Backend& backend, const Shape& s, ps::DType dtype, int64_t n, int block_tokens, int64_t chunk_pages,
+          std::mt19937& g) {
     const ps::KvGeometry geo{.n_layers = s.n_layers,
                              .block_tokens = block_tokens,
                              .kv_dim = s.n_kv_heads * s.head_dim,
@@ -79,12 +83,16 @@ struct PagedKv {
     k_blocks.resize(s.n_layers);
     v_blocks.resize(s.n_layers);
     for (int l = 0; l < s.n_layers; ++l) {
-      // Per head: its K blocks, then its V blocks, page after page.
+      // Per head: its K blocks, then its V blocks, page after page. Chunk c's pages take
+      // chunk_pages pages of every layer, layer after layer; within a layer's, block i
+      // (K of head i, then V) of every page of the chunk side by side.
       for (int h = 0; h < s.n_kv_heads; ++h) {
         for (int64_t p = 0; p < pages; ++p) {
-          const uint8_t* base = pool.get() + p * page + l * layer_blocks;
-          k_blocks[l].push_back(base + h * block);
-          v_blocks[l].push_back(base + (s.n_kv_heads + h) * block);
+          const int64_t c = p / chunk_pages, in_chunk = std::min(chunk_pages, pages - c * chunk_pages);
+          const uint8_t* run = pool.get() + c * chunk_pages * page + l * in_chunk * layer_blocks;
+          const int64_t q = p - c * chunk_pages;
+          k_blocks[l].push_back(run + (h * in_chunk + q) * block);
+          v_blocks[l].push_back(run + ((s.n_kv_heads + h) * in_chunk + q) * block);
         }
       }
       layers.push_back(ps::KvRows{.k_blocks = k_blocks[l].data(),
@@ -123,7 +131,7 @@ int main(int argc, char** argv) {
   using namespace ps;
   std::string shape_name = "smollm2-135m", kv_dtype = "bf16", cpu_isa;
   std::vector<int64_t> depths = {4096, 8192}, prefills = {2048}, batches = {1};
-  int64_t threads = 2, block_tokens = 16;
+  int64_t threads = 2, block_tokens = 16, prefill_chunk = 512;
   bool peak = true, cached = false;
   FlagParser flags("ps_bench_attention",
                    "Attention kernel alone on a model's shape over a paged KV laid out as the engine's: decode at\n"
@@ -136,6 +144,9 @@ int main(int argc, char** argv) {
   flags.AddIntList("prefill", &prefills, "causal prefill lengths (0: none)");
   flags.AddInt("threads", &threads, "compute threads");
   flags.AddInt("kv-block-size", &block_tokens, "tokens per KV block");
+  flags.AddInt("prefill-chunk", &prefill_chunk,
+               "tokens per prefill chunk the KV is laid out by (the server's --prefill-chunk; a page's tokens or "
+               "fewer: a cache grown a token at a time)");
   flags.AddString("cpu-isa", &cpu_isa, "cap the CPU kernels' level");
   flags.AddBool("peak", &peak, "measure the machine's ceilings first");
   flags.AddBool("cached", &cached, "decode reads one layer's KV again and again (from the caches where it fits)");
@@ -160,6 +171,10 @@ int main(int argc, char** argv) {
   std::string backend_note;
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu", pool, CpuBackendOptions{}, &backend_note);
   if (!backend.ok()) return std::fprintf(stderr, "ps_bench_attention: %s\n", backend.status().ToString().c_str()), 2;
+  if (block_tokens < 1 || prefill_chunk < 0) {
+    return std::fprintf(stderr, "ps_bench_attention: --kv-block-size must be >= 1 and --prefill-chunk >= 0\n"), 2;
+  }
+  const int64_t chunk_pages = std::max<int64_t>(1, prefill_chunk / block_tokens);
   const Shape& s = *shape;
   const AttentionShape ashape{.n_heads = s.n_heads,
                               .n_kv_heads = s.n_kv_heads,
@@ -167,9 +182,11 @@ int main(int argc, char** argv) {
                               .scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim))};
   const int qd = s.n_heads * s.head_dim;
   const int layers_read = cached ? 1 : s.n_layers;
-  std::printf("shape %s (%d query heads, %d KV heads of %d), KV %s in blocks of %lld tokens, %lld threads, CPU %s\n",
-              s.name, s.n_heads, s.n_kv_heads, s.head_dim, kv_dtype.c_str(), static_cast<long long>(block_tokens),
-              static_cast<long long>(threads), DescribeCpuIsa().c_str());
+  std::printf(
+      "shape %s (%d query heads, %d KV heads of %d), KV %s in blocks of %lld tokens laid out by prefill chunks of %lld, "
+      "%lld threads, CPU %s\n",
+      s.name, s.n_heads, s.n_kv_heads, s.head_dim, kv_dtype.c_str(), static_cast<long long>(block_tokens),
+      static_cast<long long>(chunk_pages * block_tokens), static_cast<long long>(threads), DescribeCpuIsa().c_str());
   if (peak) {
     std::printf("machine: FP32 FMA %.1f GFLOP/s, streaming read %.1f GB/s\n", machine.fp32_flops / 1e9,
                 machine.read_bytes_per_s / 1e9);
@@ -180,7 +197,7 @@ int main(int argc, char** argv) {
     for (int64_t batch : batches) {
       std::vector<PagedKv> kvs;
       for (int64_t b = 0; b < batch; ++b)
-        kvs.emplace_back(**backend, s, *dtype, depth, static_cast<int>(block_tokens), g);
+        kvs.emplace_back(**backend, s, *dtype, depth, static_cast<int>(block_tokens), chunk_pages, g);
       std::vector<float> q(batch * qd), out(batch * qd);
       for (float& x : q) x = nd(g);
       const int32_t pos = static_cast<int32_t>(depth - 1);
@@ -211,7 +228,7 @@ int main(int argc, char** argv) {
   }
   for (int64_t n : prefills) {
     if (n <= 0) continue;
-    PagedKv kv(**backend, s, *dtype, n, static_cast<int>(block_tokens), g);
+    PagedKv kv(**backend, s, *dtype, n, static_cast<int>(block_tokens), chunk_pages, g);
     std::vector<float> q(n * qd), out(n * qd);
     for (float& x : q) x = nd(g);
     const double sec = BestSeconds(1.0, [&] {

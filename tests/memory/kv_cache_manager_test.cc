@@ -271,12 +271,14 @@ TEST(KvCacheManagerMetered, BlocksDroppedFromPages) {
   EXPECT_EQ(m.BlocksNeeded(1, 40), 6) << "3 pages of 2 blocks";
   ASSERT_TRUE(m.Reserve(1, 6));
   ASSERT_TRUE(m.Append(1, 0, Positions(0, 40)));
-  EXPECT_EQ(m.Table(1, 0).blocks, (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  // Each of a page's blocks (K, V) from its own run of the pool's ids: page after page,
+  // the K blocks are 0, 1, 2 and the V blocks 3, 4, 5.
+  EXPECT_EQ(m.Table(1, 0).blocks, (std::vector<int32_t>{0, 3, 1, 4, 2, 5}));
   const int32_t first_two[] = {0, 1};
   EXPECT_EQ(m.Drop(1, 0, first_two, 0), 2);
   EXPECT_EQ(m.Drop(1, 0, first_two, 0), 0) << "dropped already";
   constexpr int32_t kNone = LayerTable::kDropped;
-  EXPECT_EQ(m.Table(1, 0).blocks, (std::vector<int32_t>{kNone, 1, kNone, 3, 4, 5}));
+  EXPECT_EQ(m.Table(1, 0).blocks, (std::vector<int32_t>{kNone, 3, kNone, 4, 2, 5}));
   EXPECT_EQ(m.BlocksIn(1, Tier::kDevice), 4);
   EXPECT_EQ(m.Reserved(1), 2) << "the freed device blocks fund this step's appends";
   EXPECT_EQ(device.num_free(), 8);
@@ -286,7 +288,7 @@ TEST(KvCacheManagerMetered, BlocksDroppedFromPages) {
   auto out = m.PlanMove(1, 0, page0, Tier::kHost);
   ASSERT_TRUE(out);
   ASSERT_EQ(out->copies.size(), 1u);
-  EXPECT_EQ(out->copies[0].src, 1);
+  EXPECT_EQ(out->copies[0].src, 3);
   m.Complete(*out);
   EXPECT_EQ(m.Table(1, 0).tiers[0], Tier::kHost);
   EXPECT_EQ(m.BlocksIn(1, Tier::kHost), 1);
