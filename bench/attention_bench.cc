@@ -183,8 +183,7 @@ int main(int argc, char** argv) {
   const int qd = s.n_heads * s.head_dim;
   const int layers_read = cached ? 1 : s.n_layers;
   std::printf(
-      "shape %s (%d query heads, %d KV heads of %d), KV %s in blocks of %lld tokens laid out by prefill chunks of "
-      "%lld, "
+      "shape %s (%d query heads, %d KV heads of %d), KV %s in blocks of %lld tokens by prefill chunks of %lld, "
       "%lld threads, CPU %s\n",
       s.name, s.n_heads, s.n_kv_heads, s.head_dim, kv_dtype.c_str(), static_cast<long long>(block_tokens),
       static_cast<long long>(chunk_pages * block_tokens), static_cast<long long>(threads), DescribeCpuIsa().c_str());
