@@ -74,6 +74,11 @@ bool PrefillAttentionOnBf16(const AttentionShape& shape, DType kv_dtype) {
          shape.head_dim % avx512_bf16::kHeadAlign == 0;
 }
 
+bool PrefillAttentionOnInt8(const AttentionShape& shape, DType kv_dtype) {
+  return ActiveCpuIsa() >= CpuIsa::kAvx512Bf16 && kv_dtype == DType::kQ8_0 &&
+         shape.head_dim % avx512_bf16::kHeadAlign == 0;
+}
+
 bool DecodeAttentionOnBf16(const AttentionShape& shape, DType kv_dtype) {
   return PrefillAttentionOnBf16(shape, kv_dtype) && shape.n_heads / shape.n_kv_heads <= avx512_bf16::kMaxDecodeHeads &&
          shape.head_dim <= avx512_bf16::kMaxDecodeHeadSize;
@@ -125,7 +130,7 @@ void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a
       PS_CHECK(sel.kv_head >= -1 && sel.kv_head < s.n_kv_heads) << "selection names KV head " << sel.kv_head;
     }
     SplitAtBlocks(kv, ranges, &chunks);
-    if (seg.q_end - seg.q_begin >= 2 && !PrefillAttentionOnBf16(s, kv.dtype)) {
+    if (seg.q_end - seg.q_begin >= 2 && !PrefillAttentionOnBf16(s, kv.dtype) && !PrefillAttentionOnInt8(s, kv.dtype)) {
       // The keys some query row of the segment sees (the window's too: keys dropped
       // from a page are not there to copy).
       const auto [min_pos, max_pos] = std::minmax_element(a.q_pos + seg.q_begin, a.q_pos + seg.q_end);

@@ -4,7 +4,8 @@
 // built. A query segment of several rows runs tiles of 64 queries x 256 keys: on a CPU
 // with AVX-512 BF16 and a BF16 cache, on BF16 dot products, each tile's keys read in place
 // from their pages and its values packed once for every head of their GQA group
-// (kernels/cpu/attention_avx512.h); otherwise the segment first gathers its selected rows
+// (kernels/cpu/attention_avx512.h); over a Q8_0 cache the same tiles with the scores on
+// int8 dot products (kernels/cpu/attention_avx512_q8.h); otherwise the segment first gathers its selected rows
 // into one contiguous F32 buffer (O(keys x kv_dim); 16-row pages are too short to be
 // sgemm operands) and each tile runs two sgemm calls per head. A single query row
 // (decode) reads the blocks in place, all heads of a GQA group per block, and splits
@@ -29,6 +30,9 @@ void Attentions(const AttentionShape& shape, std::span<const AttentionCall> call
 // Whether Attention's tiles of several query rows over a cache of `kv_dtype` multiply on
 // BF16 dot products at the active CPU level (else on F32).
 bool PrefillAttentionOnBf16(const AttentionShape& shape, DType kv_dtype);
+// Whether they take their scores on int8 dot products (a Q8_0 cache on AVX-512 VNNI: the
+// queries quantised to int8 as the keys are) and their values on BF16 ones.
+bool PrefillAttentionOnInt8(const AttentionShape& shape, DType kv_dtype);
 // The same for a single query row (decode). On BF16 dot products, queries and softmax
 // weights are rounded to BF16 as the cache is.
 bool DecodeAttentionOnBf16(const AttentionShape& shape, DType kv_dtype);

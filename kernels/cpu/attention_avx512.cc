@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cpu/attention_avx512_internal.h"
 
 namespace ps::avx512_bf16 {
 namespace {
@@ -52,6 +53,47 @@ inline __m512 Exp(__m512 v) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931470037e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), p, n);
+}
+
+// 2^v for v <= 0, 16 lanes, where the result is rounded to BF16 (prefill's softmax
+// weights): 2^n 2^f, n an integer and |f| <= 1/2, 2^f by a degree-3 polynomial (relative
+// error 1.0e-4, a twentieth of BF16's rounding; exactly 1 at 0); v below -126 (and -inf)
+// gives 0. Three FMAs where Exp takes seven (its multiply by log2 e, its f and five):
+// those share the FMA pipes with the tiles' dot products. kFinite: no lane is -inf (an
+// unmasked tile), so the clamp is left out (vscalefps takes any n, BF16 flushes what
+// falls below its range).
+template <bool kFinite>
+inline __m512 Exp2Bf16(__m512 v) {
+  __mmask16 keep = 0xFFFF;
+  if constexpr (!kFinite) {
+    keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+    v = _mm512_max_ps(v, _mm512_set1_ps(-126.0f));
+  }
+  const __m512 n = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(v, n);
+  __m512 p = _mm512_set1_ps(5.500835279e-2f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.422095363e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.932828328e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  if constexpr (kFinite) return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+// Softmax's weights of keys [0, nt) for rows [i, i + 16), pairs of keys interleaved into
+// p; returns their sum.
+template <bool kFinite>
+inline __m512 Weights(const float* s, int64_t nqp, int64_t nt, int64_t i, __m512 shift, __m512i interleave,
+                      uint16_t* p) {
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < nt; j += 2) {
+    const __m512 e0 = Exp2Bf16<kFinite>(_mm512_sub_ps(_mm512_loadu_ps(s + j * nqp + i), shift));
+    const __m512 e1 = j + 1 < nt ? Exp2Bf16<kFinite>(_mm512_sub_ps(_mm512_loadu_ps(s + (j + 1) * nqp + i), shift))
+                                 : _mm512_setzero_ps();
+    sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);  // words 0-15: e0's, 16-31: e1's
+    _mm512_storeu_si512(p + 2 * ((j / 2) * nqp + i), _mm512_permutexvar_epi16(interleave, both));
+  }
+  return sum;
 }
 
 // Scores of R keys against the tile's QV vectors of query rows; row_max updated.
@@ -131,50 +173,11 @@ void ValuesOf(const uint16_t* p, int64_t nqp, const uint16_t* values, int64_t nt
   for (; d0 + 2 <= hd; d0 += 2) ValueColumns<2, QV>(p, nqp, values, pairs, hd, d0, corr, ot);
 }
 
-// t[e] lane r = 32-bit word e of a[r] (e, r < 16): a 16 x 16 transpose in four rounds of
-// two-vector shuffles (a is overwritten).
-inline void Transpose16(__m512i a[16], __m512i t[16]) {
-  __m512i b[16];
-  for (int r = 0; r < 16; r += 2) {  // b[r] 128-bit lane L: words 4L, 4L + 1 of rows r, r + 1; b[r + 1]: 4L + 2, 4L + 3
-    b[r] = _mm512_unpacklo_epi32(a[r], a[r + 1]);
-    b[r + 1] = _mm512_unpackhi_epi32(a[r], a[r + 1]);
-  }
-  for (int q = 0; q < 16; q += 4) {  // a[q + c] lane L: word 4L + c of rows q..q + 3
-    a[q] = _mm512_unpacklo_epi64(b[q], b[q + 2]);
-    a[q + 1] = _mm512_unpackhi_epi64(b[q], b[q + 2]);
-    a[q + 2] = _mm512_unpacklo_epi64(b[q + 1], b[q + 3]);
-    a[q + 3] = _mm512_unpackhi_epi64(b[q + 1], b[q + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {  // b[c]: words c, 8 + c of rows 0-3, then of rows 4-7; b[4 + c]: 4 + c, 12 + c
-    b[c] = _mm512_shuffle_i32x4(a[c], a[4 + c], 0x88);
-    b[4 + c] = _mm512_shuffle_i32x4(a[c], a[4 + c], 0xDD);
-    b[8 + c] = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0x88);
-    b[12 + c] = _mm512_shuffle_i32x4(a[8 + c], a[12 + c], 0xDD);
-  }
-  for (int c = 0; c < 4; ++c) {
-    t[c] = _mm512_shuffle_i32x4(b[c], b[8 + c], 0x88);
-    t[8 + c] = _mm512_shuffle_i32x4(b[c], b[8 + c], 0xDD);
-    t[4 + c] = _mm512_shuffle_i32x4(b[4 + c], b[12 + c], 0x88);
-    t[12 + c] = _mm512_shuffle_i32x4(b[4 + c], b[12 + c], 0xDD);
-  }
-}
-
 // The same, of the 16 32-bit words of each row from `at` (BF16 values) on.
 inline void Transpose16(const uint16_t* const* rows, int at, __m512i t[16]) {
   __m512i a[16];
   for (int r = 0; r < 16; ++r) a[r] = _mm512_loadu_si512(rows[r] + at);
-  Transpose16(a, t);
-}
-
-template <class Fn>
-void WithRowVectors(int64_t nqp, const Fn& fn) {
-  PS_CHECK(nqp % kRowAlign == 0 && nqp > 0 && nqp <= kMaxTileRows) << nqp << " query rows";
-  switch (nqp / kRowAlign) {
-    case 1: return fn(std::integral_constant<int, 1>{});
-    case 2: return fn(std::integral_constant<int, 2>{});
-    case 3: return fn(std::integral_constant<int, 3>{});
-    default: return fn(std::integral_constant<int, 4>{});
-  }
+  avx512::Transpose16(a, t);
 }
 
 }  // namespace
@@ -193,7 +196,7 @@ void PackQueries(const float* q, int64_t q_stride, int64_t nq, int hd, uint16_t*
         const __m512 b = real ? _mm512_loadu_ps(row + 16) : _mm512_setzero_ps();
         pairs[r] = (__m512i)_mm512_cvtne2ps_pbh(b, a);
       }
-      Transpose16(pairs, t);
+      avx512::Transpose16(pairs, t);
       for (int p = 0; p < 16; ++p) _mm512_storeu_si512(lanes + ((e / 2 + p) * nqp + i0) / 16, t[p]);
     }
   }
@@ -206,7 +209,7 @@ void UnpackOutputs(const float* ot, int64_t nqp, int64_t nq, int hd, float* out,
     for (int d0 = 0; d0 < hd; d0 += 16) {
       __m512i cols[16], t[16];  // cols[c]: output column d0 + c of rows i0..i0 + 15
       for (int c = 0; c < 16; ++c) cols[c] = _mm512_loadu_si512(ot + (d0 + c) * nqp + i0);
-      Transpose16(cols, t);
+      avx512::Transpose16(cols, t);
       for (int r = 0; r < rows; ++r) _mm512_storeu_si512(out + (i0 + r) * out_stride + d0, t[r]);
     }
   }
@@ -239,7 +242,7 @@ void PackValues(const uint16_t* const* rows, int64_t nt, int hd, uint16_t* value
 void Scores(const uint16_t* qt, int64_t nqp, const uint16_t* const* keys, int64_t nt, int hd, float scale, float* s,
             float* row_max) {
   PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
-  WithRowVectors(nqp, [&](auto qv) { ScoresOf<qv.value>(qt, nqp, keys, nt, hd, scale, s, row_max); });
+  avx512::WithRowVectors(nqp, [&](auto qv) { ScoresOf<qv.value>(qt, nqp, keys, nt, hd, scale, s, row_max); });
 }
 
 void Mask(int part, int32_t sinks, int32_t recent, const int32_t* key_pos, int64_t nt, const int32_t* q_pos,
@@ -267,8 +270,8 @@ void Mask(int part, int32_t sinks, int32_t recent, const int32_t* key_pos, int64
   }
 }
 
-void Softmax(const float* s, int64_t nqp, int64_t nt, const float* row_max, float* m, float* l, float* corr,
-             uint16_t* p) {
+void Softmax(const float* s, int64_t nqp, int64_t nt, const float* row_max, bool finite, float* m, float* l,
+             float* corr, uint16_t* p) {
   PS_CHECK(nqp % kRowAlign == 0) << nqp << " query rows";
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   // Word 2i of the result: word i of the first converted vector (key 2u), 2i + 1: of the second.
@@ -285,17 +288,10 @@ void Softmax(const float* s, int64_t nqp, int64_t nt, const float* row_max, floa
     // Rows that see nothing yet subtract 0: their -inf scores give 0.
     const __m512 shift =
         _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ), m_new, _mm512_setzero_ps());
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t u = 0; u < pairs; ++u) {
-      const int64_t j = 2 * u;
-      const __m512 e0 = j < nt ? Exp(_mm512_sub_ps(_mm512_loadu_ps(s + j * nqp + i), shift)) : _mm512_setzero_ps();
-      const __m512 e1 =
-          j + 1 < nt ? Exp(_mm512_sub_ps(_mm512_loadu_ps(s + (j + 1) * nqp + i), shift)) : _mm512_setzero_ps();
-      sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
-      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);  // words 0-15: e0's, 16-31: e1's
-      _mm512_storeu_si512(p + 2 * (u * nqp + i), _mm512_permutexvar_epi16(interleave, both));
-    }
-    const __m512 c = Exp(_mm512_sub_ps(m_old, shift));
+    const __m512 sum = finite ? Weights<true>(s, nqp, nt, i, shift, interleave, p)
+                              : Weights<false>(s, nqp, nt, i, shift, interleave, p);
+    for (int64_t u = (nt + 1) / 2; u < pairs; ++u) _mm512_storeu_si512(p + 2 * (u * nqp + i), _mm512_setzero_si512());
+    const __m512 c = Exp(_mm512_mul_ps(_mm512_sub_ps(m_old, shift), _mm512_set1_ps(0.693147180559945309f)));
     _mm512_storeu_ps(corr + i, c);
     _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), c, sum));
     _mm512_storeu_ps(m + i, m_new);
@@ -305,7 +301,7 @@ void Softmax(const float* s, int64_t nqp, int64_t nt, const float* row_max, floa
 void AddValues(const uint16_t* p, int64_t nqp, const uint16_t* values, int64_t nt, int hd, const float* corr,
                float* ot) {
   PS_CHECK(hd % kHeadAlign == 0) << "head size " << hd;
-  WithRowVectors(nqp, [&](auto qv) { ValuesOf<qv.value>(p, nqp, values, nt, hd, corr, ot); });
+  avx512::WithRowVectors(nqp, [&](auto qv) { ValuesOf<qv.value>(p, nqp, values, nt, hd, corr, ot); });
 }
 
 namespace {

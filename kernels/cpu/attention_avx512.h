@@ -47,14 +47,16 @@ void Scores(const uint16_t* qt, int64_t nqp, const uint16_t* const* keys, int64_
 void Mask(int part, int32_t sinks, int32_t recent, const int32_t* key_pos, int64_t nt, const int32_t* q_pos,
           int64_t nqp, float* s, float* row_max);
 
-// One key tile's step of the online softmax for rows i < nqp: m_new = max(m[i],
-// row_max[i]); the weights exp(s[j * nqp + i] - m_new) rounded to BF16 into p, keys paired
-// (p[u * nqp + i]: keys 2u, 2u + 1 of row i; zeros for keys past nt, up to PaddedKeys(nt));
-// l[i] = l[i] * corr[i] + the weights' sum before rounding, with corr[i] = exp(m[i] -
-// m_new) (the factor the row's output so far takes); m[i] = m_new. Rows that see nothing
-// yet (m_new = -inf) keep l = 0 with weights 0.
-void Softmax(const float* s, int64_t nqp, int64_t nt, const float* row_max, float* m, float* l, float* corr,
-             uint16_t* p);
+// One key tile's step of the online softmax for rows i < nqp, in base 2 (scores, m and
+// row_max in units of log2 e: Scores with the scale times log2 e): m_new = max(m[i],
+// row_max[i]); the weights 2^(s[j * nqp + i] - m_new) (to 1e-4 relative) rounded to BF16
+// into p, keys paired (p[u * nqp + i]: keys 2u, 2u + 1 of row i; zeros for keys past nt,
+// up to PaddedKeys(nt)); l[i] = l[i] * corr[i] + the weights' sum before rounding, with
+// corr[i] = 2^(m[i] - m_new) (the factor the row's output so far takes); m[i] = m_new.
+// Rows that see nothing yet (m_new = -inf) keep l = 0 with weights 0.
+// finite: no score is -inf (nothing masked), which takes a shorter exp.
+void Softmax(const float* s, int64_t nqp, int64_t nt, const float* row_max, bool finite, float* m, float* l,
+             float* corr, uint16_t* p);
 
 // ot[d * nqp + i] = ot[d * nqp + i] * corr[i] + sum_j p_i[j] v_j[d] for rows i < nqp and
 // d < hd: Softmax's weights against a packed value tile of nt keys.

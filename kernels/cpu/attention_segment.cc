@@ -10,6 +10,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/attention_avx512_q8.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/quant.h"
@@ -22,6 +23,7 @@ namespace {
 constexpr int64_t kQueryTile = 64;  // query rows per unit
 static_assert(kQueryTile <= avx512_bf16::kMaxTileRows);
 constexpr int64_t kKeyTile = 256;  // keys per score tile
+constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
 
 float* Scratch(std::vector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(n);
@@ -161,6 +163,7 @@ class SegmentAttention {
         n_kvh_(seg.kv_head >= 0 ? 1 : s.n_kv_heads),
         group_simd_(avx2::Available() && s.head_dim % 8 == 0),
         bf16_tiles_(PrefillAttentionOnBf16(s, kv_.dtype)),
+        q8_tiles_(PrefillAttentionOnInt8(s, kv_.dtype)),
         decode_bf16_(DecodeAttentionOnBf16(s, kv_.dtype)),
         elem_(kv_.dtype == DType::kF32    ? avx2::KvElem::kF32
               : kv_.dtype == DType::kF16  ? avx2::KvElem::kF16
@@ -234,11 +237,11 @@ class SegmentAttention {
     // single row takes many blocks per tile, so that the softmax runs on long rows.
     const int64_t key_tile = nq == 1 ? kDecodeKeyTile : kKeyTile;
     const int64_t tile_scores = nq * key_tile;
-    const bool bf16 = nq > 1 && bf16_tiles_;
+    const bool tiles = nq > 1 && (bf16_tiles_ || q8_tiles_);
     PS_CHECK(n_kv == 1 || nq == 1) << "several KV heads at once for a single query row only";
     float* scores = nullptr;  // [group][nq, key_tile]
-    if (bf16) {
-      StartBf16(kvh, q0, nq);
+    if (tiles) {
+      StartTiles(kvh, q0, nq);
     } else {
       scores = Scratch(scores_storage, group_ * tile_scores);
       for (int i = 0; i < n_kv; ++i) {
@@ -254,8 +257,8 @@ class SegmentAttention {
     pieces_.clear();
     int64_t ordinal = 0, filled = 0;  // ordinal: of the chunk's first key among the visible ones
     auto flush = [&] {
-      if (filled > 0 && bf16) {
-        AttendTileBf16(kvh, nq, min_pos, max_pos, filled, last_tile);
+      if (filled > 0 && tiles) {
+        AttendKeyTile(kvh, nq, min_pos, max_pos, filled, last_tile);
       } else if (filled > 0) {
         for (int i = 0; i < n_kv; ++i) {
           AttendTile(kvh + i, q0, nq, min_pos, max_pos, filled, scores, tile_scores, out + i * kv_step, out_stride,
@@ -273,45 +276,76 @@ class SegmentAttention {
         pieces_.push_back({t0, nt});
         filled += nt;
         t0 += nt;
-        if (filled == key_tile || (nq > 1 && !bf16)) flush();
+        if (filled == key_tile || (nq > 1 && !tiles)) flush();
       }
     }
     flush();
-    if (bf16) EndBf16(nq, out, out_stride, m, l);
+    if (tiles) EndTiles(nq, out, out_stride, m, l);
   }
 
-  // Several query rows over a BF16 cache (PrefillAttentionOnBf16): key-major tiles, whose layouts and
-  // steps avx512_bf16 (kernels/cpu/attention_avx512.h) defines. StartBf16 packs the unit's
-  // query rows and clears its state; AttendTileBf16 attends one key tile (pieces_, nt rows);
-  // EndBf16 leaves the unnormalised output in out and m, l as Attend's.
-  void StartBf16(int kvh, int64_t q0, int64_t nq) const {
-    Bf16Unit& u = bf16_unit_;
+  // Several query rows over a BF16 cache (PrefillAttentionOnBf16) or a Q8_0 one
+  // (PrefillAttentionOnInt8): key-major tiles, whose layouts and steps avx512_bf16 and
+  // avx512_q8 (kernels/cpu/attention_avx512.h, attention_avx512_q8.h) define. StartTiles
+  // packs the unit's query rows and clears its state; AttendKeyTile attends one key tile
+  // (pieces_, nt rows), its scores and softmax in base 2 (the exp's multiply by log2 e
+  // folded into the scale); EndTiles leaves the unnormalised output in out and m (natural
+  // units again), l as Attend's.
+  void StartTiles(int kvh, int64_t q0, int64_t nq) const {
+    TileUnit& u = tile_unit_;
     const int64_t nqp = avx512_bf16::PaddedRows(nq);
     u.nqp = nqp;
-    u.qt.resize(group_ * hd_ * nqp);
     u.ot.assign(group_ * hd_ * nqp, 0.0f);
     u.m.assign(group_ * nqp, -std::numeric_limits<float>::infinity());
     u.l.assign(group_ * nqp, 0.0f);
     u.q_pos.resize(nqp);  // padding rows (zero queries) at the last row's position
     for (int64_t i = 0; i < nqp; ++i) u.q_pos[i] = a_.q_pos[q0 + std::min(i, nq - 1)];
+    if (q8_tiles_) {
+      u.qt8.resize(group_ * hd_ * nqp);
+      u.qscale.resize(group_ * nqp);
+    } else {
+      u.qt.resize(group_ * hd_ * nqp);
+    }
     for (int h = 0; h < group_; ++h) {
-      avx512_bf16::PackQueries(a_.q + q0 * a_.q_stride + (kvh * group_ + h) * hd_, a_.q_stride, nq, hd_,
-                               u.qt.data() + h * hd_ * nqp);
+      const float* q = a_.q + q0 * a_.q_stride + (kvh * group_ + h) * hd_;
+      if (q8_tiles_) {
+        avx512_q8::PackQueries(q, a_.q_stride, nq, hd_, s_.scale * kLog2e, u.qt8.data() + h * hd_ * nqp,
+                               u.qscale.data() + h * nqp);
+      } else {
+        avx512_bf16::PackQueries(q, a_.q_stride, nq, hd_, u.qt.data() + h * hd_ * nqp);
+      }
     }
   }
 
-  void AttendTileBf16(int kvh, int64_t nq, int32_t min_pos, int32_t max_pos, int64_t nt, bool last_tile) const {
-    Bf16Unit& u = bf16_unit_;
+  void AttendKeyTile(int kvh, int64_t nq, int32_t min_pos, int32_t max_pos, int64_t nt, bool last_tile) const {
+    TileUnit& u = tile_unit_;
     const int64_t nqp = u.nqp;
     u.keys.clear();
     u.values.clear();
+    u.keys8.clear();
+    u.values8.clear();
     u.key_pos.clear();
     for (const Chunk& p : pieces_) {
       for (int64_t r = 0; r < p.nb; ++r) {
-        u.keys.push_back(static_cast<const uint16_t*>(kv_.k(p.j0 + r, kvh * hd_)));
-        u.values.push_back(static_cast<const uint16_t*>(kv_.v(p.j0 + r, kvh * hd_)));
+        const void* k = kv_.k(p.j0 + r, kvh * hd_);
+        const void* v = kv_.v(p.j0 + r, kvh * hd_);
+        if (q8_tiles_) {
+          u.keys8.push_back(static_cast<const uint8_t*>(k));
+          u.values8.push_back(static_cast<const uint8_t*>(v));
+        } else {
+          u.keys.push_back(static_cast<const uint16_t*>(k));
+          u.values.push_back(static_cast<const uint16_t*>(v));
+        }
         u.key_pos.push_back(kv_.positions[p.j0 + r]);
       }
+    }
+    if (q8_tiles_) {  // the keys' block terms; the values as BF16 rows
+      const int nb = hd_ / avx512_q8::kQ8Values;
+      u.key_offsets.resize(nt * nb);
+      u.key_scales.resize(nt * nb);
+      avx512_q8::KeyTerms(u.keys8.data(), nt, hd_, u.key_offsets.data(), u.key_scales.data());
+      u.dequantized.resize(nt * hd_);
+      avx512_q8::DequantizeRows(u.values8.data(), nt, hd_, u.dequantized.data());
+      for (int64_t j = 0; j < nt; ++j) u.values.push_back(u.dequantized.data() + j * hd_);
     }
     const int64_t padded = avx512_bf16::PaddedKeys(nt);
     u.packed_values.resize(padded * hd_);
@@ -323,8 +357,13 @@ class SegmentAttention {
     const auto [k_lo, k_hi] = std::minmax_element(u.key_pos.begin(), u.key_pos.end());
     const bool unmasked = a_.window.SeesAll(*k_lo, *k_hi, min_pos, max_pos);  // every key of the tile to every row
     for (int h = 0; h < group_; ++h) {
-      avx512_bf16::Scores(u.qt.data() + h * hd_ * nqp, nqp, u.keys.data(), nt, hd_, s_.scale, u.s.data(),
-                          u.row_max.data());
+      if (q8_tiles_) {
+        avx512_q8::Scores(u.qt8.data() + h * hd_ * nqp, u.qscale.data() + h * nqp, nqp, u.keys8.data(),
+                          u.key_offsets.data(), u.key_scales.data(), nt, hd_, u.s.data(), u.row_max.data());
+      } else {
+        avx512_bf16::Scores(u.qt.data() + h * hd_ * nqp, nqp, u.keys.data(), nt, hd_, s_.scale * kLog2e, u.s.data(),
+                            u.row_max.data());
+      }
       if (!unmasked) {
         avx512_bf16::Mask(static_cast<int>(a_.window.part), a_.window.sinks, a_.window.recent, u.key_pos.data(), nt,
                           u.q_pos.data(), nqp, u.s.data(), u.row_max.data());
@@ -333,22 +372,22 @@ class SegmentAttention {
         float* dst = seg_.last_logits + (kvh * group_ + h) * seg_.stats_n;
         int64_t j = 0;
         for (const Chunk& p : pieces_) {
-          for (int64_t r = 0; r < p.nb; ++r, ++j) dst[StatRow(p.j0 + r)] = u.s[j * nqp + nq - 1];
+          for (int64_t r = 0; r < p.nb; ++r, ++j) dst[StatRow(p.j0 + r)] = u.s[j * nqp + nq - 1] * kLn2;
         }
       }
-      avx512_bf16::Softmax(u.s.data(), nqp, nt, u.row_max.data(), u.m.data() + h * nqp, u.l.data() + h * nqp,
+      avx512_bf16::Softmax(u.s.data(), nqp, nt, u.row_max.data(), unmasked, u.m.data() + h * nqp, u.l.data() + h * nqp,
                            u.corr.data(), u.p.data());
       avx512_bf16::AddValues(u.p.data(), nqp, u.packed_values.data(), nt, hd_, u.corr.data(),
                              u.ot.data() + h * hd_ * nqp);
     }
   }
 
-  void EndBf16(int64_t nq, float* out, int64_t out_stride, float* m, float* l) const {
-    const Bf16Unit& u = bf16_unit_;
+  void EndTiles(int64_t nq, float* out, int64_t out_stride, float* m, float* l) const {
+    const TileUnit& u = tile_unit_;
     for (int h = 0; h < group_; ++h) {
       const float* ot = u.ot.data() + h * hd_ * u.nqp;
       for (int64_t i = 0; i < nq; ++i) {
-        m[h * nq + i] = u.m[h * u.nqp + i];
+        m[h * nq + i] = u.m[h * u.nqp + i] * kLn2;
         l[h * nq + i] = u.l[h * u.nqp + i];
       }
       avx512_bf16::UnpackOutputs(ot, u.nqp, nq, hd_, out + h * hd_, out_stride);
@@ -546,6 +585,7 @@ class SegmentAttention {
   const int kvh0_, n_kvh_;  // the KV heads this segment serves
   const bool group_simd_;
   const bool bf16_tiles_;   // several query rows: BF16 tiles read in place (else one F32 piece a tile)
+  const bool q8_tiles_;     // ... or Q8_0 tiles read in place, the scores on int8 dot products
   const bool decode_bf16_;  // one query row: the AVX-512 decode kernels, the whole tile at once
   const avx2::KvElem elem_;
   std::vector<Chunk> visible_;
@@ -553,23 +593,26 @@ class SegmentAttention {
   static thread_local std::vector<Chunk> pieces_;  // of the key tile being attended
   // ... and its rows for the decode kernels (decode_bf16_)
   static thread_local std::vector<avx512_bf16::RowRun> key_runs_, value_runs_;
-  // A unit's state on the BF16 tiles (avx512_bf16's layouts): per head of the group its
-  // query rows packed, its output transposed, its rows' m and l (nqp rows each); the key
-  // tile's rows, positions and packed values, its scores, their maxima, the weights and the
-  // rescaling of the outputs.
-  struct Bf16Unit {
+  // A unit's state on the key-major tiles (avx512_bf16's and avx512_q8's layouts): per
+  // head of the group its query rows packed (BF16: qt; Q8_0: qt8 and their scales), its
+  // output transposed, its rows' m and l (nqp rows each); the key tile's rows, positions and
+  // packed values (a Q8_0 tile's keys' block terms and its values as BF16 rows first), its
+  // scores, their maxima, the weights and the rescaling of the outputs.
+  struct TileUnit {
     int64_t nqp = 0;
-    std::vector<uint16_t> qt, packed_values, p;
-    std::vector<float> ot, m, l, s, row_max, corr;
-    std::vector<int32_t> q_pos, key_pos;
-    std::vector<const uint16_t*> keys, values;
+    std::vector<uint16_t> qt, packed_values, p, dequantized;
+    std::vector<uint8_t> qt8;
+    std::vector<float> ot, m, l, s, row_max, corr, qscale, key_scales;
+    std::vector<int32_t> q_pos, key_pos, key_offsets;
+    std::vector<const uint16_t*> keys, values;   // BF16 rows (a Q8_0 tile's values: dequantized's)
+    std::vector<const uint8_t*> keys8, values8;  // Q8_0 rows
   };
-  static thread_local Bf16Unit bf16_unit_;
+  static thread_local TileUnit tile_unit_;
 };
 
 thread_local std::vector<Chunk> SegmentAttention::pieces_;
 thread_local std::vector<avx512_bf16::RowRun> SegmentAttention::key_runs_, SegmentAttention::value_runs_;
-thread_local SegmentAttention::Bf16Unit SegmentAttention::bf16_unit_;
+thread_local SegmentAttention::TileUnit SegmentAttention::tile_unit_;
 
 }  // namespace
 

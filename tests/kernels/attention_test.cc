@@ -58,19 +58,33 @@ int TestHeadDim(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::k
 bool Bf16Tiles(const AttentionShape& s, DType dtype, int64_t nq) {
   return nq > 1 ? PrefillAttentionOnBf16(s, dtype) : DecodeAttentionOnBf16(s, dtype);
 }
+// Whether they take the scores on int8 dot products (the Q8_0 tiles: attention_avx512_q8.h).
+bool Int8Tiles(const AttentionShape& s, DType dtype, int64_t nq) { return nq > 1 && PrefillAttentionOnInt8(s, dtype); }
 
-// The queries rounded to what the kernel multiplies (BF16 on the BF16 tiles), as AsKv
-// rounds the cache, so that the reference sees the values the kernel reads.
+// The queries rounded to what the kernel multiplies (BF16 on the BF16 tiles; on the Q8_0
+// tiles each row's head to int8 quants of its largest value / 127), as AsKv rounds the
+// cache, so that the reference sees the values the kernel reads.
 void AsQueries(const AttentionShape& s, DType dtype, int64_t nq, std::vector<float>* q) {
+  if (Int8Tiles(s, dtype, nq)) {
+    for (size_t h0 = 0; h0 < q->size(); h0 += s.head_dim) {
+      float* x = q->data() + h0;
+      float amax = 0;
+      for (int e = 0; e < s.head_dim; ++e) amax = std::max(amax, std::fabs(x[e]));
+      const float d = amax / 127.0f, inverse = d > 0 ? 1.0f / d : 0.0f;
+      for (int e = 0; e < s.head_dim; ++e) x[e] = std::nearbyint(x[e] * inverse) * d;
+    }
+    return;
+  }
   if (!Bf16Tiles(s, dtype, nq)) return;
   for (float& x : *q) x = Bf16ToFp32(Fp32ToBf16(x));
 }
 
 // What the attention tests allow against the direct computation: F32 arithmetic agrees to
-// 1e-5; the BF16 tiles round their softmax weights to BF16 (8 significant bits: a relative
-// error of 2^-9 each; these tests measure up to 1.7e-3).
+// 1e-5; the key-major tiles round their softmax weights (and a Q8_0 tile its values) to
+// BF16 (8 significant bits: a relative error of 2^-9 each; these tests measure up to
+// 1.7e-3).
 double AttentionTolerance(const AttentionShape& s, DType dtype, int64_t nq) {
-  return Bf16Tiles(s, dtype, nq) ? 5e-3 : 1e-5;
+  return Bf16Tiles(s, dtype, nq) || Int8Tiles(s, dtype, nq) ? 5e-3 : 1e-5;
 }
 
 // Attention computed directly in doubles: query row i's heads of KV head kvh see key j

@@ -10,7 +10,9 @@
 #include "base/fp16.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/attention_avx512_q8.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/quant.h"
 #include "kernels/shared_math.h"
 #include "tests/kernels/random.h"
 
@@ -23,9 +25,9 @@ using testing::Randn;
 // against sums in doubles of the same BF16 values (queries rounded to BF16): key rows
 // read from anywhere in memory, ragged key counts (the weights' and packed values' zero
 // padding) and query rows (every vector count, padded rows), head sizes of one and several
-// value passes; each window part's mask against WindowSees; the softmax step from rows that
-// saw nothing, rows whose maximum grows and rows whose maximum stays; the outputs back to
-// rows.
+// value passes; each window part's mask against WindowSees; the softmax step (in base 2)
+// from rows that saw nothing, rows whose maximum grows and rows whose maximum stays; the
+// outputs back to rows.
 TEST(AttentionTiles, Bf16TilesEqualSumsOfTheRoundedValues) {
   const std::vector<CpuIsa> levels = SupportedCpuIsas();
   if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
@@ -94,29 +96,35 @@ TEST(AttentionTiles, Bf16TilesEqualSumsOfTheRoundedValues) {
             ASSERT_EQ(masked_max[i], most) << what << " part " << window_part << " row " << i;
           }
           if (window_part != 0) continue;
-          // The softmax step over the causal mask. Rows start with no key seen (m = -inf),
-          // a maximum above the tile's or one below it.
-          std::vector<float> m(nqp), l(nqp), corr(nqp, 12345.0f);
-          for (int64_t i = 0; i < nqp; ++i) {
-            m[i] = i % 3 == 1 ? neg_inf : masked_max[i] + (i % 3 == 0 ? 0.7f : -0.9f);
-            l[i] = m[i] == neg_inf ? 0.0f : 1.5f + static_cast<float>(i);
-          }
-          const std::vector<float> m0 = m, l0 = l;
-          std::vector<uint16_t> w(padded * nqp, 0xFFFF);
-          avx512_bf16::Softmax(masked.data(), nqp, nt, masked_max.data(), m.data(), l.data(), corr.data(), w.data());
-          for (int64_t i = 0; i < nqp; ++i) {
-            const float m_new = std::max(m0[i], masked_max[i]);
-            ASSERT_EQ(m[i], m_new) << what << " row " << i;
-            double sum = 0;
-            for (int64_t j = 0; j < padded; ++j) {
-              const double e = j < nt && m_new != neg_inf ? std::exp(double{masked[j * nqp + i]} - m_new) : 0.0;
-              const float got = Bf16ToFp32(w[2 * ((j / 2) * nqp + i) + j % 2]);
-              ASSERT_NEAR(got, e, e * 4e-3 + 1e-30) << what << " weight " << i << "," << j;
-              sum += e;
+          // The softmax step in base 2, over the causal mask and (the finite variant) over
+          // every score. Rows start with no key seen (m = -inf), a maximum above the tile's
+          // or one below it.
+          for (const bool finite : {false, true}) {
+            const std::vector<float>& sc = finite ? s : masked;
+            const std::vector<float>& sc_max = finite ? row_max : masked_max;
+            std::vector<float> m(nqp), l(nqp), corr(nqp, 12345.0f);
+            for (int64_t i = 0; i < nqp; ++i) {
+              m[i] = i % 3 == 1 ? neg_inf : sc_max[i] + (i % 3 == 0 ? 0.7f : -0.9f);
+              l[i] = m[i] == neg_inf ? 0.0f : 1.5f + static_cast<float>(i);
             }
-            const double c = m0[i] == neg_inf ? 0.0 : std::exp(double{m0[i]} - m_new);
-            ASSERT_NEAR(corr[i], c, 1e-6 * c) << what << " row " << i;
-            ASSERT_NEAR(l[i], l0[i] * c + sum, 1e-6 * (l0[i] * c + sum)) << what << " row " << i;
+            const std::vector<float> m0 = m, l0 = l;
+            std::vector<uint16_t> w(padded * nqp, 0xFFFF);
+            avx512_bf16::Softmax(sc.data(), nqp, nt, sc_max.data(), finite, m.data(), l.data(), corr.data(), w.data());
+            for (int64_t i = 0; i < nqp; ++i) {
+              const float m_new = std::max(m0[i], sc_max[i]);
+              ASSERT_EQ(m[i], m_new) << what << " row " << i;
+              double sum = 0;
+              for (int64_t j = 0; j < padded; ++j) {
+                const double e = j < nt && m_new != neg_inf ? std::exp2(double{sc[j * nqp + i]} - m_new) : 0.0;
+                const float got = Bf16ToFp32(w[2 * ((j / 2) * nqp + i) + j % 2]);
+                ASSERT_NEAR(got, e, e * 4e-3 + 1e-30) << what << " finite " << finite << " weight " << i << "," << j;
+                sum += e;
+              }
+              const double c = m0[i] == neg_inf ? 0.0 : std::exp2(double{m0[i]} - m_new);
+              ASSERT_NEAR(corr[i], c, 1e-6 * c) << what << " row " << i;
+              // The weights' 2^x to 1e-4 (a twentieth of their BF16 rounding), the sum as well.
+              ASSERT_NEAR(l[i], l0[i] * c + sum, 1.5e-4 * (l0[i] * c + sum)) << what << " row " << i;
+            }
           }
         }
         std::vector<uint16_t> values(padded * hd);
@@ -147,6 +155,97 @@ TEST(AttentionTiles, Bf16TilesEqualSumsOfTheRoundedValues) {
           for (int64_t e = 0; e < out_stride; ++e) {
             ASSERT_EQ(rows[i * out_stride + e], i < nq && e < hd ? ot[e * nqp + i] : 7.0f)
                 << what << " unpacked " << i << "," << e;
+          }
+        }
+      }
+}
+
+// The Q8_0 tiles' own steps against sums in doubles of the same quants: the queries
+// quantised per row (a row of zeros among them), the keys' block terms, the scores of keys
+// read from anywhere in memory at ragged counts (every pass shape and tail) and query rows
+// (every vector count, padded rows), head sizes of one to four blocks; the values
+// dequantised to BF16. (The rest of a tile is the BF16 tiles' above.)
+TEST(AttentionTiles, Q8TilesEqualSumsOfTheQuants) {
+  const std::vector<CpuIsa> levels = SupportedCpuIsas();
+  if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  }
+  ScopedCpuIsa level(CpuIsa::kAvx512Bf16);
+  constexpr int kBlock = avx512_q8::kQ8Values;
+  for (int hd : {32, 64, 96, 128})
+    for (int64_t nt : {1, 5, 6, 7, 13, 256})
+      for (int64_t nq : {1, 7, 16, 17, 40, 64}) {
+        const std::string what = absl::StrCat("hd=", hd, " keys=", nt, " rows=", nq);
+        const int64_t nqp = avx512_bf16::PaddedRows(nq), q_stride = hd + 8;
+        std::vector<float> qf = Randn(nq * q_stride, 41);
+        if (nq > 3) std::fill(qf.begin() + 3 * q_stride, qf.begin() + 3 * q_stride + hd, 0.0f);
+        std::vector<uint8_t> qt(hd * nqp, 0xAB);
+        std::vector<float> qscale(nqp, 7.0f);
+        avx512_q8::PackQueries(qf.data(), q_stride, nq, hd, 0.3f, qt.data(), qscale.data());
+        auto quant = [&](int64_t i, int e) {
+          return int{qt[4 * ((e / 4) * nqp + i) + e % 4]} - 128;
+        };  // row i's value e
+        for (int64_t i = 0; i < nqp; ++i) {
+          float amax = 0;
+          for (int e = 0; i < nq && e < hd; ++e) amax = std::max(amax, std::fabs(qf[i * q_stride + e]));
+          const float d = amax / 127.0f, inverse = d > 0 ? 1.0f / d : 0.0f;
+          ASSERT_EQ(qscale[i], d * 0.3f) << what << " row " << i;
+          for (int e = 0; e < hd; ++e) {
+            const int want = i < nq ? static_cast<int>(std::nearbyint(qf[i * q_stride + e] * inverse)) : 0;
+            ASSERT_EQ(quant(i, e), want) << what << " row " << i << "," << e;
+          }
+        }
+        std::vector<std::vector<BlockQ8_0>> k_rows, v_rows;  // each row an allocation of its own
+        std::vector<const uint8_t*> kp, vp;
+        for (int64_t j = 0; j < nt; ++j) {
+          k_rows.emplace_back(hd / kBlock);
+          v_rows.emplace_back(hd / kBlock);
+          QuantizeRowQ8_0(Randn(hd, 200 + j).data(), k_rows.back().data(), hd);
+          QuantizeRowQ8_0(Randn(hd, 2000 + j).data(), v_rows.back().data(), hd);
+        }
+        for (int64_t j = 0; j < nt; ++j) {
+          kp.push_back(reinterpret_cast<const uint8_t*>(k_rows[j].data()));
+          vp.push_back(reinterpret_cast<const uint8_t*>(v_rows[j].data()));
+        }
+        const int nb = hd / kBlock;
+        std::vector<int32_t> offsets(nt * nb);
+        std::vector<float> scales(nt * nb);
+        avx512_q8::KeyTerms(kp.data(), nt, hd, offsets.data(), scales.data());
+        for (int64_t j = 0; j < nt; ++j) {
+          for (int b = 0; b < nb; ++b) {
+            int sum = 0;
+            for (int8_t x : k_rows[j][b].qs) sum += x;
+            ASSERT_EQ(offsets[j * nb + b], -128 * sum) << what << " key " << j << " block " << b;
+            ASSERT_EQ(scales[j * nb + b], Fp16ToFp32(k_rows[j][b].d)) << what << " key " << j << " block " << b;
+          }
+        }
+        std::vector<float> s(nt * nqp), row_max(nqp);
+        avx512_q8::Scores(qt.data(), qscale.data(), nqp, kp.data(), offsets.data(), scales.data(), nt, hd, s.data(),
+                          row_max.data());
+        for (int64_t i = 0; i < nqp; ++i) {
+          float most = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < nt; ++j) {
+            double want = 0, norm = 0;
+            for (int b = 0; b < nb; ++b) {
+              int64_t dot = 0;
+              for (int e = 0; e < kBlock; ++e) dot += quant(i, b * kBlock + e) * k_rows[j][b].qs[e];
+              want += double{Fp16ToFp32(k_rows[j][b].d)} * static_cast<double>(dot);
+              norm += std::fabs(double{Fp16ToFp32(k_rows[j][b].d)} * static_cast<double>(dot));
+            }
+            want *= qscale[i];
+            norm *= std::fabs(qscale[i]);
+            ASSERT_NEAR(s[j * nqp + i], want, 1e-6 * (1e-3 + norm)) << what << " score " << i << "," << j;
+            most = std::max(most, s[j * nqp + i]);
+          }
+          ASSERT_EQ(row_max[i], most) << what << " row " << i;
+        }
+        std::vector<uint16_t> dequantized(nt * hd);
+        avx512_q8::DequantizeRows(vp.data(), nt, hd, dequantized.data());
+        for (int64_t j = 0; j < nt; ++j) {
+          for (int e = 0; e < hd; ++e) {
+            const BlockQ8_0& blk = v_rows[j][e / kBlock];
+            ASSERT_EQ(dequantized[j * hd + e], Fp32ToBf16(Fp16ToFp32(blk.d) * blk.qs[e % kBlock]))
+                << what << " value " << j << "," << e;
           }
         }
       }
