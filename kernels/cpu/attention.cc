@@ -79,9 +79,22 @@ bool PrefillAttentionOnInt8(const AttentionShape& shape, DType kv_dtype) {
          shape.head_dim % avx512_bf16::kHeadAlign == 0;
 }
 
-bool DecodeAttentionOnBf16(const AttentionShape& shape, DType kv_dtype) {
-  return PrefillAttentionOnBf16(shape, kv_dtype) && shape.n_heads / shape.n_kv_heads <= avx512_bf16::kMaxDecodeHeads &&
+namespace {
+
+// A GQA group and head size the AVX-512 decode kernels take.
+bool DecodeKernelsTake(const AttentionShape& shape) {
+  return shape.n_heads / shape.n_kv_heads <= avx512_bf16::kMaxDecodeHeads &&
          shape.head_dim <= avx512_bf16::kMaxDecodeHeadSize;
+}
+
+}  // namespace
+
+bool DecodeAttentionOnBf16(const AttentionShape& shape, DType kv_dtype) {
+  return PrefillAttentionOnBf16(shape, kv_dtype) && DecodeKernelsTake(shape);
+}
+
+bool DecodeAttentionOnInt8(const AttentionShape& shape, DType kv_dtype) {
+  return PrefillAttentionOnInt8(shape, kv_dtype) && DecodeKernelsTake(shape);
 }
 
 void Attention(const AttentionShape& s, const KvRows& kv, const AttentionArgs& a, ThreadPool& pool) {

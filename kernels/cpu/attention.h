@@ -36,5 +36,8 @@ bool PrefillAttentionOnInt8(const AttentionShape& shape, DType kv_dtype);
 // The same for a single query row (decode). On BF16 dot products, queries and softmax
 // weights are rounded to BF16 as the cache is.
 bool DecodeAttentionOnBf16(const AttentionShape& shape, DType kv_dtype);
+// Whether a single query row over a Q8_0 cache takes its scores on int8 dot products (the
+// query quantised to int8 as the keys are) and its values on BF16 ones.
+bool DecodeAttentionOnInt8(const AttentionShape& shape, DType kv_dtype);
 
 }  // namespace ps

@@ -308,32 +308,14 @@ namespace {
 
 alignas(64) constexpr uint16_t kZeroRow[kMaxDecodeHeadSize] = {};
 
-// The runs' rows in order (at most `limit`), then rows of zeros up to a multiple of `pad`;
-// returns how many are the runs'.
 int64_t Flatten(const RowRun* runs, int64_t n_runs, int64_t stride, int64_t pad, int64_t limit,
                 std::vector<const uint16_t*>* rows) {
-  int64_t n = 0;
-  for (int64_t u = 0; u < n_runs; ++u) n += runs[u].n;
-  n = std::min(n, limit);
-  rows->resize((n + pad - 1) / pad * pad);  // then filled through a plain pointer: push_back's
-  const uint16_t** out = rows->data();      // stores to a thread_local cost 5% of the decode
-  for (int64_t u = 0, j = 0; j < n; ++u) {
-    const int64_t take = std::min(runs[u].n, n - j);
-    for (int64_t r = 0; r < take; ++r) out[j + r] = runs[u].rows + r * stride;
-    j += take;
-  }
-  std::fill(out + n, out + rows->size(), kZeroRow);
-  return n;
+  return avx512::FlattenRuns(runs, n_runs, stride, pad, limit, kZeroRow, rows);
 }
 
-// Asks for rows [from, to) of `rows` (n of them), then of `then` (n_then), into L2.
 void Fetch(const uint16_t* const* rows, int64_t n, const uint16_t* const* then, int64_t n_then, int64_t from,
            int64_t to, int hd) {
-  for (int64_t j = from; j < to; ++j) {
-    const uint16_t* r = j < n ? rows[j] : j - n < n_then ? then[j - n] : nullptr;
-    if (r == nullptr) return;
-    for (int b = 0; b < 2 * hd; b += 64) _mm_prefetch(reinterpret_cast<const char*>(r) + b, _MM_HINT_T1);
-  }
+  avx512::FetchRows(rows, n, then, n_then, from, to, 2 * hd);
 }
 
 // acc + the BF16 pairs of x against *q's pair broadcast, the broadcast read by the product
@@ -379,59 +361,24 @@ void ScoresOf(const uint32_t* qb, const uint16_t* const* rows, int64_t n, const 
   }
 }
 
-// Lane i of a value pass's first result: output column i of the even-keyed (unpacklo)
-// sums a and the odd-keyed (unpackhi) ones b, which hold columns 8L + [0, 4) and 8L + [4, 8)
-// in their 128-bit lanes L; from column `from` on.
-inline __m512i ColumnIndex(int from) {
-  alignas(64) int32_t idx[16];
-  for (int i = 0; i < 16; ++i) {
-    const int d = from + i, lane = 4 * (d / 8) + d % 4;
-    idx[i] = d % 8 < 4 ? lane : 16 + lane;
-  }
-  return _mm512_load_si512(idx);
-}
+using avx512::kValuePairs;
 
-// Keys a call of the value kernels takes at most: their weights' rows are this many
-// pairs apart, so that every head's weight is at a fixed offset from the pair's first.
-constexpr int64_t kValuePairs = 1024;
-
-// Columns [32 c0, 32 (c0 + C)) of G heads' outputs += P · the rows, keys paired: a pair's
-// two rows interleaved (a column's two values to a lane) against its two weights broadcast
-// (pb[g * kValuePairs + u]: head g's weights of keys 2u, 2u + 1).
+// Columns [32 c0, 32 (c0 + C)) of G heads' outputs += P · the rows (ValueColumnsOf), the
+// same weights for every chunk (pb[g * kValuePairs + u]: head g's weights of keys 2u, 2u + 1).
 template <int G, int C>
 void ValueColumns(const uint32_t* pb, int64_t pairs, const uint16_t* const* rows, int hd, int c0, float* out,
                   int64_t ahead) {
-  __m512 lo[G][C], hi[G][C];
-  for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < C; ++c) lo[g][c] = hi[g][c] = _mm512_setzero_ps();
-  }
-  for (int64_t u = 0; u < pairs; ++u) {
-    if (ahead > 0) Fetch(rows, 2 * pairs, nullptr, 0, 2 * u + ahead, 2 * u + ahead + 2, hd);
-    const uint16_t* r0 = rows[2 * u] + 32 * c0;
-    const uint16_t* r1 = rows[2 * u + 1] + 32 * c0;
-    __m512bh vl[C], vh[C];
-    for (int c = 0; c < C; ++c) {
-      const __m512i a = _mm512_loadu_si512(r0 + 32 * c), b = _mm512_loadu_si512(r1 + 32 * c);
-      vl[c] = Pairs(_mm512_unpacklo_epi16(a, b));
-      vh[c] = Pairs(_mm512_unpackhi_epi16(a, b));
-    }
-    for (int g = 0; g < G; ++g) {
-      const __m512bh w = Pairs(_mm512_set1_epi32(static_cast<int>(pb[g * kValuePairs + u])));
-      for (int c = 0; c < C; ++c) {
-        lo[g][c] = _mm512_dpbf16_ps(lo[g][c], vl[c], w);
-        hi[g][c] = _mm512_dpbf16_ps(hi[g][c], vh[c], w);
-      }
-    }
-  }
-  const __m512i first = ColumnIndex(0), second = ColumnIndex(16);
-  for (int g = 0; g < G; ++g) {
-    for (int c = 0; c < C; ++c) {
-      float* o = out + g * hd + 32 * (c0 + c);
-      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_permutex2var_ps(lo[g][c], first, hi[g][c])));
-      _mm512_storeu_ps(o + 16,
-                       _mm512_add_ps(_mm512_loadu_ps(o + 16), _mm512_permutex2var_ps(lo[g][c], second, hi[g][c])));
-    }
-  }
+  avx512::ValueColumnsOf<G, C>(
+      pairs,
+      [&](int64_t u, int c, __m512i* a, __m512i* b) {
+        *a = _mm512_loadu_si512(rows[2 * u] + 32 * (c0 + c));
+        *b = _mm512_loadu_si512(rows[2 * u + 1] + 32 * (c0 + c));
+      },
+      [&](int g, int, int64_t u) { return pb + g * kValuePairs + u; },
+      [&](int64_t u) {
+        if (ahead > 0) Fetch(rows, 2 * pairs, nullptr, 0, 2 * u + ahead, 2 * u + ahead + 2, hd);
+      },
+      hd, c0, out);
 }
 
 template <int G>
@@ -441,21 +388,6 @@ void ValuesOf(const uint32_t* pb, int64_t pairs, const uint16_t* const* rows, in
   int c0 = 0;
   for (; c0 + C <= chunks; c0 += C) ValueColumns<G, C>(pb, pairs, rows, hd, c0, out, c0 == 0 ? ahead : 0);
   for (; c0 < chunks; ++c0) ValueColumns<G, 1>(pb, pairs, rows, hd, c0, out, c0 == 0 ? ahead : 0);
-}
-
-template <class Fn>
-void WithHeads(int n_heads, const Fn& fn) {
-  switch (n_heads) {
-    case 1: return fn(std::integral_constant<int, 1>{});
-    case 2: return fn(std::integral_constant<int, 2>{});
-    case 3: return fn(std::integral_constant<int, 3>{});
-    case 4: return fn(std::integral_constant<int, 4>{});
-    case 5: return fn(std::integral_constant<int, 5>{});
-    case 6: return fn(std::integral_constant<int, 6>{});
-    case 7: return fn(std::integral_constant<int, 7>{});
-    case 8: return fn(std::integral_constant<int, 8>{});
-    default: PS_CHECK(false) << n_heads << " query heads per KV head (at most " << kMaxDecodeHeads << ")";
-  }
 }
 
 // n values rounded to BF16, in pairs: pair i holds values 2i, 2i + 1 (0 past the n-th).
@@ -482,7 +414,7 @@ void DecodeScores(const float* q, int n_heads, const RowRun* runs, int64_t n_run
   static thread_local std::vector<const uint16_t*> rows, then_rows;
   const int64_t n = Flatten(runs, n_runs, stride, 16, std::numeric_limits<int64_t>::max(), &rows);
   Flatten(then, n_then, stride, 1, ahead, &then_rows);  // only fetched
-  WithHeads(n_heads, [&](auto g) {
+  avx512::WithHeads(n_heads, [&](auto g) {
     ScoresOf<g.value>(qb, rows.data(), n, then_rows.data(), std::ssize(then_rows), hd, scale, out, out_step, ahead);
   });
 }
@@ -498,7 +430,7 @@ void DecodeValues(const float* p, int64_t p_step, int n_heads, const RowRun* run
   for (int64_t j0 = 0; j0 < n; j0 += 2 * kValuePairs) {
     const int64_t keys = std::min(2 * kValuePairs, n - j0), pairs = (keys + 1) / 2;
     for (int g = 0; g < n_heads; ++g) ToPairs(p + g * p_step + j0, keys, pb.data() + g * kValuePairs);
-    WithHeads(n_heads, [&](auto g) { ValuesOf<g.value>(pb.data(), pairs, rows.data() + j0, hd, out, ahead); });
+    avx512::WithHeads(n_heads, [&](auto g) { ValuesOf<g.value>(pb.data(), pairs, rows.data() + j0, hd, out, ahead); });
   }
 }
 

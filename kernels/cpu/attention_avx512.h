@@ -71,11 +71,13 @@ void AddValues(const uint16_t* p, int64_t nqp, const uint16_t* values, int64_t n
 constexpr int kMaxDecodeHeads = 8;       // query heads per KV head these kernels take
 constexpr int kMaxDecodeHeadSize = 256;  // and values a head
 
-// `n` rows of one head, `stride` BF16 values apart from `rows` on.
-struct RowRun {
-  const uint16_t* rows = nullptr;
+// `n` rows of one head, `stride` elements apart from `rows` on.
+template <class T>
+struct Run {
+  const T* rows = nullptr;
   int64_t n = 0;
 };
+using RowRun = Run<uint16_t>;  // BF16 rows
 
 // out[h * out_step + j] = scale * (q_h · k_j) for heads h < n_heads (q_h = q + h * hd,
 // rounded to BF16) and the runs' rows j, numbered across the runs in order. Meanwhile the

@@ -1,11 +1,15 @@
 // What the AVX-512 attention kernels of kernels/cpu/ share (attention_avx512.cc,
-// attention_avx512_q8.cc): a 16 x 16 transpose of 32-bit words in registers and the
-// dispatch on a tile's count of row vectors. Include only from files compiled for AVX-512.
+// attention_avx512_q8.cc): a 16 x 16 transpose of 32-bit words in registers, the dispatch
+// on a tile's count of row vectors and on a GQA group's heads, and decode's row lists,
+// fetching and value products. Include only from files compiled for AVX-512 BF16.
 #pragma once
 
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "base/status.h"
 #include "kernels/cpu/attention_avx512.h"
@@ -49,6 +53,109 @@ void WithRowVectors(int64_t nqp, const Fn& fn) {
     case 2: return fn(std::integral_constant<int, 2>{});
     case 3: return fn(std::integral_constant<int, 3>{});
     default: return fn(std::integral_constant<int, 4>{});
+  }
+}
+
+// fn(std::integral_constant<int, G>) for G = n_heads query heads of a KV head, 1 to 8.
+template <class Fn>
+void WithHeads(int n_heads, const Fn& fn) {
+  switch (n_heads) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    case 8: return fn(std::integral_constant<int, 8>{});
+    default: PS_CHECK(false) << n_heads << " query heads per KV head (at most " << avx512_bf16::kMaxDecodeHeads << ")";
+  }
+}
+
+// The runs' rows in order (at most `limit`; `stride` T apart within a run), then copies of
+// `zero` up to a multiple of `pad`; returns how many are the runs'.
+template <class T>
+int64_t FlattenRuns(const avx512_bf16::Run<T>* runs, int64_t n_runs, int64_t stride, int64_t pad, int64_t limit,
+                    const T* zero, std::vector<const T*>* rows) {
+  int64_t n = 0;
+  for (int64_t u = 0; u < n_runs; ++u) n += runs[u].n;
+  n = std::min(n, limit);
+  rows->resize((n + pad - 1) / pad * pad);  // then filled through a plain pointer: push_back's
+  const T** out = rows->data();             // stores to a thread_local cost 5% of the decode
+  for (int64_t u = 0, j = 0; j < n; ++u) {
+    const int64_t take = std::min(runs[u].n, n - j);
+    for (int64_t r = 0; r < take; ++r) out[j + r] = runs[u].rows + r * stride;
+    j += take;
+  }
+  std::fill(out + n, out + rows->size(), zero);
+  return n;
+}
+
+// Asks for rows [from, to) of `rows` (n of them), then of `then` (n_then), into L2: each
+// row's first `row_bytes`.
+template <class T>
+void FetchRows(const T* const* rows, int64_t n, const T* const* then, int64_t n_then, int64_t from, int64_t to,
+               int64_t row_bytes) {
+  for (int64_t j = from; j < to; ++j) {
+    const T* r = j < n ? rows[j] : j - n < n_then ? then[j - n] : nullptr;
+    if (r == nullptr) return;
+    for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(r) + b, _MM_HINT_T1);
+  }
+}
+
+// Lane i of a value pass's first result: output column i of the even-keyed (unpacklo)
+// sums a and the odd-keyed (unpackhi) ones b, which hold columns 8L + [0, 4) and 8L + [4, 8)
+// in their 128-bit lanes L; from column `from` on.
+inline __m512i ColumnIndex(int from) {
+  alignas(64) int32_t idx[16];
+  for (int i = 0; i < 16; ++i) {
+    const int d = from + i, lane = 4 * (d / 8) + d % 4;
+    idx[i] = d % 8 < 4 ? lane : 16 + lane;
+  }
+  return _mm512_load_si512(idx);
+}
+
+// Keys a call of the decode value kernels takes at most: their weights' rows are this many
+// pairs apart, so that every head's weight is at a fixed offset from the pair's first.
+constexpr int64_t kValuePairs = 1024;
+
+// Columns [32 c0, 32 (c0 + C)) of G heads' outputs (out_g = out + g * hd) += P · V over
+// `pairs` pairs of keys, on BF16 dot products: a pair's two rows interleaved (a column's two
+// values to a lane) against its two weights broadcast. rows(u, c, &a, &b) gives the 32 BF16
+// values of chunk c0 + c of pair u's two rows; weight(g, c, u) points at head g's two weights
+// (BF16, a 32-bit pair) for them; fetch(u) runs before pair u.
+template <int G, int C, class Rows, class Weight, class Fetch>
+void ValueColumnsOf(int64_t pairs, const Rows& rows, const Weight& weight, const Fetch& fetch, int hd, int c0,
+                    float* out) {
+  __m512 lo[G][C], hi[G][C];
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < C; ++c) lo[g][c] = hi[g][c] = _mm512_setzero_ps();
+  }
+  for (int64_t u = 0; u < pairs; ++u) {
+    fetch(u);
+    __m512bh vl[C], vh[C];
+    for (int c = 0; c < C; ++c) {
+      __m512i a, b;
+      rows(u, c, &a, &b);
+      vl[c] = (__m512bh)_mm512_unpacklo_epi16(a, b);
+      vh[c] = (__m512bh)_mm512_unpackhi_epi16(a, b);
+    }
+    for (int g = 0; g < G; ++g) {
+      for (int c = 0; c < C; ++c) {
+        const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(*weight(g, c, u)));
+        lo[g][c] = _mm512_dpbf16_ps(lo[g][c], vl[c], w);
+        hi[g][c] = _mm512_dpbf16_ps(hi[g][c], vh[c], w);
+      }
+    }
+  }
+  const __m512i first = ColumnIndex(0), second = ColumnIndex(16);
+  for (int g = 0; g < G; ++g) {
+    for (int c = 0; c < C; ++c) {
+      float* o = out + g * hd + 32 * (c0 + c);
+      _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_permutex2var_ps(lo[g][c], first, hi[g][c])));
+      _mm512_storeu_ps(o + 16,
+                       _mm512_add_ps(_mm512_loadu_ps(o + 16), _mm512_permutex2var_ps(lo[g][c], second, hi[g][c])));
+    }
   }
 }
 

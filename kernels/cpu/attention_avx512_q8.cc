@@ -10,8 +10,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "base/status.h"
 #include "kernels/cpu/attention_avx512.h"
@@ -37,7 +39,8 @@ inline float BlockScale(const uint8_t* block) {
 }
 
 // Scores of R keys against the tile's QV vectors of query rows, a block at a time: its
-// integer sums in registers, the scaled sums so far in s; row_max updated.
+// integer sums in registers, the sums scaled by both sides' block scales so far in s;
+// row_max updated.
 template <int R, int QV>
 void ScoreKeys(const uint8_t* qt, const float* qscale, const uint8_t* const* keys, const int32_t* offsets,
                const float* scales, int nb, float* s, __m512* row_max) {
@@ -65,11 +68,9 @@ void ScoreKeys(const uint8_t* qt, const float* qscale, const uint8_t* const* key
       for (int v = 0; v < QV; ++v) {
         float* sv = s + r * nqp + 16 * v;
         const __m512 sum = _mm512_cvtepi32_ps(acc[r][v]);
-        __m512 x = b == 0 ? _mm512_mul_ps(sum, d) : _mm512_fmadd_ps(sum, d, _mm512_loadu_ps(sv));
-        if (b == nb - 1) {
-          x = _mm512_mul_ps(x, _mm512_loadu_ps(qscale + 16 * v));
-          row_max[v] = _mm512_max_ps(row_max[v], x);
-        }
+        const __m512 qd = _mm512_mul_ps(_mm512_loadu_ps(qscale + b * nqp + 16 * v), d);
+        const __m512 x = b == 0 ? _mm512_mul_ps(sum, qd) : _mm512_fmadd_ps(sum, qd, _mm512_loadu_ps(sv));
+        if (b == nb - 1) row_max[v] = _mm512_max_ps(row_max[v], x);
         _mm512_storeu_ps(sv, x);
       }
     }
@@ -97,27 +98,25 @@ void PackQueries(const float* q, int64_t q_stride, int64_t nq, int hd, float mul
   const int64_t nqp = avx512_bf16::PaddedRows(nq);
   auto* lanes = reinterpret_cast<int32_t*>(qt);  // [hd / 4][nqp]
   for (int64_t i0 = 0; i0 < nqp; i0 += 16) {
-    float inverse[16];  // of each row's d
-    for (int r = 0; r < 16; ++r) {
-      const int64_t i = i0 + r;
-      __m512 amax = _mm512_setzero_ps();
-      for (int e = 0; i < nq && e < hd; e += 16)
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(q + i * q_stride + e)));
-      const float d = _mm512_reduce_max_ps(amax) / 127.0f;
-      inverse[r] = d > 0 ? 1.0f / d : 0.0f;
-      qscale[i] = d * mult;
-    }
-    for (int e = 0; e < hd; e += 64) {  // 16 words of a row (8 where the head ends 32 values on)
+    for (int e = 0; e < hd; e += 64) {  // 16 words of a row, two blocks (8 words, one, where the head ends 32 on)
       const int words = hd - e >= 64 ? 16 : 8;
       __m512i rows[16], t[16];
       for (int r = 0; r < 16; ++r) {
         const int64_t i = i0 + r;
         __m512i row = _mm512_setzero_si512();
-        for (int c = 0; c < words / 4; ++c) {  // 16 values to 16 bytes
-          const __m512 x = i < nq ? _mm512_loadu_ps(q + i * q_stride + e + 16 * c) : _mm512_setzero_ps();
-          const __m512i n = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(inverse[r]))),
-                                             _mm512_set1_epi32(128));
-          row = _mm512_inserti32x4(row, _mm512_cvtepi32_epi8(n), c);
+        for (int h = 0; h < words / 8; ++h) {  // a block: its scale, then its 32 values to 32 bytes
+          const int b = e / kQ8Values + h;
+          const float* x = q + i * q_stride + b * kQ8Values;
+          const __m512 x0 = i < nq ? _mm512_loadu_ps(x) : _mm512_setzero_ps();
+          const __m512 x1 = i < nq ? _mm512_loadu_ps(x + 16) : _mm512_setzero_ps();
+          const float d = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1))) / 127.0f;
+          qscale[b * nqp + i] = d * mult;
+          const __m512 inverse = _mm512_set1_ps(d > 0 ? 1.0f / d : 0.0f);
+          for (int c = 0; c < 2; ++c) {
+            const __m512i n =
+                _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(c == 0 ? x0 : x1, inverse)), _mm512_set1_epi32(128));
+            row = _mm512_inserti32x4(row, _mm512_cvtepi32_epi8(n), 2 * h + c);
+          }
         }
         rows[r] = row;
       }
@@ -164,6 +163,188 @@ void DequantizeRows(const uint8_t* const* rows, int64_t nt, int hd, uint16_t* ou
       const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(quants + 1))), d);
       _mm512_storeu_si512(out + j * hd + b * kQ8Values, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
+  }
+}
+
+namespace {
+
+using avx512::kValuePairs;
+
+// Q8_0 rows of zeros (scales and quants) for the padding of decode's row lists.
+alignas(64) constexpr uint8_t kZeroRow[avx512_bf16::kMaxDecodeHeadSize / kQ8Values * kQ8BlockBytes] = {};
+
+// acc + the unsigned bytes of x against the 4 signed bytes at q broadcast, read by the
+// product itself ({1to16}), as avx512_bf16's DotBroadcast.
+inline __m512i DotBroadcast(__m512i acc, __m512i x, const int32_t* q) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*q));
+  return acc;
+}
+
+// Lane r: the scale of block b of rows[r], r < 16.
+inline __m512 BlockScales(const uint8_t* const* rows, int b) {
+  alignas(32) uint16_t h[16];
+  for (int r = 0; r < 16; ++r) std::memcpy(&h[r], rows[r] + b * kQ8BlockBytes, 2);
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
+}
+
+// The 32 quants of a Q8_0 block as BF16 values (exact: integers of at most 127).
+inline __m512i QuantsToBf16(const uint8_t* block) {
+  const __m128i* q = reinterpret_cast<const __m128i*>(block + 2);
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q)));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1)));
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// G heads' queries quantised as PackQueries does: qw[w * G + g] = head g's quants 4w..4w + 3
+// (signed bytes), offsets[b * G + g] = -128 times the sum of its block b's (what the rows'
+// + 128 adds), dq[b * G + g] = that block's scale.
+void QuantizeQuery(const float* q, int n_heads, int hd, int32_t* qw, int32_t* offsets, float* dq) {
+  alignas(64) int8_t quants[avx512_bf16::kMaxDecodeHeadSize];
+  for (int g = 0; g < n_heads; ++g) {
+    for (int b = 0; b < hd / kQ8Values; ++b) {
+      const float* x = q + g * hd + b * kQ8Values;
+      const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+      const float d = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1))) / 127.0f;
+      const __m512 inverse = _mm512_set1_ps(d > 0 ? 1.0f / d : 0.0f);
+      dq[b * n_heads + g] = d;
+      const __m128i n0 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x0, inverse)));
+      const __m128i n1 = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(x1, inverse)));
+      _mm_store_si128(reinterpret_cast<__m128i*>(quants + b * kQ8Values), n0);
+      _mm_store_si128(reinterpret_cast<__m128i*>(quants + b * kQ8Values + 16), n1);
+      int sum = 0;
+      for (int e = 0; e < kQ8Values; ++e) sum += quants[b * kQ8Values + e];
+      offsets[b * n_heads + g] = -128 * sum;
+    }
+    for (int w = 0; w < hd / 4; ++w) qw[w * n_heads + g] = Word(reinterpret_cast<const uint8_t*>(quants + 4 * w));
+  }
+}
+
+// Scores of 16 rows (the first n real) against G heads' quantised queries: two blocks of
+// the rows' quants transposed at a time (a row to a lane, 4 quants a word), made unsigned,
+// each head's word broadcast; with few heads two sums a head (even and odd words) halve the
+// chain. dqs[b * G + g]: head g's block b scale times the softmax's.
+template <int G>
+void ScoreBatch(const int32_t* qw, const int32_t* offsets, const float* dqs, const uint8_t* const* rows, int hd,
+                float* out, int64_t out_step, int n) {
+  constexpr int A = G <= 4 ? 2 : 1;
+  const int nb = hd / kQ8Values;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 sum[G];
+  for (int g = 0; g < G; ++g) sum[g] = _mm512_setzero_ps();
+  for (int b = 0; b < nb; b += 2) {
+    const bool two = b + 1 < nb;
+    __m512i a[16], t[16];
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* block = rows[r] + b * kQ8BlockBytes + 2;
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+      const __m256i hi =
+          two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ8BlockBytes)) : _mm256_setzero_si256();
+      a[r] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
+    avx512::Transpose16(a, t);
+    for (int h = 0; h < (two ? 2 : 1); ++h) {
+      __m512i acc[A][G];
+      for (int g = 0; g < G; ++g) {
+        acc[0][g] = _mm512_set1_epi32(offsets[(b + h) * G + g]);
+        if constexpr (A == 2) acc[1][g] = _mm512_setzero_si512();
+      }
+      const int32_t* qb = qw + 8 * (b + h) * G;
+#pragma GCC unroll 8
+      for (int w = 0; w < 8; ++w) {
+        const __m512i x = _mm512_xor_si512(t[8 * h + w], flip);
+        for (int g = 0; g < G; ++g) acc[w % A][g] = DotBroadcast(acc[w % A][g], x, qb + w * G + g);
+      }
+      const __m512 dk = BlockScales(rows, b + h);
+      for (int g = 0; g < G; ++g) {
+        const __m512i total = A == 2 ? _mm512_add_epi32(acc[0][g], acc[A - 1][g]) : acc[0][g];
+        const __m512 dqk = _mm512_mul_ps(dk, _mm512_set1_ps(dqs[(b + h) * G + g]));
+        sum[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), dqk, sum[g]);
+      }
+    }
+  }
+  const auto keep = static_cast<__mmask16>((1u << n) - 1);
+  for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(out + g * out_step, keep, sum[g]);
+}
+
+// Columns [32 c0, 32 (c0 + C)) of G heads' outputs += P · the rows (ValueColumnsOf), the
+// rows' quants as BF16 against weights that carry the blocks' scales (pb[(g * nb + c) *
+// kValuePairs + u]: head g's weights of keys 2u, 2u + 1 times their block c's scales).
+template <int G, int C>
+void ValueColumns(const uint32_t* pb, int64_t pairs, const uint8_t* const* rows, int hd, int c0, float* out,
+                  int64_t ahead) {
+  const int nb = hd / kQ8Values;
+  avx512::ValueColumnsOf<G, C>(
+      pairs,
+      [&](int64_t u, int c, __m512i* a, __m512i* b) {
+        *a = QuantsToBf16(rows[2 * u] + (c0 + c) * kQ8BlockBytes);
+        *b = QuantsToBf16(rows[2 * u + 1] + (c0 + c) * kQ8BlockBytes);
+      },
+      [&](int g, int c, int64_t u) { return pb + (g * nb + c0 + c) * kValuePairs + u; },
+      [&](int64_t u) {
+        if (ahead > 0) {
+          avx512::FetchRows<uint8_t>(rows, 2 * pairs, nullptr, 0, 2 * u + ahead, 2 * u + ahead + 2, nb * kQ8BlockBytes);
+        }
+      },
+      hd, c0, out);
+}
+
+}  // namespace
+
+void DecodeScores(const float* q, int n_heads, const ByteRun* runs, int64_t n_runs, const ByteRun* then, int64_t n_then,
+                  int64_t stride, int hd, float scale, float* out, int64_t out_step, int64_t ahead) {
+  PS_CHECK(hd % kQ8Values == 0 && hd <= avx512_bf16::kMaxDecodeHeadSize) << "head size " << hd;
+  PS_CHECK(n_heads >= 1 && n_heads <= avx512_bf16::kMaxDecodeHeads) << n_heads << " heads";
+  constexpr int kMaxHeads = avx512_bf16::kMaxDecodeHeads, kMaxSize = avx512_bf16::kMaxDecodeHeadSize;
+  int32_t qw[kMaxHeads * kMaxSize / 4], offsets[kMaxHeads * kMaxSize / kQ8Values];
+  float dqs[kMaxHeads * kMaxSize / kQ8Values];
+  QuantizeQuery(q, n_heads, hd, qw, offsets, dqs);
+  for (int i = 0; i < n_heads * hd / kQ8Values; ++i) dqs[i] *= scale;
+  static thread_local std::vector<const uint8_t*> rows, then_rows;
+  const int64_t n = avx512::FlattenRuns(runs, n_runs, stride, 16, std::numeric_limits<int64_t>::max(), kZeroRow, &rows);
+  avx512::FlattenRuns(then, n_then, stride, 1, ahead, kZeroRow, &then_rows);  // only fetched
+  const int64_t row_bytes = hd / kQ8Values * kQ8BlockBytes;
+  avx512::WithHeads(n_heads, [&](auto g) {
+    avx512::FetchRows(rows.data(), n, then_rows.data(), std::ssize(then_rows), 0, ahead, row_bytes);
+    for (int64_t j = 0; j < n; j += 16) {
+      avx512::FetchRows(rows.data(), n, then_rows.data(), std::ssize(then_rows), j + ahead, j + ahead + 16, row_bytes);
+      ScoreBatch<g.value>(qw, offsets, dqs, rows.data() + j, hd, out + j, out_step,
+                          static_cast<int>(std::min<int64_t>(16, n - j)));
+    }
+  });
+}
+
+void DecodeValues(const float* p, int64_t p_step, int n_heads, const ByteRun* runs, int64_t n_runs, int64_t stride,
+                  int hd, float* out, int64_t ahead) {
+  PS_CHECK(hd % kQ8Values == 0 && hd <= avx512_bf16::kMaxDecodeHeadSize) << "head size " << hd;
+  PS_CHECK(n_heads >= 1 && n_heads <= avx512_bf16::kMaxDecodeHeads) << n_heads << " heads";
+  const int nb = hd / kQ8Values;
+  static thread_local std::vector<const uint8_t*> rows;
+  static thread_local std::vector<uint32_t> pb;  // [head][block][pair]
+  pb.resize(n_heads * nb * kValuePairs);
+  // A zero row past an odd count (its weight 0), and up to 16 for the scales' reads.
+  const int64_t n = avx512::FlattenRuns(runs, n_runs, stride, 16, std::numeric_limits<int64_t>::max(), kZeroRow, &rows);
+  for (int64_t j0 = 0; j0 < n; j0 += 2 * kValuePairs) {
+    const int64_t keys = std::min(2 * kValuePairs, n - j0), pairs = (keys + 1) / 2;
+    for (int64_t j = 0; j < keys; j += 16) {  // weights times the rows' block scales, rounded to BF16 in pairs
+      const int64_t left = std::min<int64_t>(16, keys - j);
+      const auto real = static_cast<__mmask16>((1u << left) - 1);
+      const auto stored = static_cast<__mmask8>((1u << ((left + 1) / 2)) - 1);
+      for (int b = 0; b < nb; ++b) {
+        const __m512 dv = BlockScales(rows.data() + j0 + j, b);
+        for (int g = 0; g < n_heads; ++g) {
+          const __m512 w = _mm512_mul_ps(_mm512_maskz_loadu_ps(real, p + g * p_step + j0 + j), dv);
+          _mm256_mask_storeu_epi32(pb.data() + (g * nb + b) * kValuePairs + j / 2, stored,
+                                   (__m256i)_mm512_cvtneps_pbh(w));
+        }
+      }
+    }
+    avx512::WithHeads(n_heads, [&](auto g) {
+      constexpr int G = g.value, C = G <= 2 ? 4 : G <= 6 ? 2 : 1;  // 2 G C sums and 2 C row vectors in registers
+      int c0 = 0;
+      for (; c0 + C <= nb; c0 += C)
+        ValueColumns<G, C>(pb.data(), pairs, rows.data() + j0, hd, c0, out, c0 == 0 ? ahead : 0);
+      for (; c0 < nb; ++c0) ValueColumns<G, 1>(pb.data(), pairs, rows.data() + j0, hd, c0, out, c0 == 0 ? ahead : 0);
+    });
   }
 }
 

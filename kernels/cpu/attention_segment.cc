@@ -165,6 +165,7 @@ class SegmentAttention {
         bf16_tiles_(PrefillAttentionOnBf16(s, kv_.dtype)),
         q8_tiles_(PrefillAttentionOnInt8(s, kv_.dtype)),
         decode_bf16_(DecodeAttentionOnBf16(s, kv_.dtype)),
+        decode_q8_(DecodeAttentionOnInt8(s, kv_.dtype)),
         elem_(kv_.dtype == DType::kF32    ? avx2::KvElem::kF32
               : kv_.dtype == DType::kF16  ? avx2::KvElem::kF16
               : kv_.dtype == DType::kQ8_0 ? avx2::KvElem::kQ8_0
@@ -301,7 +302,7 @@ class SegmentAttention {
     for (int64_t i = 0; i < nqp; ++i) u.q_pos[i] = a_.q_pos[q0 + std::min(i, nq - 1)];
     if (q8_tiles_) {
       u.qt8.resize(group_ * hd_ * nqp);
-      u.qscale.resize(group_ * nqp);
+      u.qscale.resize(group_ * hd_ / avx512_q8::kQ8Values * nqp);
     } else {
       u.qt.resize(group_ * hd_ * nqp);
     }
@@ -309,7 +310,7 @@ class SegmentAttention {
       const float* q = a_.q + q0 * a_.q_stride + (kvh * group_ + h) * hd_;
       if (q8_tiles_) {
         avx512_q8::PackQueries(q, a_.q_stride, nq, hd_, s_.scale * kLog2e, u.qt8.data() + h * hd_ * nqp,
-                               u.qscale.data() + h * nqp);
+                               u.qscale.data() + h * hd_ / avx512_q8::kQ8Values * nqp);
       } else {
         avx512_bf16::PackQueries(q, a_.q_stride, nq, hd_, u.qt.data() + h * hd_ * nqp);
       }
@@ -358,8 +359,9 @@ class SegmentAttention {
     const bool unmasked = a_.window.SeesAll(*k_lo, *k_hi, min_pos, max_pos);  // every key of the tile to every row
     for (int h = 0; h < group_; ++h) {
       if (q8_tiles_) {
-        avx512_q8::Scores(u.qt8.data() + h * hd_ * nqp, u.qscale.data() + h * nqp, nqp, u.keys8.data(),
-                          u.key_offsets.data(), u.key_scales.data(), nt, hd_, u.s.data(), u.row_max.data());
+        avx512_q8::Scores(u.qt8.data() + h * hd_ * nqp, u.qscale.data() + h * hd_ / avx512_q8::kQ8Values * nqp, nqp,
+                          u.keys8.data(), u.key_offsets.data(), u.key_scales.data(), nt, hd_, u.s.data(),
+                          u.row_max.data());
       } else {
         avx512_bf16::Scores(u.qt.data() + h * hd_ * nqp, nqp, u.keys.data(), nt, hd_, s_.scale * kLog2e, u.s.data(),
                             u.row_max.data());
@@ -412,21 +414,37 @@ class SegmentAttention {
       const Chunk& c = pieces_[i % n];
       PrefetchRows(kv_, i < n ? kv_.k(c.j0, kvh * hd) : kv_.v(c.j0, kvh * hd), c.nb, hd);
     };
-    // A single query row over a BF16 cache on AVX-512: the whole tile's rows in one call,
-    // every head of the group at once.
-    const bool runs = grouped && decode_bf16_;
+    // A single query row over a BF16 or Q8_0 cache on AVX-512: the whole tile's rows in one
+    // call, every head of the group at once.
+    const bool runs = grouped && (decode_bf16_ || decode_q8_);
     if (grouped && !runs) {
       for (size_t i = 0; i < kPrefetchPieces; ++i) prefetch(i);
     }
     if (runs) {
       key_runs_.clear();
       value_runs_.clear();
+      key_runs8_.clear();
+      value_runs8_.clear();
       for (const Chunk& p : pieces_) {
-        key_runs_.push_back({static_cast<const uint16_t*>(kv_.k(p.j0, kvh * hd)), p.nb});
-        value_runs_.push_back({static_cast<const uint16_t*>(kv_.v(p.j0, kvh * hd)), p.nb});
+        const void* k = kv_.k(p.j0, kvh * hd);
+        const void* v = kv_.v(p.j0, kvh * hd);
+        if (decode_q8_) {
+          key_runs8_.push_back({static_cast<const uint8_t*>(k), p.nb});
+          value_runs8_.push_back({static_cast<const uint8_t*>(v), p.nb});
+        } else {
+          key_runs_.push_back({static_cast<const uint16_t*>(k), p.nb});
+          value_runs_.push_back({static_cast<const uint16_t*>(v), p.nb});
+        }
       }
-      avx512_bf16::DecodeScores(q_of(0), group_, key_runs_.data(), std::ssize(key_runs_), value_runs_.data(),
-                                std::ssize(value_runs_), kv_.stride, hd, s_.scale, scores, tile_scores, kPrefetchRows);
+      if (decode_q8_) {
+        avx512_q8::DecodeScores(q_of(0), group_, key_runs8_.data(), std::ssize(key_runs8_), value_runs8_.data(),
+                                std::ssize(value_runs8_), kv_.bytes(kv_.stride), hd, s_.scale, scores, tile_scores,
+                                kPrefetchRows);
+      } else {
+        avx512_bf16::DecodeScores(q_of(0), group_, key_runs_.data(), std::ssize(key_runs_), value_runs_.data(),
+                                  std::ssize(value_runs_), kv_.stride, hd, s_.scale, scores, tile_scores,
+                                  kPrefetchRows);
+      }
     }
     int64_t col = 0;
     for (size_t i = 0; i < pieces_.size() && !runs; ++i) {
@@ -490,7 +508,10 @@ class SegmentAttention {
       }
     }
     // O += P V for the tile.
-    if (runs) {
+    if (runs && decode_q8_) {
+      avx512_q8::DecodeValues(scores, tile_scores, group_, value_runs8_.data(), std::ssize(value_runs8_),
+                              kv_.bytes(kv_.stride), hd, out_of(0), kPrefetchRows);
+    } else if (runs) {
       avx512_bf16::DecodeValues(scores, tile_scores, group_, value_runs_.data(), std::ssize(value_runs_), kv_.stride,
                                 hd, out_of(0), kPrefetchRows);
     }
@@ -587,12 +608,14 @@ class SegmentAttention {
   const bool bf16_tiles_;   // several query rows: BF16 tiles read in place (else one F32 piece a tile)
   const bool q8_tiles_;     // ... or Q8_0 tiles read in place, the scores on int8 dot products
   const bool decode_bf16_;  // one query row: the AVX-512 decode kernels, the whole tile at once
+  const bool decode_q8_;    // ... their Q8_0 ones
   const avx2::KvElem elem_;
   std::vector<Chunk> visible_;
   std::vector<float> partial_;
   static thread_local std::vector<Chunk> pieces_;  // of the key tile being attended
-  // ... and its rows for the decode kernels (decode_bf16_)
+  // ... and its rows for the decode kernels (decode_bf16_, decode_q8_)
   static thread_local std::vector<avx512_bf16::RowRun> key_runs_, value_runs_;
+  static thread_local std::vector<avx512_q8::ByteRun> key_runs8_, value_runs8_;
   // A unit's state on the key-major tiles (avx512_bf16's and avx512_q8's layouts): per
   // head of the group its query rows packed (BF16: qt; Q8_0: qt8 and their scales), its
   // output transposed, its rows' m and l (nqp rows each); the key tile's rows, positions and
@@ -612,6 +635,7 @@ class SegmentAttention {
 
 thread_local std::vector<Chunk> SegmentAttention::pieces_;
 thread_local std::vector<avx512_bf16::RowRun> SegmentAttention::key_runs_, SegmentAttention::value_runs_;
+thread_local std::vector<avx512_q8::ByteRun> SegmentAttention::key_runs8_, SegmentAttention::value_runs8_;
 thread_local SegmentAttention::TileUnit SegmentAttention::tile_unit_;
 
 }  // namespace

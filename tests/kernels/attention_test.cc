@@ -58,20 +58,23 @@ int TestHeadDim(DType dtype) { return dtype == DType::kQ8_0 || dtype == DType::k
 bool Bf16Tiles(const AttentionShape& s, DType dtype, int64_t nq) {
   return nq > 1 ? PrefillAttentionOnBf16(s, dtype) : DecodeAttentionOnBf16(s, dtype);
 }
-// Whether they take the scores on int8 dot products (the Q8_0 tiles: attention_avx512_q8.h).
-bool Int8Tiles(const AttentionShape& s, DType dtype, int64_t nq) { return nq > 1 && PrefillAttentionOnInt8(s, dtype); }
+// Whether they take the scores on int8 dot products (the Q8_0 tiles, or for one row the Q8_0
+// decode kernels: attention_avx512_q8.h).
+bool Int8Tiles(const AttentionShape& s, DType dtype, int64_t nq) {
+  return nq > 1 ? PrefillAttentionOnInt8(s, dtype) : DecodeAttentionOnInt8(s, dtype);
+}
 
 // The queries rounded to what the kernel multiplies (BF16 on the BF16 tiles; on the Q8_0
-// tiles each row's head to int8 quants of its largest value / 127), as AsKv rounds the
-// cache, so that the reference sees the values the kernel reads.
+// tiles each 32 values of a row's head to int8 quants of their largest / 127), as AsKv
+// rounds the cache, so that the reference sees the values the kernel reads.
 void AsQueries(const AttentionShape& s, DType dtype, int64_t nq, std::vector<float>* q) {
   if (Int8Tiles(s, dtype, nq)) {
-    for (size_t h0 = 0; h0 < q->size(); h0 += s.head_dim) {
-      float* x = q->data() + h0;
+    for (size_t b0 = 0; b0 < q->size(); b0 += 32) {
+      float* x = q->data() + b0;
       float amax = 0;
-      for (int e = 0; e < s.head_dim; ++e) amax = std::max(amax, std::fabs(x[e]));
+      for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(x[e]));
       const float d = amax / 127.0f, inverse = d > 0 ? 1.0f / d : 0.0f;
-      for (int e = 0; e < s.head_dim; ++e) x[e] = std::nearbyint(x[e] * inverse) * d;
+      for (int e = 0; e < 32; ++e) x[e] = std::nearbyint(x[e] * inverse) * d;
     }
     return;
   }

@@ -2,6 +2,7 @@
 // sums in doubles of the same rounded values. Skips on a CPU without AVX-512 BF16.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -161,7 +162,7 @@ TEST(AttentionTiles, Bf16TilesEqualSumsOfTheRoundedValues) {
 }
 
 // The Q8_0 tiles' own steps against sums in doubles of the same quants: the queries
-// quantised per row (a row of zeros among them), the keys' block terms, the scores of keys
+// quantised per row and block (a row of zeros among them), the keys' block terms, the scores of keys
 // read from anywhere in memory at ragged counts (every pass shape and tail) and query rows
 // (every vector count, padded rows), head sizes of one to four blocks; the values
 // dequantised to BF16. (The rest of a tile is the BF16 tiles' above.)
@@ -179,20 +180,24 @@ TEST(AttentionTiles, Q8TilesEqualSumsOfTheQuants) {
         const int64_t nqp = avx512_bf16::PaddedRows(nq), q_stride = hd + 8;
         std::vector<float> qf = Randn(nq * q_stride, 41);
         if (nq > 3) std::fill(qf.begin() + 3 * q_stride, qf.begin() + 3 * q_stride + hd, 0.0f);
+        const int nb = hd / kBlock;
         std::vector<uint8_t> qt(hd * nqp, 0xAB);
-        std::vector<float> qscale(nqp, 7.0f);
+        std::vector<float> qscale(nb * nqp, 7.0f);
         avx512_q8::PackQueries(qf.data(), q_stride, nq, hd, 0.3f, qt.data(), qscale.data());
-        auto quant = [&](int64_t i, int e) {
+        auto quant = [&](int64_t i, int e) {  // row i's value e
           return int{qt[4 * ((e / 4) * nqp + i) + e % 4]} - 128;
-        };  // row i's value e
+        };
         for (int64_t i = 0; i < nqp; ++i) {
-          float amax = 0;
-          for (int e = 0; i < nq && e < hd; ++e) amax = std::max(amax, std::fabs(qf[i * q_stride + e]));
-          const float d = amax / 127.0f, inverse = d > 0 ? 1.0f / d : 0.0f;
-          ASSERT_EQ(qscale[i], d * 0.3f) << what << " row " << i;
-          for (int e = 0; e < hd; ++e) {
-            const int want = i < nq ? static_cast<int>(std::nearbyint(qf[i * q_stride + e] * inverse)) : 0;
-            ASSERT_EQ(quant(i, e), want) << what << " row " << i << "," << e;
+          for (int b = 0; b < nb; ++b) {
+            const float* x = i < nq ? qf.data() + i * q_stride + b * kBlock : nullptr;
+            float amax = 0;
+            for (int e = 0; i < nq && e < kBlock; ++e) amax = std::max(amax, std::fabs(x[e]));
+            const float d = amax / 127.0f, inverse = d > 0 ? 1.0f / d : 0.0f;
+            ASSERT_EQ(qscale[b * nqp + i], d * 0.3f) << what << " row " << i << " block " << b;
+            for (int e = 0; e < kBlock; ++e) {
+              const int want = i < nq ? static_cast<int>(std::nearbyint(x[e] * inverse)) : 0;
+              ASSERT_EQ(quant(i, b * kBlock + e), want) << what << " row " << i << "," << b * kBlock + e;
+            }
           }
         }
         std::vector<std::vector<BlockQ8_0>> k_rows, v_rows;  // each row an allocation of its own
@@ -207,7 +212,6 @@ TEST(AttentionTiles, Q8TilesEqualSumsOfTheQuants) {
           kp.push_back(reinterpret_cast<const uint8_t*>(k_rows[j].data()));
           vp.push_back(reinterpret_cast<const uint8_t*>(v_rows[j].data()));
         }
-        const int nb = hd / kBlock;
         std::vector<int32_t> offsets(nt * nb);
         std::vector<float> scales(nt * nb);
         avx512_q8::KeyTerms(kp.data(), nt, hd, offsets.data(), scales.data());
@@ -229,11 +233,10 @@ TEST(AttentionTiles, Q8TilesEqualSumsOfTheQuants) {
             for (int b = 0; b < nb; ++b) {
               int64_t dot = 0;
               for (int e = 0; e < kBlock; ++e) dot += quant(i, b * kBlock + e) * k_rows[j][b].qs[e];
-              want += double{Fp16ToFp32(k_rows[j][b].d)} * static_cast<double>(dot);
-              norm += std::fabs(double{Fp16ToFp32(k_rows[j][b].d)} * static_cast<double>(dot));
+              const double t = double{qscale[b * nqp + i]} * Fp16ToFp32(k_rows[j][b].d) * static_cast<double>(dot);
+              want += t;
+              norm += std::fabs(t);
             }
-            want *= qscale[i];
-            norm *= std::fabs(qscale[i]);
             ASSERT_NEAR(s[j * nqp + i], want, 1e-6 * (1e-3 + norm)) << what << " score " << i << "," << j;
             most = std::max(most, s[j * nqp + i]);
           }
@@ -314,6 +317,98 @@ TEST(AttentionTiles, DecodeKernelsEqualSumsInDoubles) {
           double want = o0[h * hd + e], norm = std::fabs(want);
           for (int64_t j = 0; j < n; ++j) {
             const double t = double{Bf16ToFp32(Fp32ToBf16(p[h * out_step + j]))} * Bf16ToFp32(v_rows[j][e]);
+            want += t;
+            norm += std::fabs(t);
+          }
+          ASSERT_NEAR(o[h * hd + e], want, 1e-6 * (1 + norm)) << what << ": output " << h << "," << e;
+        }
+      }
+    }
+}
+
+// The Q8_0 decode kernels (one query row over Q8_0 rows read in place, every head of a GQA
+// group at once) against sums in doubles of the same quants (the query quantised block by
+// block as PackQueries does, the weights times the rows' block scales rounded to BF16): every group
+// size, head sizes of one to eight blocks (odd counts: a lone block's transposes), runs of
+// ragged lengths with rows further apart than a head, more rows than a call of the value
+// kernels takes at once (2,048), the scores' heads `out_step` apart and the outputs added to
+// what was there.
+TEST(AttentionTiles, Q8DecodeKernelsEqualSumsOfTheQuants) {
+  const std::vector<CpuIsa> levels = SupportedCpuIsas();
+  if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  }
+  ScopedCpuIsa level(CpuIsa::kAvx512Bf16);
+  constexpr int kBlock = avx512_q8::kQ8Values;
+  for (int g = 1; g <= avx512_bf16::kMaxDecodeHeads; ++g)
+    for (int hd : {32, 64, 96, 256}) {
+      const std::string what = absl::StrCat(g, " heads of ", hd);
+      const int nb = hd / kBlock;
+      const int64_t stride = (nb + 1) * avx512_q8::kQ8BlockBytes;  // bytes from a row to the next
+      const std::vector<int64_t> lengths = {1, 2, 3, 5, 16, 7, hd == 64 ? 2053 : 4};
+      std::vector<std::vector<uint8_t>> k_store, v_store;
+      std::vector<avx512_q8::ByteRun> k_runs, v_runs;
+      std::vector<const BlockQ8_0*> k_rows, v_rows;  // every row, numbered across the runs
+      for (size_t u = 0; u < lengths.size(); ++u) {
+        for (auto* store : {&k_store, &v_store}) {
+          std::vector<uint8_t> bytes(lengths[u] * stride, 0xCD);
+          for (int64_t r = 0; r < lengths[u]; ++r) {
+            const std::vector<float> x = Randn(hd, static_cast<uint32_t>((store == &k_store ? 0 : 5000) + 100 * u + r));
+            std::vector<BlockQ8_0> blocks(nb);
+            QuantizeRowQ8_0(x.data(), blocks.data(), hd);
+            std::memcpy(bytes.data() + r * stride, blocks.data(), nb * sizeof(BlockQ8_0));
+          }
+          store->push_back(std::move(bytes));
+        }
+        k_runs.push_back({k_store.back().data(), lengths[u]});
+        v_runs.push_back({v_store.back().data(), lengths[u]});
+        for (int64_t r = 0; r < lengths[u]; ++r) {
+          k_rows.push_back(reinterpret_cast<const BlockQ8_0*>(k_store.back().data() + r * stride));
+          v_rows.push_back(reinterpret_cast<const BlockQ8_0*>(v_store.back().data() + r * stride));
+        }
+      }
+      const auto n = static_cast<int64_t>(k_rows.size()), out_step = n + 3;
+      const std::vector<float> q = Randn(g * hd, 70);
+      std::vector<float> s(g * out_step, 12345.0f);
+      avx512_q8::DecodeScores(q.data(), g, k_runs.data(), std::ssize(k_runs), v_runs.data(), std::ssize(v_runs), stride,
+                              hd, 0.3f, s.data(), out_step, /*ahead=*/20);
+      const std::vector<float> p = Randn(g * out_step, 71);
+      const std::vector<float> o0 = Randn(g * hd, 72);
+      std::vector<float> o = o0;
+      avx512_q8::DecodeValues(p.data(), out_step, g, v_runs.data(), std::ssize(v_runs), stride, hd, o.data(),
+                              /*ahead=*/20);
+      for (int h = 0; h < g; ++h) {
+        std::vector<int> quants(hd);
+        std::vector<float> dq(nb);
+        for (int b = 0; b < nb; ++b) {
+          const float* x = q.data() + h * hd + b * kBlock;
+          float amax = 0;
+          for (int e = 0; e < kBlock; ++e) amax = std::max(amax, std::fabs(x[e]));
+          dq[b] = amax / 127.0f;
+          const float inverse = dq[b] > 0 ? 1.0f / dq[b] : 0.0f;
+          for (int e = 0; e < kBlock; ++e) quants[b * kBlock + e] = static_cast<int>(std::nearbyint(x[e] * inverse));
+        }
+        for (int64_t j = 0; j < out_step; ++j) {
+          if (j >= n) {
+            ASSERT_EQ(s[h * out_step + j], 12345.0f) << what << ": head " << h << " wrote past the rows";
+            continue;
+          }
+          double want = 0, norm = 0;
+          for (int b = 0; b < nb; ++b) {
+            int64_t dot = 0;
+            for (int e = 0; e < kBlock; ++e) dot += quants[b * kBlock + e] * k_rows[j][b].qs[e];
+            const double t = 0.3 * dq[b] * Fp16ToFp32(k_rows[j][b].d) * static_cast<double>(dot);
+            want += t;
+            norm += std::fabs(t);
+          }
+          ASSERT_NEAR(s[h * out_step + j], want, 1e-6 * (1e-3 + norm)) << what << ": score " << h << "," << j;
+        }
+        for (int e = 0; e < hd; ++e) {
+          double want = o0[h * hd + e], norm = std::fabs(want);
+          for (int64_t j = 0; j < n; ++j) {
+            const BlockQ8_0& blk = v_rows[j][e / kBlock];
+            const double w = Bf16ToFp32(Fp32ToBf16(p[h * out_step + j] * Fp16ToFp32(blk.d)));
+            const double t = w * blk.qs[e % kBlock];
             want += t;
             norm += std::fabs(t);
           }
