@@ -103,22 +103,23 @@ void PackQueries(const float* q, int64_t q_stride, int64_t nq, int hd, float mul
       __m512i rows[16], t[16];
       for (int r = 0; r < 16; ++r) {
         const int64_t i = i0 + r;
-        __m512i row = _mm512_setzero_si512();
+        __m256i blocks[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int h = 0; h < words / 8; ++h) {  // a block: its scale, then its 32 values to 32 bytes
           const int b = e / kQ8Values + h;
-          const float* x = q + i * q_stride + b * kQ8Values;
-          const __m512 x0 = i < nq ? _mm512_loadu_ps(x) : _mm512_setzero_ps();
-          const __m512 x1 = i < nq ? _mm512_loadu_ps(x + 16) : _mm512_setzero_ps();
+          const float* x = i < nq ? q + i * q_stride + b * kQ8Values : nullptr;
+          const __m512 x0 = x != nullptr ? _mm512_loadu_ps(x) : _mm512_setzero_ps();
+          const __m512 x1 = x != nullptr ? _mm512_loadu_ps(x + 16) : _mm512_setzero_ps();
           const float d = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1))) / 127.0f;
           qscale[b * nqp + i] = d * mult;
           const __m512 inverse = _mm512_set1_ps(d > 0 ? 1.0f / d : 0.0f);
-          for (int c = 0; c < 2; ++c) {
-            const __m512i n =
-                _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(c == 0 ? x0 : x1, inverse)), _mm512_set1_epi32(128));
-            row = _mm512_inserti32x4(row, _mm512_cvtepi32_epi8(n), 2 * h + c);
-          }
+          const __m512i bias = _mm512_set1_epi32(128);
+          const __m128i lo =
+              _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x0, inverse)), bias));
+          const __m128i hi =
+              _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x1, inverse)), bias));
+          blocks[h] = _mm256_set_m128i(hi, lo);
         }
-        rows[r] = row;
+        rows[r] = _mm512_inserti64x4(_mm512_castsi256_si512(blocks[0]), blocks[1], 1);
       }
       avx512::Transpose16(rows, t);
       for (int w = 0; w < words; ++w) _mm512_storeu_si512(lanes + (e / 4 + w) * nqp + i0, t[w]);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "base/status.h"
@@ -11,6 +12,7 @@
 #include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/attention_avx512.h"
 #include "kernels/cpu/attention_avx512_q8.h"
+#include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/quant.h"
@@ -23,7 +25,6 @@ namespace {
 constexpr int64_t kQueryTile = 64;  // query rows per unit
 static_assert(kQueryTile <= avx512_bf16::kMaxTileRows);
 constexpr int64_t kKeyTile = 256;  // keys per score tile
-constexpr float kLog2e = 1.44269504088896341f, kLn2 = 0.693147180559945309f;
 
 float* Scratch(std::vector<float>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(n);
@@ -162,8 +163,7 @@ class SegmentAttention {
         kvh0_(seg.kv_head >= 0 ? seg.kv_head : 0),
         n_kvh_(seg.kv_head >= 0 ? 1 : s.n_kv_heads),
         group_simd_(avx2::Available() && s.head_dim % 8 == 0),
-        bf16_tiles_(PrefillAttentionOnBf16(s, kv_.dtype)),
-        q8_tiles_(PrefillAttentionOnInt8(s, kv_.dtype)),
+        key_major_(PrefillAttentionOnBf16(s, kv_.dtype) || PrefillAttentionOnInt8(s, kv_.dtype)),
         decode_bf16_(DecodeAttentionOnBf16(s, kv_.dtype)),
         decode_q8_(DecodeAttentionOnInt8(s, kv_.dtype)),
         elem_(kv_.dtype == DType::kF32    ? avx2::KvElem::kF32
@@ -238,11 +238,12 @@ class SegmentAttention {
     // single row takes many blocks per tile, so that the softmax runs on long rows.
     const int64_t key_tile = nq == 1 ? kDecodeKeyTile : kKeyTile;
     const int64_t tile_scores = nq * key_tile;
-    const bool tiles = nq > 1 && (bf16_tiles_ || q8_tiles_);
+    const bool tiles = nq > 1 && key_major_;
+    std::optional<KeyMajorTiles> key_major;
     PS_CHECK(n_kv == 1 || nq == 1) << "several KV heads at once for a single query row only";
     float* scores = nullptr;  // [group][nq, key_tile]
     if (tiles) {
-      StartTiles(kvh, q0, nq);
+      key_major.emplace(s_, a_, seg_, kvh, q0, nq);
     } else {
       scores = Scratch(scores_storage, group_ * tile_scores);
       for (int i = 0; i < n_kv; ++i) {
@@ -259,7 +260,7 @@ class SegmentAttention {
     int64_t ordinal = 0, filled = 0;  // ordinal: of the chunk's first key among the visible ones
     auto flush = [&] {
       if (filled > 0 && tiles) {
-        AttendKeyTile(kvh, nq, min_pos, max_pos, filled, last_tile);
+        key_major->Attend(pieces_, filled, min_pos, max_pos, last_tile);
       } else if (filled > 0) {
         for (int i = 0; i < n_kv; ++i) {
           AttendTile(kvh + i, q0, nq, min_pos, max_pos, filled, scores, tile_scores, out + i * kv_step, out_stride,
@@ -281,119 +282,7 @@ class SegmentAttention {
       }
     }
     flush();
-    if (tiles) EndTiles(nq, out, out_stride, m, l);
-  }
-
-  // Several query rows over a BF16 cache (PrefillAttentionOnBf16) or a Q8_0 one
-  // (PrefillAttentionOnInt8): key-major tiles, whose layouts and steps avx512_bf16 and
-  // avx512_q8 (kernels/cpu/attention_avx512.h, attention_avx512_q8.h) define. StartTiles
-  // packs the unit's query rows and clears its state; AttendKeyTile attends one key tile
-  // (pieces_, nt rows), its scores and softmax in base 2 (the exp's multiply by log2 e
-  // folded into the scale); EndTiles leaves the unnormalised output in out and m (natural
-  // units again), l as Attend's.
-  void StartTiles(int kvh, int64_t q0, int64_t nq) const {
-    TileUnit& u = tile_unit_;
-    const int64_t nqp = avx512_bf16::PaddedRows(nq);
-    u.nqp = nqp;
-    u.ot.assign(group_ * hd_ * nqp, 0.0f);
-    u.m.assign(group_ * nqp, -std::numeric_limits<float>::infinity());
-    u.l.assign(group_ * nqp, 0.0f);
-    u.q_pos.resize(nqp);  // padding rows (zero queries) at the last row's position
-    for (int64_t i = 0; i < nqp; ++i) u.q_pos[i] = a_.q_pos[q0 + std::min(i, nq - 1)];
-    if (q8_tiles_) {
-      u.qt8.resize(group_ * hd_ * nqp);
-      u.qscale.resize(group_ * hd_ / avx512_q8::kQ8Values * nqp);
-    } else {
-      u.qt.resize(group_ * hd_ * nqp);
-    }
-    for (int h = 0; h < group_; ++h) {
-      const float* q = a_.q + q0 * a_.q_stride + (kvh * group_ + h) * hd_;
-      if (q8_tiles_) {
-        avx512_q8::PackQueries(q, a_.q_stride, nq, hd_, s_.scale * kLog2e, u.qt8.data() + h * hd_ * nqp,
-                               u.qscale.data() + h * hd_ / avx512_q8::kQ8Values * nqp);
-      } else {
-        avx512_bf16::PackQueries(q, a_.q_stride, nq, hd_, u.qt.data() + h * hd_ * nqp);
-      }
-    }
-  }
-
-  void AttendKeyTile(int kvh, int64_t nq, int32_t min_pos, int32_t max_pos, int64_t nt, bool last_tile) const {
-    TileUnit& u = tile_unit_;
-    const int64_t nqp = u.nqp;
-    u.keys.clear();
-    u.values.clear();
-    u.keys8.clear();
-    u.values8.clear();
-    u.key_pos.clear();
-    for (const Chunk& p : pieces_) {
-      for (int64_t r = 0; r < p.nb; ++r) {
-        const void* k = kv_.k(p.j0 + r, kvh * hd_);
-        const void* v = kv_.v(p.j0 + r, kvh * hd_);
-        if (q8_tiles_) {
-          u.keys8.push_back(static_cast<const uint8_t*>(k));
-          u.values8.push_back(static_cast<const uint8_t*>(v));
-        } else {
-          u.keys.push_back(static_cast<const uint16_t*>(k));
-          u.values.push_back(static_cast<const uint16_t*>(v));
-        }
-        u.key_pos.push_back(kv_.positions[p.j0 + r]);
-      }
-    }
-    if (q8_tiles_) {  // the keys' block terms; the values as BF16 rows
-      const int nb = hd_ / avx512_q8::kQ8Values;
-      u.key_offsets.resize(nt * nb);
-      u.key_scales.resize(nt * nb);
-      avx512_q8::KeyTerms(u.keys8.data(), nt, hd_, u.key_offsets.data(), u.key_scales.data());
-      u.dequantized.resize(nt * hd_);
-      avx512_q8::DequantizeRows(u.values8.data(), nt, hd_, u.dequantized.data());
-      for (int64_t j = 0; j < nt; ++j) u.values.push_back(u.dequantized.data() + j * hd_);
-    }
-    const int64_t padded = avx512_bf16::PaddedKeys(nt);
-    u.packed_values.resize(padded * hd_);
-    avx512_bf16::PackValues(u.values.data(), nt, hd_, u.packed_values.data());
-    u.s.resize(nt * nqp);
-    u.p.resize(padded * nqp);
-    u.row_max.resize(nqp);
-    u.corr.resize(nqp);
-    const auto [k_lo, k_hi] = std::minmax_element(u.key_pos.begin(), u.key_pos.end());
-    const bool unmasked = a_.window.SeesAll(*k_lo, *k_hi, min_pos, max_pos);  // every key of the tile to every row
-    for (int h = 0; h < group_; ++h) {
-      if (q8_tiles_) {
-        avx512_q8::Scores(u.qt8.data() + h * hd_ * nqp, u.qscale.data() + h * hd_ / avx512_q8::kQ8Values * nqp, nqp,
-                          u.keys8.data(), u.key_offsets.data(), u.key_scales.data(), nt, hd_, u.s.data(),
-                          u.row_max.data());
-      } else {
-        avx512_bf16::Scores(u.qt.data() + h * hd_ * nqp, nqp, u.keys.data(), nt, hd_, s_.scale * kLog2e, u.s.data(),
-                            u.row_max.data());
-      }
-      if (!unmasked) {
-        avx512_bf16::Mask(static_cast<int>(a_.window.part), a_.window.sinks, a_.window.recent, u.key_pos.data(), nt,
-                          u.q_pos.data(), nqp, u.s.data(), u.row_max.data());
-      }
-      if (last_tile) {  // the last query row's scores
-        float* dst = seg_.last_logits + (kvh * group_ + h) * seg_.stats_n;
-        int64_t j = 0;
-        for (const Chunk& p : pieces_) {
-          for (int64_t r = 0; r < p.nb; ++r, ++j) dst[StatRow(p.j0 + r)] = u.s[j * nqp + nq - 1] * kLn2;
-        }
-      }
-      avx512_bf16::Softmax(u.s.data(), nqp, nt, u.row_max.data(), unmasked, u.m.data() + h * nqp, u.l.data() + h * nqp,
-                           u.corr.data(), u.p.data());
-      avx512_bf16::AddValues(u.p.data(), nqp, u.packed_values.data(), nt, hd_, u.corr.data(),
-                             u.ot.data() + h * hd_ * nqp);
-    }
-  }
-
-  void EndTiles(int64_t nq, float* out, int64_t out_stride, float* m, float* l) const {
-    const TileUnit& u = tile_unit_;
-    for (int h = 0; h < group_; ++h) {
-      const float* ot = u.ot.data() + h * hd_ * u.nqp;
-      for (int64_t i = 0; i < nq; ++i) {
-        m[h * nq + i] = u.m[h * u.nqp + i] * kLn2;
-        l[h * nq + i] = u.l[h * u.nqp + i];
-      }
-      avx512_bf16::UnpackOutputs(ot, u.nqp, nq, hd_, out + h * hd_, out_stride);
-    }
+    if (tiles) key_major->End(out, out_stride, m, l);
   }
 
   // One key tile (pieces_, `nt` rows in all) for rows [q0, q0 + nq) of kvh's heads.
@@ -605,8 +494,7 @@ class SegmentAttention {
   const int group_, hd_;
   const int kvh0_, n_kvh_;  // the KV heads this segment serves
   const bool group_simd_;
-  const bool bf16_tiles_;   // several query rows: BF16 tiles read in place (else one F32 piece a tile)
-  const bool q8_tiles_;     // ... or Q8_0 tiles read in place, the scores on int8 dot products
+  const bool key_major_;    // several query rows: KeyMajorTiles (else one F32 piece a tile)
   const bool decode_bf16_;  // one query row: the AVX-512 decode kernels, the whole tile at once
   const bool decode_q8_;    // ... their Q8_0 ones
   const avx2::KvElem elem_;
@@ -616,27 +504,11 @@ class SegmentAttention {
   // ... and its rows for the decode kernels (decode_bf16_, decode_q8_)
   static thread_local std::vector<avx512_bf16::RowRun> key_runs_, value_runs_;
   static thread_local std::vector<avx512_q8::ByteRun> key_runs8_, value_runs8_;
-  // A unit's state on the key-major tiles (avx512_bf16's and avx512_q8's layouts): per
-  // head of the group its query rows packed (BF16: qt; Q8_0: qt8 and their scales), its
-  // output transposed, its rows' m and l (nqp rows each); the key tile's rows, positions and
-  // packed values (a Q8_0 tile's keys' block terms and its values as BF16 rows first), its
-  // scores, their maxima, the weights and the rescaling of the outputs.
-  struct TileUnit {
-    int64_t nqp = 0;
-    std::vector<uint16_t> qt, packed_values, p, dequantized;
-    std::vector<uint8_t> qt8;
-    std::vector<float> ot, m, l, s, row_max, corr, qscale, key_scales;
-    std::vector<int32_t> q_pos, key_pos, key_offsets;
-    std::vector<const uint16_t*> keys, values;   // BF16 rows (a Q8_0 tile's values: dequantized's)
-    std::vector<const uint8_t*> keys8, values8;  // Q8_0 rows
-  };
-  static thread_local TileUnit tile_unit_;
 };
 
 thread_local std::vector<Chunk> SegmentAttention::pieces_;
 thread_local std::vector<avx512_bf16::RowRun> SegmentAttention::key_runs_, SegmentAttention::value_runs_;
 thread_local std::vector<avx512_q8::ByteRun> SegmentAttention::key_runs8_, SegmentAttention::value_runs8_;
-thread_local SegmentAttention::TileUnit SegmentAttention::tile_unit_;
 
 }  // namespace
 
