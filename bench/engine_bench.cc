@@ -289,7 +289,8 @@ int main(int argc, char** argv) {
                   "(e.g. budget=256,512,1024 for critiprefill)");
   flags.AddBool("llamacpp", &llamacpp,
                 "also run llama.cpp's llama-bench on the same file and threads (bench/llamacpp.sh builds it from "
-                "PyPI's llama-cpp-python sources on first use) and print ratios");
+                "PyPI's llama-cpp-python sources on first use; its F16 KV, or its Q8_0 one with --kv-dtype q8_0) "
+                "and print ratios");
   flags.AddBool("vllm", &vllm,
                 "also run vLLM's CPU backend on the same weights as a BF16 folder (bench/vllm.sh installs it on first "
                 "use, several GB; a GGUF --model is converted once to models/NAME-bf16) and print ratios");
@@ -560,8 +561,11 @@ int main(int argc, char** argv) {
 
   if (llamacpp) {
     // Its defaults otherwise (F16 KV cache, flash attention where it chooses): llama.cpp as
-    // a user runs it. Prompts of the same lengths; generation from depth 0 or the same depths.
-    const std::string common = absl::StrCat("-m ", model_path, " -t ", threads, " -r ", std::max<int64_t>(repeats, 2));
+    // a user runs it; with --kv-dtype q8_0 its Q8_0 cache too, the same bytes as ours. Prompts
+    // of the same lengths; generation from depth 0 or the same depths.
+    const std::string cache = kv_choice.dtype == DType::kQ8_0 ? " -ctk q8_0 -ctv q8_0" : "";
+    const std::string common =
+        absl::StrCat("-m ", model_path, " -t ", threads, " -r ", std::max<int64_t>(repeats, 2), cache);
     std::map<std::string, double> theirs;
     if (!prefill_list.empty()) theirs = LlamaBench(absl::StrCat(common, " -n 0 -p ", absl::StrJoin(prefill_list, ",")));
     if (!depth_list.empty()) {
