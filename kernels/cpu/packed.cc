@@ -420,15 +420,18 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
         RunDecoded(w, chunk, c0, c1 - c0, xq, m0, m1, pp.y);
         continue;
       }
-      // Products of more than one tile of rows fetch the next chunk's weights into L2
-      // meanwhile, a share of them at each call: memory's latency would otherwise show at
-      // every chunk's first tile (its weights' first reading, from memory; Q8_0's lm_head
-      // at 16 rows 366 -> 411-416 GOP/s on a Zen 4). One tile streams each chunk once, which
-      // the hardware's prefetcher keeps up with alone: the fetches there only cost (Qwen's
-      // 169 matrices at 1 / 2 / 4 / 8 rows, 2 Zen 4 threads: 15.9-17.2 / 17.9-19.1 /
+      // Products of enough rows fetch the next chunk's weights into L2 meanwhile, a share
+      // of them at each call: memory's latency would otherwise show at every chunk's first
+      // tile (its weights' first reading, from memory; Q8_0's lm_head at 16 rows 366 ->
+      // 411-416 GOP/s on a Zen 4). Fewer rows stream each chunk once, which the hardware's
+      // prefetcher keeps up with alone: the fetches there only cost. VNNI: up to one tile
+      // (Qwen's 169 matrices at 1 / 2 / 4 / 8 rows, 2 Zen 4 threads: 15.9-17.2 / 17.9-19.1 /
       // 21.4-26.1 / 28.9-30.0 ms a pass with them, 13.1-13.9 / 14.4-14.9 / 16.5-18.9 /
-      // 23.9-24.4 without).
-      const bool fetch_next = pp.packed != nullptr && c1 < g1 && m1 - m0 > tile;
+      // 23.9-24.4 without); AVX2, whose kernel does more work a byte, up to 2 rows (at the
+      // avx2 level on that Zen 4, Qwen's decode: 1 stream 54-55 -> 64-65 tok/s without them,
+      // 2 streams 88-101 either way, 4 streams 92-120 without against 111-131 with).
+      const int64_t fetch_from_rows = vnni ? tile + 1 : 3;
+      const bool fetch_next = pp.packed != nullptr && c1 < g1 && m1 - m0 >= fetch_from_rows;
       const uint8_t* next = fetch_next ? pp.packed + c1 * group_bytes : nullptr;
       const int64_t next_bytes = next != nullptr ? (std::min(g1, c1 + per_chunk) - c1) * group_bytes : 0;
       const int64_t calls = (m1 - m0 + tile - 1) / tile * ((c1 - c0 + span - 1) / span);
