@@ -8,9 +8,14 @@ pruneserve reads as well. Measures, on --threads cores, with the prompts cut fro
 same text as ps_bench_engine's:
   prefill_N_tok_per_s      one request of N prompt tokens and one output token
   decode_tok_per_s         one request's generation after a 4-token prompt
-  decode_at_D_tok_per_s    the same after a prompt of D tokens (--decode-depth), the
-                           prompt's one-token run taken off
+  decode_at_D_tok_per_s    the same after a prompt of D tokens (--decode-depth)
   decode_S_streams_tok_per_s  S such requests at once, the aggregate
+A decode rate counts the tokens after the first over the time between the first token
+and the last, by vLLM's own per-request timestamps (its engine's first_token_ts and
+last_token_ts): the steps alone, as ps_bench_engine times its own, with no prefill in them.
+(Taking a prompt's one-token run off the whole request's time instead subtracts two
+prefills of tens of seconds at depth 8k to leave a few seconds of decode: its noise
+gave vLLM's decode at 8k more tokens a second than at depth 0 in one run.)
 Prints one line per figure, `vllm NAME VALUE`, as ps_bench_engine names them (best of
 --repeats runs, after one warm-up run of each shape)."""
 import argparse
@@ -76,34 +81,45 @@ def main():
 
     longest = max(args.prefill + [d + args.decode for d in args.decode_depth] + [4 + args.decode])
     llm = LLM(model=folder, dtype="bfloat16", max_model_len=longest + 16, max_num_seqs=max(1, args.streams),
-              max_num_batched_tokens=max(longest + 16, 2048), enable_prefix_caching=False)
+              max_num_batched_tokens=max(longest + 16, 2048), enable_prefix_caching=False,
+              disable_log_stats=False)  # the per-request timestamps (RequestOutput.metrics)
     ids = llm.get_tokenizer().encode(read_text(args.text), add_special_tokens=False)
 
-    def seconds(prompts, out_tokens):
+    def generate(prompts, out_tokens):
         sp = SamplingParams(temperature=0, max_tokens=out_tokens, min_tokens=out_tokens, ignore_eos=True)
-        llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)  # warm-up
+        return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+
+    def seconds(prompts, out_tokens):
+        generate(prompts, out_tokens)  # warm-up
         best = 1e30
         for _ in range(args.repeats):
             t = time.perf_counter()
-            llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+            generate(prompts, out_tokens)
             best = min(best, time.perf_counter() - t)
+        return best
+
+    def decode_rate(prompts):
+        """Aggregate tokens/s of the decode steps: every request's tokens after its first,
+        from the last first token to the last token."""
+        generate(prompts, args.decode)  # warm-up
+        best = 0.0
+        for _ in range(args.repeats):
+            outs = generate(prompts, args.decode)
+            if any(o.metrics is None or o.metrics.last_token_ts <= 0 for o in outs):
+                sys.exit("vllm_bench.py: this vLLM gives no per-request timestamps (RequestOutput.metrics)")
+            steps = max(o.metrics.last_token_ts for o in outs) - max(o.metrics.first_token_ts for o in outs)
+            best = max(best, sum(len(o.outputs[0].token_ids) - 1 for o in outs) / steps)
         return best
 
     for n in args.prefill:
         print(f"vllm prefill_{n}_tok_per_s {n / seconds([ids[:n]], 1):.1f}", flush=True)
     if args.decode < 2:  # a decode rate is timed from the second token on
         return
-    short = [ids[:4]]
-    one = seconds(short, 1)
-    print(f"vllm decode_tok_per_s {(args.decode - 1) / (seconds(short, args.decode) - one):.1f}", flush=True)
-    for d in args.decode_depth:  # the prompt's prefill timed alone, then taken off
-        deep = [ids[:d]]
-        first = seconds(deep, 1)
-        print(f"vllm decode_at_{d}_tok_per_s {(args.decode - 1) / (seconds(deep, args.decode) - first):.1f}", flush=True)
+    print(f"vllm decode_tok_per_s {decode_rate([ids[:4]]):.1f}", flush=True)
+    for d in args.decode_depth:
+        print(f"vllm decode_at_{d}_tok_per_s {decode_rate([ids[:d]]):.1f}", flush=True)
     if args.streams > 0:
-        prompts = [ids[4 * s:4 * s + 4] for s in range(args.streams)]
-        first = seconds(prompts, 1)
-        rate = args.streams * (args.decode - 1) / (seconds(prompts, args.decode) - first)
+        rate = decode_rate([ids[4 * s:4 * s + 4] for s in range(args.streams)])
         print(f"vllm decode_{args.streams}_streams_tok_per_s {rate:.1f}", flush=True)
 
 
