@@ -455,7 +455,7 @@ int main(int argc, char** argv) {
   // Prefill arithmetic as a share of the ceilings: the matrices' products run on the
   // int8 peak when quantised weights are packed, on the BF16 one for BF16 weights on a CPU with
   // BF16 dot products, on the FP32 one otherwise; attention on the BF16 one where its
-  // tiles take BF16 dot products (its scores on the int8 one over a Q8_0 cache), on FP32 otherwise.
+  // tiles take BF16 dot products (on the int8 one over a Q8_0 cache), on FP32 otherwise.
   auto prefill_share = [&](int64_t n, double seconds) {
     const double mm = n * MatmulFlopsPerToken(c), att = AttentionFlops(c, n);
     if (gpu) {
@@ -469,10 +469,8 @@ int main(int argc, char** argv) {
       // Time the peak rates would take; achieved share = that / measured.
       const AttentionShape shape{.n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim};
       const bool bf16_att = PrefillAttentionOnBf16(shape, kv_choice.dtype) && ceiling.bf16_flops > 0;
-      // A Q8_0 cache's tiles: the scores (half the FLOPs) on int8 dot products, the values on BF16.
-      const bool int8_att =
-          PrefillAttentionOnInt8(shape, kv_choice.dtype) && ceiling.bf16_flops > 0 && ceiling.int8_ops > 0;
-      const double att_time = int8_att   ? att / 2 / ceiling.int8_ops + att / 2 / ceiling.bf16_flops
+      const bool int8_att = PrefillAttentionOnInt8(shape, kv_choice.dtype) && ceiling.int8_ops > 0;
+      const double att_time = int8_att   ? att / ceiling.int8_ops
                               : bf16_att ? att / ceiling.bf16_flops
                                          : att / ceiling.fp32_flops;
       const double ideal = mm / mm_peak + att_time;

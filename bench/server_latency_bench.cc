@@ -11,6 +11,7 @@
 #include "base/flags.h"
 #include "engine/generator.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "memory/kv_geometry.h"
 #include "pruneserve/v1/generation.grpc.pb.h"
 
 namespace {
@@ -30,7 +31,8 @@ struct Timing {
 
 int main(int argc, char** argv) {
   using namespace ps;
-  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", addr = "127.0.0.1:50051";
+  std::string model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf", addr = "127.0.0.1:50051",
+              kv_dtype = kDefaultKvDTypeName;
   int64_t prompt_tokens = 128, new_tokens = 64, repeats = 5, threads = 2;
   FlagParser f("ps_bench_server_latency", "TTFT and time per token: offline engine vs through the gRPC server.");
   f.AddString("model", &model_path, "model file (the server must serve the same one)");
@@ -39,9 +41,15 @@ int main(int argc, char** argv) {
   f.AddInt("new-tokens", &new_tokens, "tokens generated per request");
   f.AddInt("repeats", &repeats, "best of this many runs");
   f.AddInt("threads", &threads, "compute threads of the offline engine (use the server's)");
+  f.AddString("kv-dtype", &kv_dtype, "f32 | f16 | bf16 | q8_0: the offline engine's KV cache (use the server's)");
   if (auto s = f.Parse(argc, argv); !s.ok() || f.help_requested()) {
     std::printf("%s%s\n", f.Help().c_str(), s.ok() ? "" : std::string(s.message()).c_str());
     return s.ok() ? 0 : 1;
+  }
+  const absl::StatusOr<DType> kv = ParseKvDType(kv_dtype);
+  if (!kv.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(kv.status().message()).c_str());
+    return 1;
   }
   auto model = Model::Load(model_path);
   if (!model.ok()) {
@@ -54,7 +62,7 @@ int main(int argc, char** argv) {
   Timing offline, served;
   ThreadPool pool(static_cast<int>(threads));
   CpuBackend backend(pool);
-  Generator gen(**model, backend);
+  Generator gen(**model, backend, *kv);
   const SamplingParams greedy{.temperature = 0};
   const StopCriteria stop{.max_new_tokens = static_cast<int>(new_tokens), .ignore_eos = true};
   for (int r = 0; r < repeats; ++r) {

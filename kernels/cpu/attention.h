@@ -30,8 +30,9 @@ void Attentions(const AttentionShape& shape, std::span<const AttentionCall> call
 // Whether Attention's tiles of several query rows over a cache of `kv_dtype` multiply on
 // BF16 dot products at the active CPU level (else on F32).
 bool PrefillAttentionOnBf16(const AttentionShape& shape, DType kv_dtype);
-// Whether they take their scores on int8 dot products (a Q8_0 cache on AVX-512 VNNI: the
-// queries quantised to int8 as the keys are) and their values on BF16 ones.
+// Whether they run on int8 dot products (a Q8_0 cache on AVX-512 VNNI): the scores with
+// the queries quantised to int8 as the keys are, the value products with the softmax
+// weights as bytes.
 bool PrefillAttentionOnInt8(const AttentionShape& shape, DType kv_dtype);
 // The same for a single query row (decode). On BF16 dot products, queries and softmax
 // weights are rounded to BF16 as the cache is.

@@ -25,6 +25,9 @@
 namespace ps::avx512_bf16 {
 namespace {
 
+using avx512::Exp;
+using avx512::Exp2Bf16;
+
 constexpr int kScoreKeys = 6;     // keys a pass of Scores (6 x 4 accumulators of 16 rows)
 constexpr int kValueColumns = 6;  // output columns a pass of AddValues (6 x 4 accumulators of 16 rows)
 
@@ -36,48 +39,6 @@ inline uint32_t Lane(const uint16_t* p) {
 inline __m512bh Pairs(__m512i x) { return (__m512bh)x; }  // the same bits
 inline __m512bh Broadcast(const uint16_t* p) { return Pairs(_mm512_set1_epi32(static_cast<int>(Lane(p)))); }
 inline __m512bh LoadPairs(const uint16_t* p) { return Pairs(_mm512_loadu_si512(p)); }
-
-// e^v for v <= 0, 16 lanes: 2^(v log2 e) as 2^n 2^f, n an integer and |f| <= 1/2, 2^f by a
-// degree-5 polynomial (relative error 1.1e-7, fitted for this, exactly 1 at 0); v below
-// -87.3 (and -inf) gives 0.
-inline __m512 Exp(__m512 v) {
-  const __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-  v = _mm512_max_ps(v, _mm512_set1_ps(-87.3f));
-  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_fmsub_ps(v, log2e, n);
-  __m512 p = _mm512_set1_ps(1.326472731e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.671512991e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550733581e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402224243e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931470037e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), p, n);
-}
-
-// 2^v for v <= 0, 16 lanes, where the result is rounded to BF16 (prefill's softmax
-// weights): 2^n 2^f, n an integer and |f| <= 1/2, 2^f by a degree-3 polynomial (relative
-// error 1.0e-4, a twentieth of BF16's rounding; exactly 1 at 0); v below -126 (and -inf)
-// gives 0. Three FMAs where Exp takes seven (its multiply by log2 e, its f and five):
-// those share the FMA pipes with the tiles' dot products. kFinite: no lane is -inf (an
-// unmasked tile), so the clamp is left out (vscalefps takes any n, BF16 flushes what
-// falls below its range).
-template <bool kFinite>
-inline __m512 Exp2Bf16(__m512 v) {
-  __mmask16 keep = 0xFFFF;
-  if constexpr (!kFinite) {
-    keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
-    v = _mm512_max_ps(v, _mm512_set1_ps(-126.0f));
-  }
-  const __m512 n = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(v, n);
-  __m512 p = _mm512_set1_ps(5.500835279e-2f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.422095363e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.932828328e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  if constexpr (kFinite) return _mm512_scalef_ps(p, n);
-  return _mm512_maskz_scalef_ps(keep, p, n);
-}
 
 // Softmax's weights of keys [0, nt) for rows [i, i + 16), pairs of keys interleaved into
 // p; returns their sum.

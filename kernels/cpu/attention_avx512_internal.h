@@ -1,7 +1,7 @@
 // What the AVX-512 attention kernels of kernels/cpu/ share (attention_avx512.cc,
-// attention_avx512_q8.cc): a 16 x 16 transpose of 32-bit words in registers, the dispatch
-// on a tile's count of row vectors and on a GQA group's heads, and decode's row lists,
-// fetching and value products. Include only from files compiled for AVX-512 BF16.
+// attention_avx512_q8.cc): the softmax's exponentials, a 16 x 16 transpose of 32-bit words
+// in registers, the dispatch on a tile's count of row vectors and on a GQA group's heads,
+// and decode's row lists, fetching and value products. Include only from files compiled for AVX-512 BF16.
 #pragma once
 
 #include <immintrin.h>
@@ -15,6 +15,48 @@
 #include "kernels/cpu/attention_avx512.h"
 
 namespace ps::avx512 {
+
+// e^v for v <= 0, 16 lanes: 2^(v log2 e) as 2^n 2^f, n an integer and |f| <= 1/2, 2^f by a
+// degree-5 polynomial (relative error 1.1e-7, fitted for this, exactly 1 at 0); v below
+// -87.3 (and -inf) gives 0.
+inline __m512 Exp(__m512 v) {
+  const __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+  v = _mm512_max_ps(v, _mm512_set1_ps(-87.3f));
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_fmsub_ps(v, log2e, n);
+  __m512 p = _mm512_set1_ps(1.326472731e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.671512991e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550733581e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402224243e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931470037e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), p, n);
+}
+
+// 2^v for v <= 0, 16 lanes, where the result is rounded to BF16 (prefill's softmax
+// weights): 2^n 2^f, n an integer and |f| <= 1/2, 2^f by a degree-3 polynomial (relative
+// error 1.0e-4, a twentieth of BF16's rounding; exactly 1 at 0); v below -126 (and -inf)
+// gives 0. Three FMAs where Exp takes seven (its multiply by log2 e, its f and five):
+// those share the FMA pipes with the tiles' dot products. kFinite: no lane is -inf (an
+// unmasked tile), so the clamp is left out (vscalefps takes any n, BF16 flushes what
+// falls below its range).
+template <bool kFinite>
+inline __m512 Exp2Bf16(__m512 v) {
+  __mmask16 keep = 0xFFFF;
+  if constexpr (!kFinite) {
+    keep = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+    v = _mm512_max_ps(v, _mm512_set1_ps(-126.0f));
+  }
+  const __m512 n = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(v, n);
+  __m512 p = _mm512_set1_ps(5.500835279e-2f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.422095363e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.932828328e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  if constexpr (kFinite) return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_scalef_ps(keep, p, n);
+}
 
 // t[e] lane r = 32-bit word e of a[r] (e, r < 16): a 16 x 16 transpose in four rounds of
 // two-vector shuffles (a is overwritten).

@@ -153,18 +153,150 @@ void Scores(const uint8_t* qt, const float* qscale, int64_t nqp, const uint8_t* 
                          [&](auto qv) { ScoresOf<qv.value>(qt, qscale, keys, offsets, scales, nt, nb, s, row_max); });
 }
 
-void DequantizeRows(const uint8_t* const* rows, int64_t nt, int hd, uint16_t* out) {
+void PackValues(const uint8_t* const* rows, int64_t nt, int hd, int8_t* values, float* gains, float* top) {
   PS_CHECK(hd % kQ8Values == 0) << "head size " << hd;
-  for (int64_t j = 0; j < nt; ++j) {
-    for (int b = 0; b < hd / kQ8Values; ++b) {
-      const uint8_t* block = rows[j] + b * kQ8BlockBytes;
-      const __m512 d = _mm512_set1_ps(BlockScale(block));
-      const __m128i* quants = reinterpret_cast<const __m128i*>(block + 2);
-      const __m512 lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(quants))), d);
-      const __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(quants + 1))), d);
-      _mm512_storeu_si512(out + j * hd + b * kQ8Values, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  const int nb = hd / kQ8Values;
+  const int64_t padded = avx512_bf16::PaddedKeys(nt);
+  for (int b = 0; b < nb; ++b) {
+    float most = 0;
+    for (int64_t j = 0; j < nt; ++j) most = std::max(most, BlockScale(rows[j] + b * kQ8BlockBytes));
+    top[b] = most;
+    const float gain = most > 0 ? 255.0f / most : 0.0f;
+    for (int64_t j = 0; j < padded; ++j)
+      gains[j * nb + b] = j < nt ? gain * BlockScale(rows[j] + b * kQ8BlockBytes) : 0;
+  }
+  const __m256i zero = _mm256_setzero_si256();
+  for (int64_t g = 0; g < padded / kKeyQuad; ++g) {
+    for (int b = 0; b < nb; ++b) {
+      __m256i r[kKeyQuad];  // the 4 keys' 32 quants of block b
+      for (int k = 0; k < kKeyQuad; ++k) {
+        const int64_t j = kKeyQuad * g + k;
+        r[k] = j < nt ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[j] + b * kQ8BlockBytes + 2)) : zero;
+      }
+      // Bytes to quads: within each 128-bit half, keys 0 and 1 (then 2 and 3) interleaved by
+      // byte, the pairs by word; u0..u3 hold columns 0-3, 4-7, 8-11, 12-15 in their first
+      // half and 16-19, ..., 28-31 in their second.
+      const __m256i t0 = _mm256_unpacklo_epi8(r[0], r[1]), t1 = _mm256_unpackhi_epi8(r[0], r[1]);
+      const __m256i t2 = _mm256_unpacklo_epi8(r[2], r[3]), t3 = _mm256_unpackhi_epi8(r[2], r[3]);
+      const __m256i u0 = _mm256_unpacklo_epi16(t0, t2), u1 = _mm256_unpackhi_epi16(t0, t2);
+      const __m256i u2 = _mm256_unpacklo_epi16(t1, t3), u3 = _mm256_unpackhi_epi16(t1, t3);
+      auto* out = reinterpret_cast<__m256i*>(values + kKeyQuad * (g * hd + b * kQ8Values));
+      _mm256_storeu_si256(out, _mm256_permute2x128_si256(u0, u1, 0x20));
+      _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(u2, u3, 0x20));
+      _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(u0, u1, 0x31));
+      _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(u2, u3, 0x31));
     }
   }
+}
+
+namespace {
+
+// Weights of keys [0, nt) for rows [i, i + 16) against each of the nb blocks' gains, 4
+// keys to a lane (Softmax's layout); returns the sum of f. shift: the rows' maxima in this
+// tile (0 for rows that see nothing).
+template <bool kFinite>
+__m512 QuadWeights(const float* s, int64_t nqp, int64_t nt, int nb, int64_t i, __m512 shift, const float* gains,
+                   uint8_t* w) {
+  // Within each 128-bit lane (rows 4L..4L + 3): the packs leave key k's bytes of the 4 rows
+  // at 4k..4k + 3; each row's 4 keys go together.
+  alignas(64) int8_t idx[64];
+  for (int q = 0; q < 64; ++q) idx[q] = static_cast<int8_t>(4 * (q % 4) + (q % 16) / 4);
+  const __m512i quads = _mm512_load_si512(idx);
+  const int64_t groups = avx512_bf16::PaddedKeys(nt) / kKeyQuad;
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 e[kKeyQuad];
+    for (int k = 0; k < kKeyQuad; ++k) {
+      const int64_t j = kKeyQuad * g + k;
+      e[k] = j < nt ? avx512::Exp2Bf16<kFinite>(_mm512_sub_ps(_mm512_loadu_ps(s + j * nqp + i), shift))
+                    : _mm512_setzero_ps();
+    }
+    sum = _mm512_add_ps(sum, _mm512_add_ps(_mm512_add_ps(e[0], e[1]), _mm512_add_ps(e[2], e[3])));
+    const float* gj = gains + kKeyQuad * g * nb;
+    for (int b = 0; b < nb; ++b) {
+      __m512i x[kKeyQuad];
+      for (int k = 0; k < kKeyQuad; ++k) x[k] = _mm512_cvtps_epi32(_mm512_mul_ps(e[k], _mm512_set1_ps(gj[k * nb + b])));
+      const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(x[0], x[1]), _mm512_packus_epi32(x[2], x[3]));
+      _mm512_storeu_si512(w + kKeyQuad * ((b * groups + g) * nqp + i), _mm512_shuffle_epi8(bytes, quads));
+    }
+  }
+  return sum;
+}
+
+// Columns [d0, d0 + D) (within one block) of QV vectors of rows of ot, rescaled, += the
+// block's weights times the quants.
+template <int D, int QV>
+void ValueColumns(const uint8_t* w, int64_t groups, const int8_t* values, int hd, int d0, const float* corr,
+                  const float* wscale, float* ot) {
+  constexpr int64_t nqp = 16 * QV;
+  __m512i acc[D][QV];
+  for (int d = 0; d < D; ++d) {
+    for (int v = 0; v < QV; ++v) acc[d][v] = _mm512_setzero_si512();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i a[QV];
+    for (int v = 0; v < QV; ++v) a[v] = _mm512_loadu_si512(w + kKeyQuad * (g * nqp + 16 * v));
+    const int8_t* vg = values + kKeyQuad * (g * hd + d0);
+    for (int d = 0; d < D; ++d) {
+      const __m512i x = _mm512_set1_epi32(Word(reinterpret_cast<const uint8_t*>(vg) + kKeyQuad * d));
+      for (int v = 0; v < QV; ++v) acc[d][v] = _mm512_dpbusd_epi32(acc[d][v], a[v], x);
+    }
+  }
+  for (int v = 0; v < QV; ++v) {
+    const __m512 c = _mm512_loadu_ps(corr + 16 * v), ws = _mm512_loadu_ps(wscale + 16 * v);
+    for (int d = 0; d < D; ++d) {
+      float* o = ot + (d0 + d) * nqp + 16 * v;
+      _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[d][v]), ws, _mm512_mul_ps(_mm512_loadu_ps(o), c)));
+    }
+  }
+}
+
+constexpr int kValueColumns = 4;  // output columns a pass of AddValues (4 x 4 integer sums of 16 rows)
+
+template <int QV>
+void ValuesOf(const uint8_t* w, const int8_t* values, int64_t nt, int hd, const float* corr, const float* wscale,
+              float* ot) {
+  constexpr int64_t nqp = 16 * QV;
+  const int64_t groups = avx512_bf16::PaddedKeys(nt) / kKeyQuad;
+  for (int d0 = 0; d0 < hd; d0 += kValueColumns) {
+    const int b = d0 / kQ8Values;
+    ValueColumns<kValueColumns, QV>(w + kKeyQuad * b * groups * nqp, groups, values, hd, d0, corr, wscale + b * nqp,
+                                    ot);
+  }
+}
+
+}  // namespace
+
+void Softmax(const float* s, int64_t nqp, int64_t nt, int hd, const float* row_max, bool finite, const float* gains,
+             const float* top, float* m, float* l, float* corr, float* wscale, uint8_t* w) {
+  PS_CHECK(nqp % avx512_bf16::kRowAlign == 0 && hd % kQ8Values == 0) << nqp << " query rows, head size " << hd;
+  const int nb = hd / kQ8Values;
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 ln2 = _mm512_set1_ps(0.693147180559945309f);
+  for (int64_t i = 0; i < nqp; i += 16) {
+    const __m512 m_old = _mm512_loadu_ps(m + i), tile_max = _mm512_loadu_ps(row_max + i);
+    const __m512 m_new = _mm512_max_ps(m_old, tile_max);
+    // Rows that see nothing (in the tile, or yet) subtract 0: their -inf give 0.
+    const __m512 local =
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask(tile_max, neg_inf, _CMP_EQ_OQ), tile_max, _mm512_setzero_ps());
+    const __m512 shift =
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ), m_new, _mm512_setzero_ps());
+    const __m512 sum = finite ? QuadWeights<true>(s, nqp, nt, nb, i, local, gains, w)
+                              : QuadWeights<false>(s, nqp, nt, nb, i, local, gains, w);
+    const __m512 c = avx512::Exp(_mm512_mul_ps(_mm512_sub_ps(m_old, shift), ln2));
+    const __m512 f = avx512::Exp(_mm512_mul_ps(_mm512_sub_ps(tile_max, shift), ln2));  // 2^(tile max - m_new)
+    _mm512_storeu_ps(corr + i, c);
+    _mm512_storeu_ps(l + i, _mm512_fmadd_ps(_mm512_loadu_ps(l + i), c, _mm512_mul_ps(f, sum)));
+    _mm512_storeu_ps(m + i, m_new);
+    for (int b = 0; b < nb; ++b)
+      _mm512_storeu_ps(wscale + b * nqp + i, _mm512_mul_ps(f, _mm512_set1_ps(top[b] / 255.0f)));
+  }
+}
+
+void AddValues(const uint8_t* w, int64_t nqp, const int8_t* values, int64_t nt, int hd, const float* corr,
+               const float* wscale, float* ot) {
+  PS_CHECK(hd % kQ8Values == 0) << "head size " << hd;
+  avx512::WithRowVectors(nqp, [&](auto qv) { ValuesOf<qv.value>(w, values, nt, hd, corr, wscale, ot); });
 }
 
 namespace {

@@ -4,7 +4,7 @@
 // 127), each key's Q8_0 blocks (an fp16 scale and 32 int8 values) read in place. The
 // tiles are avx512_bf16's key-major ones (kernels/cpu/attention_avx512.h): the scores
 // transposed, 16 query rows to a vector, a key's 4 quants broadcast against them; the
-// values dequantised to BF16 for avx512_bf16's softmax and value products. And decode's
+// values' products on int8 dot products as well (PackValues, below). And decode's
 // kernels over Q8_0 rows read in place (DecodeScores, DecodeValues, at the end). Call only at
 // CpuIsa::kAvx512Bf16 (which has VNNI) with head sizes a multiple of kQ8Values.
 #pragma once
@@ -36,9 +36,35 @@ void KeyTerms(const uint8_t* const* keys, int64_t nt, int hd, int32_t* offsets, 
 void Scores(const uint8_t* qt, const float* qscale, int64_t nqp, const uint8_t* const* keys, const int32_t* offsets,
             const float* scales, int64_t nt, int hd, float* s, float* row_max);
 
-// nt value rows (rows[j]: a head's hd / 32 Q8_0 blocks) dequantised and rounded to BF16,
-// row j's hd values at out + j * hd.
-void DequantizeRows(const uint8_t* const* rows, int64_t nt, int hd, uint16_t* out);
+// The value products of a tile run on int8 dot products too: the softmax weights as
+// unsigned bytes (vpdpbusd's unsigned operand) against the values' quants broadcast 4 keys
+// at a time (its signed one). A value's block scale goes into its key's weight: weight
+// byte = round(2^(s - row max in this tile) * 255 * (the key's block scale) / (the tile's
+// largest scale of that block)), each row's bytes scaled back by 2^(row max - m) times that
+// largest scale / 255.
+constexpr int64_t kKeyQuad = 4;  // keys an int8 value lane holds
+
+// Packs nt value rows (rows[j]: a head's hd / 32 Q8_0 blocks) into `values`
+// (PaddedKeys(nt) * hd bytes): values[4 * (g * hd + d) + k] = quant d of key 4g + k (zeros
+// past the last key). top[b] = the largest scale of block b among the rows; gains[j * nb + b]
+// = 255 * row j's block b scale / top[b] (0 where top[b] is 0 and past nt, up to
+// PaddedKeys(nt) rows), nb = hd / 32.
+void PackValues(const uint8_t* const* rows, int64_t nt, int hd, int8_t* values, float* gains, float* top);
+
+// One key tile's step of the online softmax for rows i < nqp in base 2, as
+// avx512_bf16::Softmax (m, l, corr the same), with the weights as bytes for AddValues:
+// f = 2^(s[j * nqp + i] - row_max[i]) (to 1e-4 relative); w[4 * ((b * G + g) * nqp + i) + k]
+// = round(f * gains[j * nb + b]) for key j = 4g + k (0 past nt), G = PaddedKeys(nt) / 4;
+// wscale[b * nqp + i] = 2^(row_max[i] - m_new) * top[b] / 255 (0 where the row sees nothing
+// in the tile); l[i] = l[i] * corr[i] + 2^(row_max[i] - m_new) * the sum of f.
+void Softmax(const float* s, int64_t nqp, int64_t nt, int hd, const float* row_max, bool finite, const float* gains,
+             const float* top, float* m, float* l, float* corr, float* wscale, uint8_t* w);
+
+// ot[d * nqp + i] = ot[d * nqp + i] * corr[i] + wscale[b * nqp + i] * sum_j w_ijb * quant_j[d]
+// for rows i < nqp and d < hd, b = d / 32, w_ijb Softmax's byte of row i, key j and block b:
+// Softmax's weights against PackValues's tile.
+void AddValues(const uint8_t* w, int64_t nqp, const int8_t* values, int64_t nt, int hd, const float* corr,
+               const float* wscale, float* ot);
 
 // Decode (one query row) over Q8_0 rows read in place, all query heads of a GQA group at
 // once (avx512_bf16's decode kernels' shapes: up to kMaxDecodeHeads heads of up to

@@ -80,20 +80,24 @@ void KeyMajorTiles::Attend(std::span<const Chunk> pieces, int64_t nt, int32_t mi
       u.key_pos.push_back(kv_.positions[p.j0 + r]);
     }
   }
-  if (q8_) {  // the keys' block terms; the values as BF16 rows
+  const int64_t padded = avx512_bf16::PaddedKeys(nt);
+  if (q8_) {  // the keys' block terms; the values' quants by 4 keys, their scales as gains
     const int nb = hd_ / avx512_q8::kQ8Values;
     u.key_offsets.resize(nt * nb);
     u.key_scales.resize(nt * nb);
     avx512_q8::KeyTerms(u.keys8.data(), nt, hd_, u.key_offsets.data(), u.key_scales.data());
-    u.dequantized.resize(nt * hd_);
-    avx512_q8::DequantizeRows(u.values8.data(), nt, hd_, u.dequantized.data());
-    for (int64_t j = 0; j < nt; ++j) u.values.push_back(u.dequantized.data() + j * hd_);
+    u.packed_values8.resize(padded * hd_);
+    u.gains.resize(padded * nb);
+    u.top.resize(nb);
+    avx512_q8::PackValues(u.values8.data(), nt, hd_, u.packed_values8.data(), u.gains.data(), u.top.data());
+    u.p8.resize(nb * padded * nqp);
+    u.wscale.resize(nb * nqp);
+  } else {
+    u.packed_values.resize(padded * hd_);
+    avx512_bf16::PackValues(u.values.data(), nt, hd_, u.packed_values.data());
+    u.p.resize(padded * nqp);
   }
-  const int64_t padded = avx512_bf16::PaddedKeys(nt);
-  u.packed_values.resize(padded * hd_);
-  avx512_bf16::PackValues(u.values.data(), nt, hd_, u.packed_values.data());
   u.s.resize(nt * nqp);
-  u.p.resize(padded * nqp);
   u.row_max.resize(nqp);
   u.corr.resize(nqp);
   const auto [k_lo, k_hi] = std::minmax_element(u.key_pos.begin(), u.key_pos.end());
@@ -119,10 +123,17 @@ void KeyMajorTiles::Attend(std::span<const Chunk> pieces, int64_t nt, int32_t mi
           dst[(seg_.row_ids != nullptr ? seg_.row_ids[p.j0 + r] : p.j0 + r)] = u.s[j * nqp + nq - 1] * kLn2;
       }
     }
-    avx512_bf16::Softmax(u.s.data(), nqp, nt, u.row_max.data(), unmasked, u.m.data() + h * nqp, u.l.data() + h * nqp,
-                         u.corr.data(), u.p.data());
-    avx512_bf16::AddValues(u.p.data(), nqp, u.packed_values.data(), nt, hd_, u.corr.data(),
+    if (q8_) {
+      avx512_q8::Softmax(u.s.data(), nqp, nt, hd_, u.row_max.data(), unmasked, u.gains.data(), u.top.data(),
+                         u.m.data() + h * nqp, u.l.data() + h * nqp, u.corr.data(), u.wscale.data(), u.p8.data());
+      avx512_q8::AddValues(u.p8.data(), nqp, u.packed_values8.data(), nt, hd_, u.corr.data(), u.wscale.data(),
                            u.ot.data() + h * hd_ * nqp);
+    } else {
+      avx512_bf16::Softmax(u.s.data(), nqp, nt, u.row_max.data(), unmasked, u.m.data() + h * nqp, u.l.data() + h * nqp,
+                           u.corr.data(), u.p.data());
+      avx512_bf16::AddValues(u.p.data(), nqp, u.packed_values.data(), nt, hd_, u.corr.data(),
+                             u.ot.data() + h * hd_ * nqp);
+    }
   }
 }
 

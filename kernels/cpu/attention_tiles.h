@@ -36,15 +36,17 @@ class KeyMajorTiles {
   // A unit's state on the key-major tiles (avx512_bf16's and avx512_q8's layouts): per
   // head of the group its query rows packed (BF16: qt; Q8_0: qt8 and their scales), its
   // output transposed, its rows' m and l (nqp rows each); the key tile's rows, positions and
-  // packed values (a Q8_0 tile's keys' block terms and its values as BF16 rows first), its
-  // scores, their maxima, the weights and the rescaling of the outputs.
+  // packed values (a Q8_0 tile's: its keys' block terms, its values' quants by 4 keys and
+  // their scales as gains), its scores, their maxima, the weights (a Q8_0 tile's as bytes,
+  // with their scales) and the rescaling of the outputs.
   struct TileUnit {
     int64_t nqp = 0;
-    std::vector<uint16_t> qt, packed_values, p, dequantized;
-    std::vector<uint8_t> qt8;
-    std::vector<float> ot, m, l, s, row_max, corr, qscale, key_scales;
+    std::vector<uint16_t> qt, packed_values, p;
+    std::vector<uint8_t> qt8, p8;
+    std::vector<int8_t> packed_values8;
+    std::vector<float> ot, m, l, s, row_max, corr, qscale, key_scales, gains, top, wscale;
     std::vector<int32_t> q_pos, key_pos, key_offsets;
-    std::vector<const uint16_t*> keys, values;   // BF16 rows (a Q8_0 tile's values: dequantized's)
+    std::vector<const uint16_t*> keys, values;   // BF16 rows
     std::vector<const uint8_t*> keys8, values8;  // Q8_0 rows
   };
 

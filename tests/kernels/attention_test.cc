@@ -83,11 +83,14 @@ void AsQueries(const AttentionShape& s, DType dtype, int64_t nq, std::vector<flo
 }
 
 // What the attention tests allow against the direct computation: F32 arithmetic agrees to
-// 1e-5; the key-major tiles round their softmax weights (and a Q8_0 tile its values) to
-// BF16 (8 significant bits: a relative error of 2^-9 each; these tests measure up to
-// 1.7e-3).
+// 1e-5; the BF16 key-major tiles round their softmax weights to BF16 (8 significant bits:
+// a relative error of 2^-9 each; these tests measure up to 1.7e-3). A Q8_0 tile's weights
+// are bytes, steps of 1/255 of the tile's largest (times the key's block scale over the
+// tile's largest): a weight a tenth of the largest, as most are among random scores, is
+// off by up to 2%, and these tests measure up to 2.7e-2.
 double AttentionTolerance(const AttentionShape& s, DType dtype, int64_t nq) {
-  return Bf16Tiles(s, dtype, nq) || Int8Tiles(s, dtype, nq) ? 5e-3 : 1e-5;
+  if (Int8Tiles(s, dtype, nq)) return 3.5e-2;
+  return Bf16Tiles(s, dtype, nq) ? 5e-3 : 1e-5;
 }
 
 // Attention computed directly in doubles: query row i's heads of KV head kvh see key j

@@ -164,8 +164,10 @@ TEST(AttentionTiles, Bf16TilesEqualSumsOfTheRoundedValues) {
 // The Q8_0 tiles' own steps against sums in doubles of the same quants: the queries
 // quantised per row and block (a row of zeros among them), the keys' block terms, the scores of keys
 // read from anywhere in memory at ragged counts (every pass shape and tail) and query rows
-// (every vector count, padded rows), head sizes of one to four blocks; the values
-// dequantised to BF16. (The rest of a tile is the BF16 tiles' above.)
+// (every vector count, padded rows), head sizes of one to four blocks and eight; the values packed by
+// 4 keys with their scales as gains, the softmax step's byte weights (over every score
+// and over a causal mask) and the value products. (The mask and the outputs' unpacking are
+// the BF16 tiles' above.)
 TEST(AttentionTiles, Q8TilesEqualSumsOfTheQuants) {
   const std::vector<CpuIsa> levels = SupportedCpuIsas();
   if (std::find(levels.begin(), levels.end(), CpuIsa::kAvx512Bf16) == levels.end()) {
@@ -173,7 +175,7 @@ TEST(AttentionTiles, Q8TilesEqualSumsOfTheQuants) {
   }
   ScopedCpuIsa level(CpuIsa::kAvx512Bf16);
   constexpr int kBlock = avx512_q8::kQ8Values;
-  for (int hd : {32, 64, 96, 128})
+  for (int hd : {32, 64, 96, 128, 256})
     for (int64_t nt : {1, 5, 6, 7, 13, 256})
       for (int64_t nq : {1, 7, 16, 17, 40, 64}) {
         const std::string what = absl::StrCat("hd=", hd, " keys=", nt, " rows=", nq);
@@ -242,13 +244,95 @@ TEST(AttentionTiles, Q8TilesEqualSumsOfTheQuants) {
           }
           ASSERT_EQ(row_max[i], most) << what << " row " << i;
         }
-        std::vector<uint16_t> dequantized(nt * hd);
-        avx512_q8::DequantizeRows(vp.data(), nt, hd, dequantized.data());
-        for (int64_t j = 0; j < nt; ++j) {
+        // The values: quants by 4 keys, block scales as gains of the tile's largest.
+        const int64_t padded = avx512_bf16::PaddedKeys(nt), groups = padded / avx512_q8::kKeyQuad;
+        std::vector<int8_t> values(padded * hd, 99);
+        std::vector<float> gains(padded * nb, -1.0f), top(nb, -1.0f);
+        avx512_q8::PackValues(vp.data(), nt, hd, values.data(), gains.data(), top.data());
+        for (int b = 0; b < nb; ++b) {
+          float most = 0;
+          for (int64_t j = 0; j < nt; ++j) most = std::max(most, Fp16ToFp32(v_rows[j][b].d));
+          ASSERT_EQ(top[b], most) << what << " block " << b;
+          for (int64_t j = 0; j < padded; ++j) {
+            const float want = j < nt ? 255.0f / most * Fp16ToFp32(v_rows[j][b].d) : 0.0f;
+            ASSERT_NEAR(gains[j * nb + b], want, 1e-5f * want) << what << " gain " << j << "," << b;
+          }
+        }
+        for (int64_t j = 0; j < padded; ++j) {
           for (int e = 0; e < hd; ++e) {
-            const BlockQ8_0& blk = v_rows[j][e / kBlock];
-            ASSERT_EQ(dequantized[j * hd + e], Fp32ToBf16(Fp16ToFp32(blk.d) * blk.qs[e % kBlock]))
-                << what << " value " << j << "," << e;
+            const int want = j < nt ? v_rows[j][e / kBlock].qs[e % kBlock] : 0;
+            ASSERT_EQ(values[4 * ((j / 4) * hd + e) + j % 4], want) << what << " value " << j << "," << e;
+          }
+        }
+        // The softmax step's byte weights, over every score and over a causal mask (rows
+        // from 5 on, 2 apart, some seeing no key), from rows that saw nothing, rows whose
+        // maximum grows and rows whose maximum stays.
+        std::vector<int32_t> key_pos(nt), q_pos(nqp);
+        for (int64_t j = 0; j < nt; ++j) key_pos[j] = static_cast<int32_t>(10 + 3 * j);
+        for (int64_t i = 0; i < nqp; ++i) q_pos[i] = static_cast<int32_t>(5 + 2 * i + (i % 3 == 0 ? nt : 0));
+        std::vector<float> masked = s, masked_max(nqp);
+        avx512_bf16::Mask(0, 0, 0, key_pos.data(), nt, q_pos.data(), nqp, masked.data(), masked_max.data());
+        const float neg_inf = -std::numeric_limits<float>::infinity();
+        for (const bool finite : {false, true}) {
+          const std::vector<float>& sc = finite ? s : masked;
+          const std::vector<float>& sc_max = finite ? row_max : masked_max;
+          std::vector<float> m(nqp), l(nqp), corr(nqp, 12345.0f), wscale(nb * nqp, 12345.0f);
+          for (int64_t i = 0; i < nqp; ++i) {
+            m[i] = i % 3 == 1 ? neg_inf : sc_max[i] + (i % 3 == 0 ? 0.7f : -0.9f);
+            l[i] = m[i] == neg_inf ? 0.0f : 1.5f + static_cast<float>(i);
+          }
+          const std::vector<float> m0 = m, l0 = l;
+          std::vector<uint8_t> w(nb * padded * nqp, 0xAB);
+          avx512_q8::Softmax(sc.data(), nqp, nt, hd, sc_max.data(), finite, gains.data(), top.data(), m.data(),
+                             l.data(), corr.data(), wscale.data(), w.data());
+          for (int64_t i = 0; i < nqp; ++i) {
+            const float m_new = std::max(m0[i], sc_max[i]);
+            ASSERT_EQ(m[i], m_new) << what << " row " << i;
+            const bool sees = sc_max[i] != neg_inf;
+            const double scale = sees ? std::exp2(double{sc_max[i]} - m_new) : 0.0;
+            double sum = 0;
+            for (int64_t j = 0; j < padded; ++j) {
+              const double f = j < nt && sees ? std::exp2(double{sc[j * nqp + i]} - sc_max[i]) : 0.0;
+              sum += f;
+              for (int b = 0; b < nb; ++b) {
+                const double want = f * gains[j * nb + b];
+                const int got = w[4 * ((b * groups + j / 4) * nqp + i) + j % 4];
+                // 2^x to 1e-4: a weight within a rounding step and that.
+                ASSERT_NEAR(got, want, 0.5 + 1e-4 * want)
+                    << what << " finite " << finite << " weight " << i << "," << j << " block " << b;
+              }
+            }
+            const double c = m0[i] == neg_inf ? 0.0 : std::exp2(double{m0[i]} - m_new);
+            ASSERT_NEAR(corr[i], c, 1e-6 * c) << what << " row " << i;
+            ASSERT_NEAR(l[i], l0[i] * c + scale * sum, 1.5e-4 * (l0[i] * c + scale * sum)) << what << " row " << i;
+            for (int b = 0; b < nb; ++b) {
+              const double want = scale * top[b] / 255.0;
+              ASSERT_NEAR(wscale[b * nqp + i], want, 1e-6 * want) << what << " row " << i << " block " << b;
+            }
+          }
+        }
+        // The value products of any byte weights (the largest among them), outputs rescaled.
+        std::vector<uint8_t> w(nb * padded * nqp);
+        for (size_t x = 0; x < w.size(); ++x) w[x] = static_cast<uint8_t>(x % 7 == 0 ? 255 : (x * 37) % 256);
+        for (int b = 0; b < nb; ++b) {  // zero weights past the last key, as Softmax leaves them
+          for (int64_t j = nt; j < padded; ++j) {
+            for (int64_t i = 0; i < nqp; ++i) w[4 * ((b * groups + j / 4) * nqp + i) + j % 4] = 0;
+          }
+        }
+        const std::vector<float> corr = Randn(nqp, 45), ws = Randn(nb * nqp, 46), ot0 = Randn(hd * nqp, 47);
+        std::vector<float> ot = ot0;
+        avx512_q8::AddValues(w.data(), nqp, values.data(), nt, hd, corr.data(), ws.data(), ot.data());
+        for (int64_t i = 0; i < nqp; ++i) {
+          for (int e = 0; e < hd; ++e) {
+            const int b = e / kBlock;
+            int64_t dot = 0;
+            for (int64_t j = 0; j < nt; ++j) {
+              dot += int64_t{w[4 * ((b * groups + j / 4) * nqp + i) + j % 4]} * v_rows[j][b].qs[e % kBlock];
+            }
+            const double want = double{ot0[e * nqp + i]} * corr[i] + double{ws[b * nqp + i]} * static_cast<double>(dot);
+            ASSERT_NEAR(ot[e * nqp + i], want,
+                        1e-6 * (1 + std::fabs(want) + std::fabs(ws[b * nqp + i]) * 255 * 127 * nt))
+                << what << " output " << i << "," << e;
           }
         }
       }
