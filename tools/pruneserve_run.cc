@@ -10,6 +10,7 @@
 #include "engine/generator.h"
 #include "engine/pruning/registry.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "memory/kv_geometry.h"
 #include "model/tokenizer/chat_template.h"
 
 namespace {
@@ -28,7 +29,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> stops;
   int64_t max_new = 128, top_k = 0, seed = 0, threads = 0, logprobs = 0, min_new = 0;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, rep = 1.0, presence = 0.0, frequency = 0.0;
-  std::string activations = "int8", cpu_isa;
+  std::string activations = "int8", cpu_isa, kv_dtype = kDefaultKvDTypeName;
   bool print_ids = false, chat = false, tokenize = false, ignore_eos = false, stats = false, no_special = false;
   FlagParser flags("pruneserve-run", "Generate text from a model offline (no server). Text goes to stdout.");
   flags.AddString("model", &model_path, "GGUF file or Hugging Face folder (required)");
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
                   "int8 | f32: activations of products with quantised weights (int8: llama.cpp's numerics, the "
                   "packed int8 kernels; f32: exact, slower)");
   flags.AddString("cpu-isa", &cpu_isa, "scalar | avx2 | avx512 | avx512_bf16: cap the CPU kernels' level");
+  flags.AddString("kv-dtype", &kv_dtype, "f32 | f16 | bf16 | q8_0: the KV cache's element type (as the server's)");
   std::string strategy_help = "token pruning strategy:";
   for (const StrategyInfo* s : Strategies()) absl::StrAppend(&strategy_help, "\n      ", s->name, ": ", s->summary);
   flags.AddString("strategy", &strategy, strategy_help);
@@ -125,6 +127,8 @@ int main(int argc, char** argv) {
   const std::unique_ptr<PruningStrategy> pruner = pruning->Make((*model)->config());
   const absl::StatusOr<bool> int8 = ParseActivations(activations);
   if (!int8.ok()) return Fail(std::string(int8.status().message()));
+  const absl::StatusOr<DType> kv = ParseKvDType(kv_dtype);
+  if (!kv.ok()) return Fail(std::string(kv.status().message()));
   if (!cpu_isa.empty()) {
     if (absl::Status s = CapCpuKernels(cpu_isa); !s.ok()) return Fail(absl::StrCat("--cpu-isa: ", s.message()));
   }
@@ -133,7 +137,7 @@ int main(int argc, char** argv) {
   if (const absl::StatusOr<size_t> packed = PrepareWeights(**model, backend); !packed.ok()) {
     return Fail(std::string(packed.status().message()));
   }
-  Generator gen(**model, backend);
+  Generator gen(**model, backend, *kv);
   auto result = gen.Generate(
       ids, sp, sc,
       [&](const SampledToken& t, std::string_view delta) {

@@ -25,6 +25,9 @@ TEST(Cli, GeneratesAndTokenizes) {
   auto r = RunCli("--model " + kStories + " --prompt 'Once upon a time' --max-new-tokens 8 --print-ids");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, "432 383 286 261 376 298 315 421\n");  // llama.cpp's greedy tokens (greedy.tsv)
+  r = RunCli("--model " + kStories + " --prompt 'Once upon a time' --max-new-tokens 8 --print-ids --kv-dtype f32");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "432 383 286 261 376 298 315 421\n");  // the same over an F32 KV
   r = RunCli("--model " + kStories + " --prompt 'Once upon a time' --tokenize");
   EXPECT_EQ(r.output, "1 403 407 261 378\n");
   r = RunCli("--help");
@@ -60,6 +63,7 @@ TEST(Cli, BadArgumentsFailWithAMessage) {
            "--model " + kStories + " --prompt hi --max-new-tokens 0",
            "--model " + kStories + " --prompt hi --max-new-tokens 100000",
            "--model " + kStories + " --prompt hi --threads abc", "--model " + kStories + " --bogus-flag",
+           "--model " + kStories + " --prompt hi --kv-dtype fp8",
            "--model " + kStories + " --prompt '' --no-special"}) {
     const ps::testing::CommandResult r = RunCli(args);
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
