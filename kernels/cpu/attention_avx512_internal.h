@@ -1,7 +1,8 @@
 // What the AVX-512 attention kernels of kernels/cpu/ share (attention_avx512.cc,
 // attention_avx512_q8.cc): the softmax's exponentials, a 16 x 16 transpose of 32-bit words
 // in registers, the dispatch on a tile's count of row vectors and on a GQA group's heads,
-// and decode's row lists, fetching and value products. Include only from files compiled for AVX-512 BF16.
+// and decode's row lists, fetching and value products. Include only from files compiled
+// for AVX-512 BF16.
 #pragma once
 
 #include <immintrin.h>
@@ -34,8 +35,8 @@ inline __m512 Exp(__m512 v) {
   return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), p, n);
 }
 
-// 2^v for v <= 0, 16 lanes, where the result is rounded to BF16 (prefill's softmax
-// weights): 2^n 2^f, n an integer and |f| <= 1/2, 2^f by a degree-3 polynomial (relative
+// 2^v for v <= 0, 16 lanes, where the result is rounded to BF16 or to a byte (prefill's
+// softmax weights): 2^n 2^f, n an integer and |f| <= 1/2, 2^f by a degree-3 polynomial (relative
 // error 1.0e-4, a twentieth of BF16's rounding; exactly 1 at 0); v below -126 (and -inf)
 // gives 0. Three FMAs where Exp takes seven (its multiply by log2 e, its f and five):
 // those share the FMA pipes with the tiles' dot products. kFinite: no lane is -inf (an
