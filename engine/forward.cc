@@ -256,7 +256,8 @@ absl::Status Transformer::Attend(int layer, int stop_layer, size_t i, const SeqI
                                                .n_q = n_q,
                                                .q_stride = qd,
                                                .out = att_.data() + q_first * qd,
-                                               .out_stride = qd},
+                                               .out_stride = qd,
+                                               .layers = model_.layers},
                            shared_);
   }
   PS_ASSIGN_OR_RETURN(const KvRows rows, kv.View(in.seq_id, layer, &selection, -1, &tables_[i]));
@@ -352,7 +353,11 @@ absl::Status Transformer::Run(std::span<const SeqInput> batch, std::span<const S
     backend_.RmsNorm(x_.data(), w.attn_norm.data(), xn_.data(), n_rows, d, c.rms_eps);
     const MatMulOutput qkv[] = {{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}};
     backend_.MatMuls(qkv, xn_.data(), n_rows);
-    const QkvBias bias = w.bq.empty() ? QkvBias{} : QkvBias{.q = w.bq.data(), .k = w.bk.data(), .v = w.bv.data()};
+    const QkvBias bias = w.bq.empty() ? QkvBias{}
+                                      : QkvBias{.q = w.bq.data(),
+                                                .k = w.bk.data(),
+                                                .v = w.bv.data(),
+                                                .k_shift = w.bk_shift.empty() ? nullptr : w.bk_shift.data()};
     backend_.BiasRope(c.rope, std::span<const int32_t>(positions_.data(), n_rows), bias, q_.data(), k_.data(),
                       v_.data(), c.n_heads, c.n_kv_heads, c.head_dim);
     // Every sequence's K and V (one store for the batch), then its attention: those

@@ -41,6 +41,34 @@ absl::Status DropDistantKeys(KvCache& kv, const SharedScores& share, int64_t seq
   return absl::OkStatus();
 }
 
+// Takes scale x q . shift (per query row and head of the group) off a part's
+// log-sum-exps `lse` ([n_q][group], activation memory) over keys stored with `shift` (the
+// KV head's, null: none); q: the group's queries, q_stride apart (activation memory, or
+// host memory when q_on_host).
+void Unshift(Backend& backend, const float* q, bool q_on_host, int64_t n_q, int64_t q_stride, int group, int hd,
+             float scale, const float* shift, float* lse, SharedAttentionScratch& scratch) {
+  if (shift == nullptr) return;
+  const int64_t n = n_q * group;
+  const float* qh = q_on_host ? q : HostView(backend, q, (n_q - 1) * q_stride + group * hd, scratch.host_q);
+  // Where the backend is not host-addressable, HostView's copy is scratch.host itself.
+  float* l = backend.host_addressable() ? lse : (HostView(backend, lse, n, scratch.host), scratch.host.data());
+  for (int64_t i = 0; i < n_q; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const float* qr = qh + i * q_stride + static_cast<int64_t>(g) * hd;
+      double dot = 0;
+      for (int c = 0; c < hd; ++c) dot += static_cast<double>(qr[c]) * shift[c];
+      l[i * group + g] -= static_cast<float>(scale * dot);
+    }
+  }
+  if (!backend.host_addressable()) backend.CopyFromHost(l, lse, static_cast<size_t>(n) * sizeof(float));
+}
+
+// Layer `layer`'s KV head h's key shift, or null.
+const float* KeyShift(std::span<const LayerWeights> layers, int layer, int h, int hd) {
+  if (layers.empty() || layers[layer].bk_shift.empty()) return nullptr;
+  return layers[layer].bk_shift.data() + static_cast<int64_t>(h) * hd;
+}
+
 }  // namespace
 
 absl::Status SharedAttention(Backend& backend, KvCache& kv, const SharedScores& share, const SharedAttentionArgs& a,
@@ -75,6 +103,8 @@ absl::Status SharedAttention(Backend& backend, KvCache& kv, const SharedScores& 
     own.lse_stride = group;
     own.window = {.part = PositionWindow::Part::kProximal, .sinks = share.sinks, .recent = share.recent};
     backend.Attention(head_shape, head, own);
+    Unshift(backend, own.q, false, a.n_q, a.q_stride, group, hd, s.scale, KeyShift(a.layers, a.layer, h, hd), lse_p,
+            scratch);
     const bool one_row = a.n_q == 1 && share.distant_lse != nullptr;
     if (one_row && share.gate_skip > 0 && share.distant_lse_valid[h]) {
       const float* gate_lse = HostView(backend, lse_p, group, scratch.host);
@@ -88,6 +118,7 @@ absl::Status SharedAttention(Backend& backend, KvCache& kv, const SharedScores& 
       }
     }
     const float* base_q = share.base_q[h];
+    const float* const base_q_host = base_q + col;
     if (!backend.host_addressable()) {  // the strategy's host copy, staged for the kernel
       if (base_q != staged) {
         const int64_t n = (a.n_q - 1) * share.q_stride + s.n_heads * hd;
@@ -111,6 +142,8 @@ absl::Status SharedAttention(Backend& backend, KvCache& kv, const SharedScores& 
             .lse = lse_d,
             .lse_stride = group,
             .window = {.part = PositionWindow::Part::kDistant, .sinks = share.sinks, .recent = share.recent}});
+    Unshift(backend, base_q_host, true, a.n_q, share.q_stride, group, hd, s.scale, KeyShift(a.layers, base, h, hd),
+            lse_d, scratch);
     if (one_row) {  // the same scores at every layer of the group: its later layers may skip
       backend.CopyToHost(lse_d, share.distant_lse + h * group, group * sizeof(float));
       share.distant_lse_valid[h] = 1;

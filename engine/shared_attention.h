@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,6 +16,7 @@
 #include "kernels/activations.h"
 #include "kernels/backend.h"
 #include "memory/kv_cache.h"
+#include "model/model.h"
 
 namespace ps {
 
@@ -28,6 +30,10 @@ struct SharedAttentionArgs {
   int64_t q_stride = 0;
   float* out = nullptr;  // [n_q, n_heads * head_dim], out_stride apart
   int64_t out_stride = 0;
+  // The model's layers, for their keys' shifts (model.h's bk_shift): a part's log-sum-exp
+  // over shifted keys is scale x q . shift above the model's own, which differs between
+  // the two layers the gate weighs; it is taken back off. Empty: no shifts.
+  std::span<const LayerWeights> layers;
 };
 
 // Buffers SharedAttention reuses across calls: the parts' log-sum-exps and the
@@ -35,7 +41,7 @@ struct SharedAttentionArgs {
 // copies, and the pages whose keys are dropped.
 struct SharedAttentionScratch {
   Activations lse_p, lse_d, o_d, base_q;
-  std::vector<float> host;
+  std::vector<float> host, host_q;
   std::vector<int32_t> pages;
 };
 

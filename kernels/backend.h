@@ -36,10 +36,12 @@ enum class RowReduction {
 };
 
 // Biases of the q, k and v projections ([q_dim], [kv_dim], [kv_dim]); all null without.
+// k_shift ([kv_dim], or null) is added to k after the rotation (model.h's bk_shift).
 struct QkvBias {
   const float* q = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
+  const float* k_shift = nullptr;
 };
 
 class Backend {

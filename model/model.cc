@@ -11,6 +11,7 @@
 #include "base/status.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/quant.h"
+#include "kernels/cpu/rope.h"
 
 namespace ps {
 namespace {
@@ -113,6 +114,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(ModelConfig config, const Te
   }
   PS_ASSIGN_OR_RETURN(m->output_norm, Vector(t, "output_norm.weight", c.n_embd));
   m->layers.resize(c.n_layers);
+  std::vector<float> mean_rotation;  // of the k biases, once a layer has one
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = absl::StrCat("blk.", l, ".");
     LayerWeights& w = m->layers[l];
@@ -129,6 +131,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(ModelConfig config, const Te
     PS_ASSIGN_OR_RETURN(w.bq, Vector(t, p + "attn_q.bias", c.q_dim(), !bias_required));
     PS_ASSIGN_OR_RETURN(w.bk, Vector(t, p + "attn_k.bias", c.kv_dim(), !bias_required));
     PS_ASSIGN_OR_RETURN(w.bv, Vector(t, p + "attn_v.bias", c.kv_dim(), !bias_required));
+    if (!w.bk.empty()) {
+      if (mean_rotation.empty()) {
+        mean_rotation.resize(c.rope.n_dims);
+        RopeMeanCache(c.rope, c.n_ctx, mean_rotation.data());
+      }
+      w.bk_shift = w.bk;
+      RopeApply(c.rope, mean_rotation.data(), w.bk_shift.data(), c.n_kv_heads, c.head_dim);
+      for (float& s : w.bk_shift) s = -s;
+    }
   }
   if (tokenizer != nullptr && tokenizer->vocab_size() > c.n_vocab) {
     return absl::InvalidArgumentError(

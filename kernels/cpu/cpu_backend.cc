@@ -144,6 +144,7 @@ void CpuBackend::BiasRope(const RopeParams& rope, std::span<const int32_t> posit
       RopeCache(rope, positions[r], cs);
       RopeApply(rope, cs, q + r * qd, n_heads, head_dim);
       RopeApply(rope, cs, k + r * kvd, n_kv_heads, head_dim);
+      if (bias.k_shift != nullptr) AddInPlace(bias.k_shift, k + r * kvd, kvd);
     }
   });
 }

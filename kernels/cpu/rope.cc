@@ -1,6 +1,7 @@
 #include "kernels/cpu/rope.h"
 
 #include <cmath>
+#include <vector>
 
 #include "kernels/shared_math.h"
 
@@ -15,6 +16,17 @@ void RopeCache(const RopeParams& p, int32_t pos, float* cos_sin) {
     cos_sin[2 * i + 1] = std::sin(t);
     theta *= theta_scale;
   }
+}
+
+void RopeMeanCache(const RopeParams& p, int32_t positions, float* cos_sin) {
+  const int n = p.n_dims;
+  std::vector<double> sums(n, 0.0);
+  std::vector<float> cs(n);
+  for (int32_t pos = 0; pos < positions; ++pos) {
+    RopeCache(p, pos, cs.data());
+    for (int i = 0; i < n; ++i) sums[i] += cs[i];
+  }
+  for (int i = 0; i < n; ++i) cos_sin[i] = positions > 0 ? static_cast<float>(sums[i] / positions) : 0.0f;
 }
 
 void RopeApply(const RopeParams& p, const float* cos_sin, float* x, int n_heads, int head_dim) {

@@ -130,17 +130,21 @@ class CudaBackend final : public Backend {
       r.freq_factors = Mirror(rope.freq_factors.data(), static_cast<int64_t>(rope.freq_factors.size()));
       if (r.freq_factors == nullptr) return;
     }
-    const float *bq = nullptr, *bk = nullptr, *bv = nullptr;
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bk_shift = nullptr;
     if (bias.q != nullptr) {
       bq = Mirror(bias.q, qd);
       bk = Mirror(bias.k, kvd);
       bv = Mirror(bias.v, kvd);
       if (bq == nullptr || bk == nullptr || bv == nullptr) return;
     }
+    if (bias.k_shift != nullptr) {
+      bk_shift = Mirror(bias.k_shift, kvd);
+      if (bk_shift == nullptr) return;
+    }
     const auto* d_pos = Stage(index_, positions.data(), positions.size_bytes());
     if (d_pos == nullptr) return;
     Keep(BiasRopeDevice(r, reinterpret_cast<const int32_t*>(d_pos), static_cast<int64_t>(positions.size()), bq, bk, bv,
-                        q, k, v, n_heads, n_kv_heads, head_dim));
+                        bk_shift, q, k, v, n_heads, n_kv_heads, head_dim));
   }
   void SiluMul(float* gate, const float* up, int64_t rows, int64_t n) override {
     Keep(SiluMulDevice(gate, up, rows * n));

@@ -145,10 +145,11 @@ __global__ void MergeByGateKernel(int64_t n, int heads, int hd, float* o_p, int6
   *p = g * *p + (1.0f - g) * o_d[i * d_stride + static_cast<int64_t>(h) * hd + c];
 }
 
-// One block per row: the biases, then the rotation of every (head, pair) of q and k.
+// One block per row: the biases, the rotation of every (head, pair) of q and k, then k's
+// shift (backend.h's QkvBias).
 __global__ void BiasRopeKernel(RopeDevice rope, const int32_t* positions, const float* bq, const float* bk,
-                               const float* bv, float* q, float* k, float* v, int n_heads, int n_kv_heads,
-                               int head_dim) {
+                               const float* bv, const float* bk_shift, float* q, float* k, float* v, int n_heads,
+                               int n_kv_heads, int head_dim) {
   const int64_t r = blockIdx.x;
   const int qd = n_heads * head_dim, kvd = n_kv_heads * head_dim;
   float* qr = q + r * qd;
@@ -174,6 +175,10 @@ __global__ void BiasRopeKernel(RopeDevice rope, const int32_t* positions, const 
     int a = 0, b = 0;
     RopePair(rope.neox, i, half, &a, &b);
     RopeRotate(c, s, &x[a], &x[b]);
+  }
+  if (bk_shift != nullptr) {
+    __syncthreads();
+    for (int j = threadIdx.x; j < kvd; j += blockDim.x) kr[j] += bk_shift[j];
   }
 }
 
@@ -435,11 +440,11 @@ absl::Status MergeByGateDevice(int64_t n, int heads, int hd, float* o_p, int64_t
 }
 
 absl::Status BiasRopeDevice(const RopeDevice& rope, const int32_t* positions, int64_t rows, const float* bq,
-                            const float* bk, const float* bv, float* q, float* k, float* v, int n_heads, int n_kv_heads,
-                            int head_dim) {
+                            const float* bk, const float* bv, const float* bk_shift, float* q, float* k, float* v,
+                            int n_heads, int n_kv_heads, int head_dim) {
   if (rows == 0) return absl::OkStatus();
-  BiasRopeKernel<<<static_cast<unsigned>(rows), kThreads>>>(rope, positions, bq, bk, bv, q, k, v, n_heads, n_kv_heads,
-                                                            head_dim);
+  BiasRopeKernel<<<static_cast<unsigned>(rows), kThreads>>>(rope, positions, bq, bk, bv, bk_shift, q, k, v, n_heads,
+                                                            n_kv_heads, head_dim);
   return Launched("BiasRopeKernel");
 }
 

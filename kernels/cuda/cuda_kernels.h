@@ -107,10 +107,10 @@ struct RopeDevice {
 };
 // Adds the biases (null: none; else all three, on the device) to q [rows, n_heads *
 // head_dim], k and v [rows, n_kv_heads * head_dim] and rotates q and k by positions
-// (device, [rows]).
+// (device, [rows]), then adds bk_shift (null: none; [kv_dim]) to k.
 absl::Status BiasRopeDevice(const RopeDevice& rope, const int32_t* positions, int64_t rows, const float* bq,
-                            const float* bk, const float* bv, float* q, float* k, float* v, int n_heads, int n_kv_heads,
-                            int head_dim);
+                            const float* bk, const float* bv, const float* bk_shift, float* q, float* k, float* v,
+                            int n_heads, int n_kv_heads, int head_dim);
 // Writes n rows of K and V ([n, kv_dim] F32) to rows of `dtype` (F32, F16, BF16) at
 // k_dst[i] and v_dst[i] (arrays of device pointers, on the device).
 absl::Status StoreKvDevice(DType dtype, int64_t kv_dim, int64_t n, const float* k, const float* v,

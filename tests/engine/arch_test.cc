@@ -2,6 +2,7 @@
 // against a plain double-precision reference written here, and batch vs
 // token-by-token equality.
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <random>
 
@@ -164,22 +165,106 @@ TEST(ArchTest, LinearRopeScalingAndPartialRope) {
 
 TEST(ArchTest, Qwen2WithBiasAndNeoxRope) { CheckAgainstReference(testing::Qwen2Config(6, 2, 8)); }
 
-TEST(ArchTest, MissingOrMisshapenTensorsAreErrors) {
-  ModelConfig c = BaseConfig();
+// model.h's bk_shift: minus the k bias's rotations averaged over the trained context's
+// positions (here in doubles, pair by pair); none without a k bias.
+TEST(ArchTest, KeyShiftIsMinusTheMeanRotationOfTheKeyBias) {
+  const ModelConfig c = testing::Qwen2Config(4, 2, 32);
   auto t = MakeTiny(c);
-  TensorMap tensors;
-  for (auto& [name, v] : t->data) {
-    if (name == "blk.1.ffn_up.weight") continue;
-    tensors[name] = TensorRef{.type = DType::kF32,
-                              .dims = {static_cast<int64_t>(v.size())},
-                              .data = reinterpret_cast<const uint8_t*>(v.data()),
-                              .nbytes = v.size() * 4};
+  ASSERT_NE(t->model, nullptr);
+  const int half = c.rope.n_dims / 2;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::vector<float>& bias = t->data.at("blk." + std::to_string(l) + ".attn_k.bias");
+    const std::vector<float>& shift = t->model->layers[l].bk_shift;
+    ASSERT_EQ(shift.size(), bias.size());
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      for (int i = 0; i < half; ++i) {
+        const int a = h * c.head_dim + i, b = a + half;  // NeoX pairs
+        double mean_a = 0, mean_b = 0;
+        for (int p = 0; p < c.n_ctx; ++p) {
+          const double angle = p * std::pow(static_cast<double>(c.rope.freq_base), -2.0 * i / c.rope.n_dims);
+          mean_a += (bias[a] * std::cos(angle) - bias[b] * std::sin(angle)) / c.n_ctx;
+          mean_b += (bias[a] * std::sin(angle) + bias[b] * std::cos(angle)) / c.n_ctx;
+        }
+        EXPECT_NEAR(shift[a], -mean_a, 1e-5) << "layer " << l << " head " << h << " pair " << i;
+        EXPECT_NEAR(shift[b], -mean_b, 1e-5) << "layer " << l << " head " << h << " pair " << i;
+      }
+    }
   }
-  auto m = Model::Build(c, tensors, nullptr, nullptr);
-  ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find("token_embd.weight"), std::string::npos) << m.status();
-  c.n_kv_heads = 3;  // 4 heads are not a multiple of 3
-  EXPECT_FALSE(Model::Build(c, tensors, nullptr, nullptr).ok());
+  auto llama = MakeTiny(BaseConfig());
+  ASSERT_NE(llama->model, nullptr);
+  for (const LayerWeights& w : llama->model->layers) EXPECT_TRUE(w.bk_shift.empty());
+}
+
+// Qwen2 with a large k bias in its slowest pairs, as Qwen2.5's (up to +-210 against a
+// spread of 1-2), and the logits of a 40-token prompt over a `kv_type` cache.
+class LargeKeyBiasTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const int half = c_.rope.n_dims / 2;
+    t_ = MakeTiny(c_, DType::kF32, [&](std::map<std::string, std::vector<float>>& data) {
+      for (int l = 0; l < c_.n_layers; ++l) {
+        std::vector<float>& bias = data.at("blk." + std::to_string(l) + ".attn_k.bias");
+        for (int h = 0; h < c_.n_kv_heads; ++h) {
+          for (int i = half - 4; i < half; ++i) {  // angles below 0.01 rad over the context
+            bias[h * c_.head_dim + i] = (i % 2 == 0 ? 100.0f : -80.0f) * (l + 1);
+            bias[h * c_.head_dim + i + half] = (h == 0 ? 90.0f : -120.0f);
+          }
+        }
+      }
+    });
+    ASSERT_NE(t_->model, nullptr);
+  }
+  std::vector<float> Logits(DType kv_type, PruningStrategy* strategy = nullptr) {
+    const auto prompt = Prompt(40, c_.n_vocab);
+    std::vector<int32_t> pos(prompt.size());
+    for (size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int32_t>(i);
+    Transformer tf(*t_->model, backend_);
+    std::unique_ptr<KvCache> kv = *OfflineKvCache(*t_->model, backend_, c_.n_ctx, 16, kv_type);
+    SeqInput in{.seq_id = 1, .tokens = prompt, .positions = pos, .all_logits = true, .strategy = strategy};
+    ForwardOutput out;
+    EXPECT_TRUE(tf.Forward({&in, 1}, *kv, &out).ok());
+    EXPECT_TRUE(out.status[0].ok()) << out.status[0];
+    return out.logits;
+  }
+  void ClearShifts() {
+    for (LayerWeights& w : t_->model->layers) w.bk_shift.clear();
+  }
+  static double Worst(const std::vector<float>& a, const std::vector<float>& b) {
+    EXPECT_EQ(a.size(), b.size());
+    double w = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) w = std::max(w, std::fabs(double{a[i]} - b[i]));
+    return w;
+  }
+
+  const ModelConfig c_ = testing::Qwen2Config(4, 2, 32);
+  std::unique_ptr<TinyModel> t_;
+  ThreadPool pool_{2};
+  CpuBackend backend_{pool_};
+};
+
+// The shift leaves an F32 cache's logits as they were (every query's scores move alike)
+// and keeps an 8-bit cache's near them, which the bias alone would not.
+TEST_F(LargeKeyBiasTest, KeyShiftKeepsTheBiasOutOfAnEightBitCache) {
+  const std::vector<float> f32 = Logits(DType::kF32);
+  const double shifted = Worst(Logits(DType::kQ8_0), f32);
+  ClearShifts();
+  const std::vector<float> f32_unshifted = Logits(DType::kF32);
+  EXPECT_LT(Worst(f32_unshifted, f32), 1e-3);
+  const double unshifted = Worst(Logits(DType::kQ8_0), f32_unshifted);
+  EXPECT_LT(shifted * 4, unshifted) << "Q8_0 against F32, largest logit error: " << shifted << " with the shift, "
+                                    << unshifted << " without";
+  std::printf("Q8_0 cache against F32, largest logit error: %.4f with the shift, %.4f without\n", shifted, unshifted);
+}
+
+// PoD's gate weighs log-sum-exps of two layers, whose keys' shifts differ: taken back
+// off (engine/shared_attention.h), they leave PoD's logits as without the shift.
+TEST_F(LargeKeyBiasTest, KeyShiftLeavesPodsGateAsItWas) {
+  const PruningParams pod = testing::Strategy(c_, "pod", {"sinks=4", "recent=8"});
+  const std::vector<float> shifted = Logits(DType::kF32, pod.Make(c_).get());
+  const std::vector<float> dense = Logits(DType::kF32);
+  EXPECT_GT(Worst(shifted, dense), 1e-2) << "layer 1 scores its distant keys with layer 0's";
+  ClearShifts();
+  EXPECT_LT(Worst(Logits(DType::kF32, pod.Make(c_).get()), shifted), 1e-3);
 }
 
 // A backend that records the models whose weights it was told it gets.

@@ -19,7 +19,8 @@ std::vector<float> Random(const std::string& name, size_t n, float scale, float 
 
 }  // namespace
 
-std::unique_ptr<TinyModel> MakeTiny(const ModelConfig& c, DType weights) {
+std::unique_ptr<TinyModel> MakeTiny(const ModelConfig& c, DType weights,
+                                    const std::function<void(std::map<std::string, std::vector<float>>&)>& edit) {
   auto t = std::make_unique<TinyModel>();
   t->config = c;
   auto add = [&](const std::string& name, std::vector<int64_t> dims, float scale, float offset = 0) {
@@ -47,6 +48,7 @@ std::unique_ptr<TinyModel> MakeTiny(const ModelConfig& c, DType weights) {
       add(p + "attn_v.bias", {c.kv_dim()}, 0.2f);
     }
   }
+  if (edit) edit(t->data);
   TensorMap tensors;
   for (auto& [name, v] : t->data) {
     std::vector<int64_t> dims;

@@ -2,6 +2,7 @@
 // and the CUDA backend's parity tests.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,9 +19,11 @@ struct TinyModel {
   std::unique_ptr<Model> model;
 };
 
-// A model of config `c` with uniform random tensors seeded per name; its matrices
-// are stored as `weights` (F32 or BF16), norms and biases as F32.
-std::unique_ptr<TinyModel> MakeTiny(const ModelConfig& c, DType weights = DType::kF32);
+// A model of config `c` with uniform random tensors seeded per name, changed by `edit`
+// (if given) before the model is built; its matrices are stored as `weights` (F32 or
+// BF16), norms and biases as F32.
+std::unique_ptr<TinyModel> MakeTiny(const ModelConfig& c, DType weights = DType::kF32,
+                                    const std::function<void(std::map<std::string, std::vector<float>>&)>& edit = {});
 
 // LLaMA with GQA: 2 layers, width 64, 4 query and 2 KV heads of 16, FFN 96, vocabulary 97.
 ModelConfig BaseConfig();

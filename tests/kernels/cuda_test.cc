@@ -307,8 +307,9 @@ TEST_F(CudaBackendTest, BiasRopeMatchesCpu) {
     }
     const int qd = c.n_heads * c.head_dim, kvd = c.n_kv_heads * c.head_dim;
     auto q = Randn(rows * qd, 12), k = Randn(rows * kvd, 13), v = Randn(rows * kvd, 14);
-    const auto bq = Randn(qd, 15), bk = Randn(kvd, 16), bv = Randn(kvd, 17);
-    const QkvBias bias = c.bias ? QkvBias{.q = bq.data(), .k = bk.data(), .v = bv.data()} : QkvBias{};
+    const auto bq = Randn(qd, 15), bk = Randn(kvd, 16), bv = Randn(kvd, 17), shift = Randn(kvd, 20);
+    const QkvBias bias =
+        c.bias ? QkvBias{.q = bq.data(), .k = bk.data(), .v = bv.data(), .k_shift = shift.data()} : QkvBias{};
     float *dq = Device(q), *dk = Device(k), *dv = Device(v);
     gpu_->BiasRope(rope, positions, bias, dq, dk, dv, c.n_heads, c.n_kv_heads, c.head_dim);
     cpu_.BiasRope(rope, positions, bias, q.data(), k.data(), v.data(), c.n_heads, c.n_kv_heads, c.head_dim);
