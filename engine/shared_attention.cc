@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/shared_math.h"
 
 namespace ps {
@@ -52,13 +53,10 @@ void Unshift(Backend& backend, const float* q, bool q_on_host, int64_t n_q, int6
   const float* qh = q_on_host ? q : HostView(backend, q, (n_q - 1) * q_stride + group * hd, scratch.host_q);
   // Where the backend is not host-addressable, HostView's copy is scratch.host itself.
   float* l = backend.host_addressable() ? lse : (HostView(backend, lse, n, scratch.host), scratch.host.data());
+  std::vector<float> dots(group);
   for (int64_t i = 0; i < n_q; ++i) {
-    for (int g = 0; g < group; ++g) {
-      const float* qr = qh + i * q_stride + static_cast<int64_t>(g) * hd;
-      double dot = 0;
-      for (int c = 0; c < hd; ++c) dot += static_cast<double>(qr[c]) * shift[c];
-      l[i * group + g] -= static_cast<float>(scale * dot);
-    }
+    DotRows(shift, qh + i * q_stride, hd, group, hd, dots.data());  // the group's heads, hd apart
+    for (int g = 0; g < group; ++g) l[i * group + g] -= scale * dots[g];
   }
   if (!backend.host_addressable()) backend.CopyFromHost(l, lse, static_cast<size_t>(n) * sizeof(float));
 }
