@@ -14,6 +14,7 @@
 
 #include "base/status.h"
 #include "kernels/cpu/attention_avx512.h"
+#include "kernels/cpu/fetch.h"
 
 namespace ps::avx512 {
 
@@ -134,13 +135,6 @@ int64_t FlattenRuns(const avx512_bf16::Run<T>* runs, int64_t n_runs, int64_t str
   return n;
 }
 
-// Asks for the cache line at p into L2 (prefetcht1) as an asm statement, which the compiler
-// keeps: GCC 12 deleted some loops of _mm_prefetch calls below as if they did nothing (the
-// decode value passes had no prefetch instruction left; with them back, ps_bench_attention's
-// decode at 8,192 keys on a Zen 4: Qwen2.5-0.5B's shape 245 -> 213 us a layer, LLaMA-3-8B's
-// 1,943 -> 1,474).
-inline void FetchLine(const void* p) { asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p))); }
-
 // Asks for rows [from, to) of `rows` (n of them), then of `then` (n_then), into L2: each
 // row's first `row_bytes`.
 template <class T>
@@ -149,7 +143,7 @@ void FetchRows(const T* const* rows, int64_t n, const T* const* then, int64_t n_
   for (int64_t j = from; j < to; ++j) {
     const T* r = j < n ? rows[j] : j - n < n_then ? then[j - n] : nullptr;
     if (r == nullptr) return;
-    for (int64_t b = 0; b < row_bytes; b += 64) FetchLine(reinterpret_cast<const char*>(r) + b);
+    for (int64_t b = 0; b < row_bytes; b += 64) FetchLineL2(reinterpret_cast<const char*>(r) + b);
   }
 }
 

@@ -14,6 +14,7 @@
 #include "kernels/cpu/attention_avx512_q8.h"
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/fetch.h"
 #include "kernels/cpu/half_rows.h"
 #include "kernels/cpu/quant.h"
 #include "kernels/cpu/sgemm.h"
@@ -129,7 +130,7 @@ void ValueAxpys(const KvRows& kv, const float* p, int64_t j0, int64_t nb, int64_
 void PrefetchRows(const KvRows& kv, const void* first, int64_t nb, int hd) {
   const auto* p = static_cast<const char*>(first);
   const int64_t bytes = kv.bytes((nb - 1) * kv.stride + hd);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 2);
+  for (int64_t b = 0; b < bytes; b += 64) FetchLineL2(p + b);
 }
 
 // x = exp(x - m), masked (-inf) entries exactly 0; returns the sum.

@@ -13,6 +13,7 @@
 
 #include "base/status.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/fetch.h"
 #include "kernels/cpu/sgemm.h"
 
 namespace ps {
@@ -84,9 +85,9 @@ PS_AVX512_BF16 void Tile(const uint16_t* a, int64_t k, const uint16_t* block, in
     const uint16_t* w = block + p * kPairValues;
     for (const int64_t until = (p + 1 - p0) * fetch_lines / (p1 - p0); fetched < until; ++fetched) {
       if (into_l1) {
-        _mm_prefetch(fetch + 64 * fetched, _MM_HINT_T0);
+        FetchLineL1(fetch + 64 * fetched);
       } else {
-        _mm_prefetch(fetch + 64 * fetched, _MM_HINT_T1);
+        FetchLineL2(fetch + 64 * fetched);
       }
     }
     for (int i = 0; i < R; ++i) std::memcpy(&x[i], a + i * k + 2 * p, sizeof(x[i]));

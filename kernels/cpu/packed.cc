@@ -9,6 +9,7 @@
 #include "base/fp16.h"
 #include "base/status.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/fetch.h"
 #include "kernels/cpu/packed_layout.h"
 #include "kernels/cpu/quant.h"
 
@@ -468,7 +469,7 @@ void PackedMatMuls(std::span<const PackedProduct> products, const float* x, int6
             std::memcpy(pp.y + (i0 + i) * n + 8 * g, side + stride * i, cover * sizeof(float));
           }
           for (const int64_t end = std::min(next_bytes, fetched + fetch_per_call); fetched < end; fetched += 64) {
-            __builtin_prefetch(next + fetched, 0, 2);
+            FetchLineL2(next + fetched);
           }
         }
       }
